@@ -1,0 +1,7 @@
+"""Optional parts of a run, as Lightning callbacks (the algorithm adds the ones its config turns on)."""
+
+from comlrl_lightning.callbacks.completions import CompletionsLogger
+from comlrl_lightning.callbacks.evaluation import EvaluationCallback
+from comlrl_lightning.callbacks.reference import ReferenceModels
+
+__all__ = ["CompletionsLogger", "EvaluationCallback", "ReferenceModels"]

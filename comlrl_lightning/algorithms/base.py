@@ -1,0 +1,171 @@
+"""MultiAgentModule: N agents in one LightningModule, one optimizer step per team update.
+
+Lightning decisions (DESIGN §2):
+
+* Manual optimization. Every update steps all agents at once through ONE ``torch.optim.AdamW`` holding one
+  parameter group per distinct agent model (lr per agent), so ``trainer.global_step`` counts team updates and
+  ``max_steps`` means "updates" (Lightning would otherwise count N steps per update, issue 17958).
+* The same model object given twice is one set of weights: it gets one parameter group and one optimizer
+  state, trained on the sum of the sharing agents' losses. (CoMLRL keeps one AdamW per agent and steps the
+  shared weights once per agent — an m-fold step; we take the single-model objective instead.)
+* ``env_step`` (joint actions evaluated, CoMLRL's x-axis) is logged with every metric and checkpointed.
+* Checkpoints also carry the RNG states so ``ckpt_path`` resume samples what an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule
+from torch import nn
+
+from comlrl_lightning.agents import load_agents, normalize_parallel_training, resolve_devices, save_agents
+from comlrl_lightning.agents.loading import validate_agent_sources
+
+
+class MultiAgentModule(LightningModule):
+    """Base of every algorithm family: loading, optimizers, devices, export, checkpoint state.
+
+    Args:
+        agents: one source for a homogeneous team of ``num_agents`` copies — a factory name (``tiny``,
+            ``tiny-5m``, ``smollm2-135m-instruct``), a hub id or a local path — or a list with one source or
+            loaded model per agent (repeat the same model object to share weights).
+        num_agents: team size (default: ``len(agents)`` for a list, else 2).
+        tokenizers: one tokenizer (shared), one per agent, a source string, or None (load with each agent).
+        model_config: ``dtype`` (e.g. ``bfloat16``), ``attn_implementation`` (default ``sdpa``),
+            ``special_tokens``, ``model_kwargs`` passed to ``from_pretrained``.
+        agent_learning_rate: AdamW learning rate, one value or one per agent.
+        weight_decay: AdamW weight decay (CoMLRL uses PyTorch's default 0.01).
+        max_grad_norm: clip each agent's gradient norm to this value (None: no clipping, as CoMLRL).
+        parallel_training: ``none`` (all agents on the trainer's device) or ``mp`` (each agent on its own device
+            from ``agent_devices``; agents sample concurrently).
+        agent_devices: device spec (REFERENCE §6.1): ``auto``, ``"cuda:1"``, or a list of 1 or N devices.
+    """
+
+    def __init__(
+        self,
+        agents: str | Sequence[Any] = "tiny",
+        num_agents: int | None = None,
+        tokenizers: Any = None,
+        model_config: dict[str, Any] | None = None,
+        agent_learning_rate: float | list[float] = 5e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float | None = None,
+        parallel_training: str | None = "none",
+        agent_devices: str | list[str] | None = None,
+    ):
+        super().__init__()
+        self.automatic_optimization = False
+        # ---- validation before any model loads
+        sources = validate_agent_sources(agents, num_agents, tokenizers)
+        self.num_agents = len(sources)
+        self.parallel_training = normalize_parallel_training(parallel_training)
+        if self.parallel_training == "mp" and agent_devices is None:
+            raise ValueError("parallel_training='mp' requires explicit agent_devices.")
+        self.agent_devices = resolve_devices(agent_devices, self.num_agents, kind="agent_devices") \
+            if agent_devices is not None else None
+        lrs = agent_learning_rate if isinstance(agent_learning_rate, (list, tuple)) else [agent_learning_rate] * self.num_agents
+        if len(lrs) != self.num_agents:
+            raise ValueError(f"agent_learning_rate must be one value or one per agent ({self.num_agents}), got {len(lrs)}.")
+        if any(lr <= 0 for lr in lrs):
+            raise ValueError(f"agent_learning_rate must be > 0 (got {list(lrs)}).")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0 (got {weight_decay}).")
+        if max_grad_norm is not None and max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 or null (got {max_grad_norm}).")
+        self.agent_learning_rates = [float(lr) for lr in lrs]
+        self.weight_decay = weight_decay
+        self.max_grad_norm = max_grad_norm
+        model_config = dict(model_config or {})
+        unknown = set(model_config) - {"dtype", "torch_dtype", "attn_implementation", "special_tokens", "model_kwargs"}
+        if unknown:
+            raise ValueError(f"model_config has unknown keys {sorted(unknown)}; allowed: dtype, attn_implementation, "
+                             "special_tokens, model_kwargs.")
+        # ---- load
+        models, self.tokenizers = load_agents(
+            sources,
+            num_agents=self.num_agents,
+            tokenizers=tokenizers,
+            dtype=model_config.get("dtype", model_config.get("torch_dtype")),
+            attn_implementation=model_config.get("attn_implementation", "sdpa"),
+            model_kwargs=model_config.get("model_kwargs"),
+            special_tokens=model_config.get("special_tokens"),
+        )
+        self.agents = nn.ModuleList(models).train()  # from_pretrained returns eval mode; CoMLRL trains in train mode
+        self.env_step = 0
+
+    # ------------------------------------------------------------------ agents
+    def agent_groups(self) -> list[list[int]]:
+        """Agent indices grouped by model identity (a group of several = shared weights)."""
+        groups: dict[int, list[int]] = {}
+        for i, model in enumerate(self.agents):
+            groups.setdefault(id(model), []).append(i)
+        return list(groups.values())
+
+    def agent_device(self, i: int) -> torch.device:
+        return next(self.agents[i].parameters()).device
+
+    def save_pretrained(self, output_dir: str | Path) -> None:
+        """``output_dir/agent_{i}/`` with each agent's weights and tokenizer (HF format)."""
+        save_agents(list(self.agents), self.tokenizers, output_dir)
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def configure_optimizers(self):
+        groups = [
+            {"params": [p for p in self.agents[ids[0]].parameters() if p.requires_grad],
+             "lr": self.agent_learning_rates[ids[0]], "agents": ids}
+            for ids in self.agent_groups()
+        ]
+        return torch.optim.AdamW(groups, weight_decay=self.weight_decay, betas=(0.9, 0.999), eps=1e-8)
+
+    def on_fit_start(self) -> None:
+        if self.parallel_training == "mp":
+            # Model placement: each whole agent on its own device (Lightning moved everything to one).
+            for model, device in zip(self.agents, self.agent_devices):
+                model.to(device)
+
+    def clip_and_measure_gradients(self) -> dict[str, float]:
+        """Per-agent gradient norms (after clipping when ``max_grad_norm`` is set)."""
+        norms = {}
+        for ids in self.agent_groups():
+            params = [p for p in self.agents[ids[0]].parameters() if p.grad is not None]
+            if not params:
+                continue
+            if self.max_grad_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            else:
+                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+            for i in ids:
+                norms[f"agent_{i}/grad_norm"] = float(norm)
+        return norms
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["comlrl_lightning"] = {
+            "env_step": self.env_step,
+            "rng": {
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            },
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("comlrl_lightning", {})
+        self.env_step = int(state.get("env_step", 0))
+        self._rng_to_restore = state.get("rng")
+
+    def on_train_start(self) -> None:
+        # Restore RNG after Lightning's own start-up (which may draw random numbers) for exact resume.
+        rng = getattr(self, "_rng_to_restore", None)
+        if rng:
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+            torch.set_rng_state(rng["torch"])
+            if rng.get("cuda") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            self._rng_to_restore = None

@@ -1,0 +1,137 @@
+"""Per-token KL estimators, loss aggregation weights and the REINFORCE surrogate (REFERENCE §3.9, §3.10, E.8).
+
+Pure tensor math: no models, no Lightning. Shapes: B sequences (completions) x T completion tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_AGGREGATIONS = ("seq_sum", "token_mean", "seq_mean_token_mean", "dr_grpo")
+
+
+def kl_estimate(logp_policy: Tensor, logp_ref: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled-token log-probs (Schulman's k1/k2/k3).
+
+    With d = logp_ref - logp_policy (log of the ratio ref/policy at the sampled token):
+        k1 = -d                     unbiased, can be negative
+        k2 = d**2 / 2               biased, >= 0
+        k3 = exp(d) - d - 1         unbiased, >= 0 (CoMLRL's choice)
+    Returns a tensor of the inputs' (broadcast) shape; identical inputs give 0.
+    """
+    d = logp_ref - logp_policy
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d.square()
+    if estimator == "k3":
+        return torch.expm1(d) - d  # expm1 keeps small |d| accurate
+    raise ValueError(f"estimator must be one of: {', '.join(KL_ESTIMATORS)} (got {estimator!r}).")
+
+
+def token_loss_weights(
+    completion_mask: Tensor, aggregation: str = "seq_sum", max_new_tokens: int | None = None
+) -> Tensor:
+    """Weights w [B, T] such that the mini-batch loss is sum_{b,t} w[b,t] * loss_token[b,t].
+
+    The weights are computed over the WHOLE mini-batch, so splitting its rows into micro-batches and summing
+    each micro-batch's weighted loss gives exactly the full loss and gradient (gradient accumulation).
+
+        seq_sum              w = mask / B                  mean over sequences of the token SUM (CoMLRL parity)
+        token_mean           w = mask / sum(mask)          mean over all tokens of the mini-batch
+        seq_mean_token_mean  w = mask / (B * len_b)        mean over sequences of the per-sequence token mean
+        dr_grpo              w = mask / (B * max_new_tokens)   constant normaliser (Dr. GRPO)
+
+    Empty rows (len_b = 0) get weight 0, never NaN.
+    """
+    mask = completion_mask.to(torch.promote_types(completion_mask.dtype, torch.float32))  # [B, T]; bool -> float32
+    batch_size = max(mask.shape[0], 1)
+    if aggregation == "seq_sum":
+        return mask / batch_size
+    if aggregation == "token_mean":
+        return mask / mask.sum().clamp_min(1.0)
+    if aggregation == "seq_mean_token_mean":
+        seq_lengths = mask.sum(dim=-1, keepdim=True).clamp_min(1.0)  # [B, 1]; empty rows are 0/1 = 0
+        return mask / (batch_size * seq_lengths)
+    if aggregation == "dr_grpo":
+        if max_new_tokens is None or max_new_tokens < 1:
+            raise ValueError(
+                f"max_new_tokens must be a positive int when loss_aggregation='dr_grpo' (got {max_new_tokens!r})."
+            )
+        return mask / (batch_size * max_new_tokens)
+    raise ValueError(f"loss_aggregation must be one of: {', '.join(LOSS_AGGREGATIONS)} (got {aggregation!r}).")
+
+
+def policy_gradient_loss(
+    token_logprobs: Tensor,
+    advantages: Tensor,
+    weights: Tensor,
+    token_kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """REINFORCE surrogate (CoMLRL's objective), optionally with a per-token KL penalty in the loss.
+
+        loss = sum_{b,t} w[b,t] * ( -A_b * log pi(y_{b,t}) + kl_coef * KL_{b,t} )
+
+    No importance ratio, no clipping, no entropy bonus: log-probs are recomputed with the current weights and
+    the samples are treated as on-policy. With ``seq_sum`` weights this is mean_b(-A_b * sum_t log pi(y_{b,t})).
+
+    Args:
+        token_logprobs: [B, T] log pi of the sampled tokens (with grad).
+        advantages: [B] one advantage per sequence (no grad expected).
+        weights: [B, T] from ``token_loss_weights`` (0 on padding).
+        token_kl: [B, T] per-token KL estimate (from ``kl_estimate``), or None.
+    Returns:
+        (scalar loss, detached diagnostics: policy_loss, kl_loss, kl_mean (if token_kl given), logprob_mean,
+        advantage_mean, weight_sum).
+    """
+    if token_logprobs.shape != weights.shape or token_logprobs.dim() != 2:
+        raise ValueError(
+            f"token_logprobs and weights must both be [B, T] (got {tuple(token_logprobs.shape)} and "
+            f"{tuple(weights.shape)})."
+        )
+    if advantages.shape != token_logprobs.shape[:1]:
+        raise ValueError(
+            f"advantages must be [B] = [{token_logprobs.shape[0]}] (got {tuple(advantages.shape)})."
+        )
+    dtype = torch.promote_types(token_logprobs.dtype, torch.float32)  # never reduce in bf16/fp16
+    token_logprobs, weights, advantages = token_logprobs.to(dtype), weights.to(dtype), advantages.to(dtype)
+    policy_loss = (weights * (-advantages[:, None] * token_logprobs)).sum()  # scalar
+    loss = policy_loss
+
+    weight_sum = weights.sum()
+    denom = weight_sum.clamp_min(torch.finfo(weights.dtype).tiny)  # weighted means; 0 when nothing is weighted
+    metrics = {
+        "policy_loss": policy_loss.detach(),
+        "logprob_mean": ((weights * token_logprobs).sum() / denom).detach(),
+        "advantage_mean": advantages.mean().detach() if advantages.numel() else advantages.new_zeros(()),
+        "weight_sum": weight_sum.detach(),
+    }
+    if token_kl is not None:
+        if token_kl.shape != weights.shape:
+            raise ValueError(f"token_kl must be [B, T] = {tuple(weights.shape)} (got {tuple(token_kl.shape)}).")
+        weighted_kl = (weights * token_kl).sum()
+        kl_loss = kl_coef * weighted_kl
+        loss = loss + kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+        metrics["kl_mean"] = (weighted_kl / denom).detach()
+    return loss, metrics
+
+
+def assert_finite(name: str, tensor: Tensor, **context) -> None:
+    """Raise FloatingPointError if ``tensor`` has any NaN/inf (instead of CoMLRL's silent 0.1 loss).
+
+    The message names the quantity and the context, e.g. ``assert_finite("loss", loss, step=3, agent=1)``.
+    """
+    finite = torch.isfinite(tensor)
+    if bool(finite.all()):
+        return
+    num_nan = int(torch.isnan(tensor).sum())
+    num_inf = int((~finite).sum()) - num_nan
+    where = ", ".join(f"{key}={value}" for key, value in context.items())
+    raise FloatingPointError(
+        f"Non-finite {name}: {num_nan} NaN and {num_inf} inf of {tensor.numel()} values"
+        + (f" ({where})." if where else ".")
+    )

@@ -1,0 +1,206 @@
+"""TaskDataModule: the dataset items the agents act on.
+
+It yields plain items (lists of dicts); the algorithm samples the rollout for them inside ``training_step`` with
+the current weights. Keeping sampling out of the loader is what makes rollouts fresh: Lightning prefetches the
+next batch before running the current step, so a rollout sampled in ``__iter__`` would be one update stale.
+
+Sources (``dataset`` / ``eval_dataset``): a list of dicts; a local ``.json``/``.jsonl``(``.gz``)/``.csv``/
+``.parquet`` file or a ``save_to_disk`` directory; the import path of a function returning items
+(``comlrl_lightning.envs.toy.story_tasks``); or a Hugging Face dataset id loaded with ``split``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+DatasetSource = str | Sequence[Mapping[str, Any]] | Callable[[], Any] | None
+
+_FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_items(source: DatasetSource, split: str = "train", **load_kwargs: Any):
+    """Resolve ``source`` to an indexable collection of dict items (list or ``datasets.Dataset``)."""
+    if source is None:
+        return None
+    if callable(source):
+        return _check_items(source(), source)
+    if not isinstance(source, str):
+        return _check_items(list(source), "dataset list")
+    path = Path(source).expanduser()
+    if path.exists():
+        import datasets
+
+        if path.is_dir():
+            loaded = datasets.load_from_disk(str(path))
+            return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        suffixes = [s for s in path.suffixes if s != ".gz"]
+        fmt = _FILE_FORMATS.get(suffixes[-1] if suffixes else "")
+        if fmt is None:
+            raise ValueError(f"dataset file {source!r}: unsupported extension; use one of "
+                             f"{', '.join(sorted(_FILE_FORMATS))} (optionally .gz).")
+        return datasets.load_dataset(fmt, data_files=str(path), split="train")
+    function = _import_callable(source)
+    if function is not None:
+        return _check_items(function(), source)
+    import datasets
+
+    try:
+        return datasets.load_dataset(source, split=split, **load_kwargs)
+    except (ConnectionError, FileNotFoundError, OSError, ValueError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        hint = " The machine is offline (HF_HUB_OFFLINE=1)." if offline else ""
+        raise FileNotFoundError(
+            f"dataset {source!r} (split {split!r}) could not be loaded: {err}.{hint} Point `dataset` at a local "
+            "file (.json/.jsonl/.csv/.parquet), a save_to_disk directory, or a function's import path."
+        ) from err
+
+
+def _import_callable(path: str) -> Callable | None:
+    """``pkg.module.function`` → the function, when ``path`` looks like one and imports; else None."""
+    if "/" in path or "." not in path:
+        return None
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    target = getattr(module, attr, None)
+    return target if callable(target) else None
+
+
+def _check_items(items: Any, origin: Any):
+    if not hasattr(items, "__getitem__") or not hasattr(items, "__len__"):
+        raise TypeError(f"dataset from {origin!r} must be a list of dicts or a datasets.Dataset, "
+                        f"got {type(items).__name__}.")
+    if len(items) and not isinstance(items[0], Mapping):
+        raise TypeError(f"dataset items from {origin!r} must be dicts, got {type(items[0]).__name__}.")
+    return items
+
+
+class _Items(Dataset):
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Mapping[str, Any]:
+        return self.items[index]
+
+
+class EpochSampler(Sampler[int]):
+    """Dataset order for each epoch: fixed (CoMLRL) or a permutation seeded by ``seed + epoch``."""
+
+    def __init__(self, size: int, shuffle: bool, seed: int):
+        self.size, self.shuffle, self.seed, self.epoch = size, shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls this at each epoch start
+        self.epoch = epoch
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.size))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.size, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _as_list(batch: list) -> list:
+    return batch
+
+
+class TaskDataModule(LightningDataModule):
+    """Dataset items for rollouts and evaluation.
+
+    Args:
+        dataset: training items (see module docstring for the accepted sources).
+        eval_dataset: evaluation items (default: none; periodic evaluation is then skipped with a warning).
+        split / eval_split: splits for hub datasets.
+        prompts_per_step: items per training step; their trees are sampled together (batched generation).
+            1 reproduces CoMLRL's batch size of one.
+        eval_batch_size: items per evaluation batch.
+        shuffle: reshuffle the training order every epoch (seeded); False keeps CoMLRL's fixed order.
+        seed: seed of the shuffled order.
+        max_train_items / max_eval_items: use only the first n items.
+        load_kwargs: extra arguments of ``datasets.load_dataset`` (e.g. ``name`` for a config).
+    """
+
+    def __init__(
+        self,
+        dataset: DatasetSource = None,
+        eval_dataset: DatasetSource = None,
+        split: str = "train",
+        eval_split: str = "test",
+        prompts_per_step: int = 1,
+        eval_batch_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        max_train_items: int | None = None,
+        max_eval_items: int | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        if dataset is None:
+            raise ValueError("dataset is required: a list of dicts, a local file, a function's import path "
+                             "or a Hugging Face dataset id.")
+        if prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step}).")
+        if eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1 (got {eval_batch_size}).")
+        for name, value in (("max_train_items", max_train_items), ("max_eval_items", max_eval_items)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or null (got {value}).")
+        self.dataset_source, self.eval_source = dataset, eval_dataset
+        self.split, self.eval_split = split, eval_split
+        self.prompts_per_step = prompts_per_step
+        self.eval_batch_size = eval_batch_size
+        self.shuffle, self.seed = shuffle, seed
+        self.max_train_items, self.max_eval_items = max_train_items, max_eval_items
+        self.load_kwargs = load_kwargs or {}
+        self.train_items = None
+        self.eval_items_ = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_items is None:
+            self.train_items = _head(load_items(self.dataset_source, self.split, **self.load_kwargs),
+                                     self.max_train_items)
+            if len(self.train_items) == 0:
+                raise ValueError(f"dataset {self.dataset_source!r} has no items.")
+        if self.eval_items_ is None and self.eval_source is not None:
+            self.eval_items_ = _head(load_items(self.eval_source, self.eval_split, **self.load_kwargs),
+                                     self.max_eval_items)
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = EpochSampler(len(self.train_items), self.shuffle, self.seed)
+        return DataLoader(_Items(self.train_items), batch_size=self.prompts_per_step, sampler=sampler,
+                          collate_fn=_as_list, num_workers=0)
+
+    def val_dataloader(self):
+        # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback); the `validate` subcommand
+        # evaluates the whole eval set through this loader.
+        if self.eval_items_ is None or (self.trainer is not None and self.trainer.state.fn != "validate"):
+            return []
+        return DataLoader(_Items(self.eval_items_), batch_size=self.eval_batch_size, collate_fn=_as_list)
+
+    def eval_items(self, n: int) -> list[Mapping[str, Any]]:
+        """The first ``n`` evaluation items (CoMLRL evaluates a fixed head of the eval set)."""
+        if self.eval_items_ is None:
+            self.setup("fit")
+        if self.eval_items_ is None:
+            return []
+        return [self.eval_items_[i] for i in range(min(n, len(self.eval_items_)))]
+
+
+def _head(items, n: int | None):
+    if items is None or n is None or n >= len(items):
+        return items
+    return items.select(range(n)) if hasattr(items, "select") else items[:n]

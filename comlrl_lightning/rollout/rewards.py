@@ -1,0 +1,215 @@
+"""Calling user code: formatters, the joint reward, reward processors and external transitions.
+
+One documented reward signature (DESIGN §3)::
+
+    reward_func(*agent_completions, prompts=None, batch_items=None) -> list[float]
+
+``agent_completions[i]`` is agent i's list of completion strings; every list has one entry per joint action
+and the function returns one team reward per joint action. ``prompts``/``batch_items`` are passed only when
+the function names them (or takes ``**kwargs``). Unlike CoMLRL we never guess by retrying after a TypeError.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+Formatter = Callable[..., str]
+
+
+def _accepts(func: Callable, name: str) -> bool:
+    """True when ``func`` can be called with keyword ``name``."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def default_formatter(item: Mapping[str, Any], external_prompts: str | None = None) -> str:
+    """The prompt is the external prompt when given, else ``item["prompt"]``."""
+    return external_prompts if external_prompts is not None else str(item.get("prompt", ""))
+
+
+def build_formatters(formatters: Formatter | Sequence[Formatter] | None, num_agents: int) -> list[Formatter]:
+    """One ``(item, external_prompts=None) -> str`` callable per agent (REFERENCE §2.2); one callable (or a
+    one-element list) serves every agent."""
+    if formatters is None:
+        return [default_formatter] * num_agents
+    if callable(formatters):
+        formatters = [formatters]
+    if isinstance(formatters, Sequence) and not isinstance(formatters, str) and len(formatters) == 1:
+        formatters = list(formatters) * num_agents  # one formatter for every agent
+    if not isinstance(formatters, Sequence) or isinstance(formatters, str):
+        raise ValueError(f"formatters must be a callable or a list of {num_agents} callables, got {type(formatters).__name__}.")
+    if len(formatters) != num_agents:
+        raise ValueError(f"formatters: number of formatters ({len(formatters)}) must match num_agents ({num_agents}).")
+    for i, f in enumerate(formatters):
+        if not callable(f):
+            raise ValueError(f"formatters[{i}] must be callable, got {type(f).__name__}.")
+    return [_wrap_formatter(f) for f in formatters]
+
+
+def _wrap_formatter(func: Formatter) -> Formatter:
+    takes_external = _accepts(func, "external_prompts")
+
+    def formatter(item: Mapping[str, Any], external_prompts: str | None = None) -> str:
+        if takes_external and external_prompts is not None:
+            prompt = func(item, external_prompts=external_prompts)
+        else:
+            prompt = func(item)
+        if not isinstance(prompt, str):
+            raise TypeError(f"Formatter must return a string prompt, got {type(prompt).__name__}.")
+        return prompt
+
+    formatter.__wrapped__ = func
+    return formatter
+
+
+def format_prompt(
+    formatter: Formatter, item: Mapping[str, Any], external_prompt: str | None, passthrough: bool
+) -> str:
+    """The model input for one agent at one node (REFERENCE §2.5).
+
+    Turn 1 formats the item. Later turns either use the external prompt verbatim (passthrough) or format a
+    shallow copy of the item whose ``prompt`` is the external prompt (original kept in ``_original_prompt``).
+    """
+    if external_prompt is None:
+        return formatter(item)
+    if not isinstance(external_prompt, str):
+        raise TypeError(f"External prompt must be a string, got {type(external_prompt).__name__}.")
+    if passthrough:
+        return external_prompt
+    shifted = dict(item)
+    shifted.setdefault("_original_prompt", item.get("prompt", ""))
+    shifted["prompt"] = external_prompt
+    return formatter(shifted, external_prompts=external_prompt)
+
+
+class RewardCaller:
+    """Calls the team reward on a batch of joint actions and applies ``reward_processor``."""
+
+    def __init__(self, reward_func: Callable[..., Any], reward_processor: Callable[[float], float] | None = None):
+        if not callable(reward_func):
+            raise ValueError(f"reward_func must be a callable, got {type(reward_func).__name__}.")
+        if reward_processor is not None and not callable(reward_processor):
+            raise ValueError(f"reward_processor must be a callable, got {type(reward_processor).__name__}.")
+        self.reward_func = reward_func
+        self.reward_processor = reward_processor
+        self._pass_prompts = _accepts(reward_func, "prompts")
+        self._pass_items = _accepts(reward_func, "batch_items")
+
+    def raw(
+        self,
+        agent_completions: Sequence[Sequence[str]],
+        prompts: Sequence[str] | None = None,
+        batch_items: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[float]:
+        """Team rewards before ``reward_processor``; one per joint action."""
+        expected = len(agent_completions[0])
+        kwargs: dict[str, Any] = {}
+        if self._pass_prompts and prompts is not None:
+            kwargs["prompts"] = list(prompts)
+        if self._pass_items and batch_items is not None:
+            kwargs["batch_items"] = list(batch_items)
+        values = self.reward_func(*[list(c) for c in agent_completions], **kwargs)
+        values = _as_float_list(values)
+        if len(values) != expected:
+            raise ValueError(
+                f"reward_func returned {len(values)} values for {expected} joint actions; it must return one team "
+                "reward per joint action (per-agent lists of completions are aligned by index)."
+            )
+        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"reward_func returned a non-finite value {values[bad[0]]!r} at joint action {bad[0]}.")
+        return values
+
+    def process(self, raw: Sequence[float]) -> list[float]:
+        if self.reward_processor is None:
+            return list(raw)
+        processed = [float(self.reward_processor(v)) for v in raw]
+        bad = [i for i, v in enumerate(processed) if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"reward_processor returned a non-finite value {processed[bad[0]]!r} (raw {raw[bad[0]]!r}).")
+        return processed
+
+    def __call__(self, agent_completions, prompts=None, batch_items=None) -> list[float]:
+        return self.process(self.raw(agent_completions, prompts, batch_items))
+
+
+def _as_float_list(values: Any) -> list[float]:
+    if hasattr(values, "tolist"):  # torch / numpy
+        values = values.tolist()
+    if isinstance(values, (int, float)):
+        values = [values]
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"reward_func must return a list of floats, got {type(values).__name__}.")
+    try:
+        return [float(v) for v in values]
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"reward_func must return a list of floats: {err}") from None
+
+
+def call_external_transition(
+    transition: Callable[..., Any],
+    *,
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    prompt_history_per_agent: Sequence[Sequence[str]],
+    response_history_per_agent: Sequence[Sequence[str]],
+) -> list[str]:
+    """Next-turn prompts for one branch (REFERENCE §2.5), validated."""
+    prompts = transition(
+        prompt=prompt,
+        agent_completions=list(agent_completions),
+        num_agents=num_agents,
+        prompt_history_per_agent=[list(h) for h in prompt_history_per_agent],
+        response_history_per_agent=[list(h) for h in response_history_per_agent],
+    )
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"External transition must return per-agent prompts (a list of {num_agents} strings), "
+                         f"got {type(prompts).__name__}.")
+    if len(prompts) != num_agents:
+        raise ValueError(f"External transition returned {len(prompts)} values but expected {num_agents}.")
+    return list(prompts)
+
+
+class RewardProcessors:
+    """Factories for common ``reward_processor`` callables (CoMLRL names); usable from YAML by import path."""
+
+    @staticmethod
+    def identity() -> Callable[[float], float]:
+        return lambda x: x
+
+    @staticmethod
+    def clamp(min_val: float = -10.0, max_val: float = 10.0) -> Callable[[float], float]:
+        return lambda x: min(max(x, min_val), max_val)
+
+    @staticmethod
+    def scale(factor: float = 1.0) -> Callable[[float], float]:
+        return lambda x: x * factor
+
+    @staticmethod
+    def shift(value: float = 0.0) -> Callable[[float], float]:
+        return lambda x: x + value
+
+    @staticmethod
+    def sigmoid_scale() -> Callable[[float], float]:
+        return lambda x: 1.0 / (1.0 + math.exp(-x))
+
+    @staticmethod
+    def exponential_scale(factor: float = 1.0) -> Callable[[float], float]:
+        # sign-symmetric: exp(f*|x|) - 1 with the sign of x
+        return lambda x: math.copysign(math.expm1(factor * abs(x)), x)
+
+
+class ScaleShift:
+    """``reward_processor`` computing ``x * scale + shift`` — a picklable, YAML-friendly class."""
+
+    def __init__(self, scale: float = 1.0, shift: float = 0.0):
+        self.scale, self.shift = scale, shift
+
+    def __call__(self, x: float) -> float:
+        return x * self.scale + self.shift

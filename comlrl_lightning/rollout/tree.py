@@ -1,0 +1,279 @@
+"""The multi-turn rollout tree (REFERENCE §3.5–3.6), built breadth-first and batched.
+
+Every node holds K samples per agent for one prompt per agent. Its joint actions are either ``aligned``
+(K actions: agent i's k-th sample with every other agent's k-th sample) or ``cross`` (the Kᴺ Cartesian
+combinations). Each joint action gets one team reward; unless the node is the last turn or terminated early
+(mean reward strictly greater than ``early_termination_threshold``), each joint action opens a child node
+whose prompts come from ``external_transition``. Returns: G = r + γ·mean(child returns) (γ = ``discount``).
+
+We expand one *level* of the tree at a time, for all prompts of the batch at once: one ``generate`` per agent
+per level (micro-batched), one reward call per level. CoMLRL builds the same tree depth-first with one
+generate per node and one reward call per joint action; the returns are the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices
+from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
+from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, sample_completions
+
+JOINT_MODES = ("aligned", "cross")
+_JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
+
+
+def normalize_joint_mode(mode: str) -> str:
+    """``align``/``aligned`` and ``cross``/``crossed`` (one semantics per name pair, unlike CoMLRL)."""
+    key = str(mode).lower()
+    if key not in _JOINT_MODE_ALIASES:
+        raise ValueError(f"joint_mode must be one of: aligned, cross (aliases align, crossed); got {mode!r}.")
+    return _JOINT_MODE_ALIASES[key]
+
+
+@dataclass
+class AgentSamples:
+    """One agent's K samples at one node."""
+
+    prompt: str  # formatted prompt (before any chat template); what histories record
+    prompt_ids: Tensor  # [P] unpadded model input ids
+    completion_ids: Tensor  # [K, T] right-padded
+    completion_mask: Tensor  # [K, T] bool
+    texts: list[str]
+    credit: Tensor | None = None  # [K] return credited to each completion (set after the tree)
+    sequence_kl: Tensor | None = None  # [K] Σ_t KL estimate (reference KL in the reward)
+    ref_logprobs: Tensor | None = None  # [K, T] reference log-probs (reference KL in the loss)
+
+
+@dataclass
+class Node:
+    item: Mapping[str, Any]
+    turn: int
+    agents: list[AgentSamples]
+    joint_index: Tensor  # [J, N] sample index of each agent in each joint action
+    rewards: Tensor  # [J] processed team rewards
+    raw_rewards: Tensor  # [J] before reward_processor
+    env_step: int  # env steps counted after this node's rewards
+    policy_version: int  # optimizer updates done when it was sampled
+    returns: Tensor | None = None  # [J]
+    children: dict[int, "Node"] = field(default_factory=dict)  # joint action -> child
+
+    @property
+    def mean_reward(self) -> float:
+        return float(self.rewards.mean())
+
+    @property
+    def mean_return(self) -> float:
+        return float(self.returns.mean())
+
+
+@dataclass
+class _Pending:
+    item: Mapping[str, Any]
+    external_prompts: list[str] | None
+    prompt_history: list[list[str]]
+    response_history: list[list[str]]
+    parent: tuple[Node, int] | None
+
+
+@dataclass
+class Rollout:
+    roots: list[Node]
+    levels: list[list[Node]]  # levels[t] = nodes at turn t, in creation order
+    num_joint_actions: int
+    timings: dict[str, float]
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [n for level in self.levels for n in level]
+
+
+class RolloutEngine:
+    """Samples, rewards and expands rollout trees for a batch of dataset items."""
+
+    def __init__(
+        self,
+        *,
+        num_agents: int,
+        formatters: Sequence[Callable[..., str]],
+        reward: RewardCaller,
+        sampling: SamplingConfig,
+        num_generations: int = 4,
+        num_turns: int = 1,
+        joint_mode: str = "aligned",
+        discount: float = 1.0,
+        early_termination_threshold: float | None = None,
+        external_transition: Callable[..., Any] | None = None,
+        external_prompt_passthrough: bool = False,
+        use_chat_template: bool = False,
+        generation_batch_size: int | None = None,
+        generation_kwargs: dict | None = None,
+        parallel_agents: bool = False,
+    ):
+        self.num_agents = num_agents
+        self.formatters = list(formatters)
+        self.reward = reward
+        self.sampling = sampling
+        self.num_generations = num_generations
+        self.num_turns = num_turns
+        self.joint_mode = normalize_joint_mode(joint_mode)
+        self.discount = discount
+        self.early_termination_threshold = early_termination_threshold
+        self.external_transition = external_transition
+        self.external_prompt_passthrough = external_prompt_passthrough
+        self.use_chat_template = use_chat_template
+        self.generation_batch_size = generation_batch_size
+        self.generation_kwargs = generation_kwargs or {}
+        self.parallel_agents = parallel_agents
+        if num_turns > 1 and external_transition is None:
+            raise ValueError("Multi-turn training (num_turns > 1) requires an external_transition.")
+
+    # ------------------------------------------------------------------ public
+    def rollout(
+        self,
+        models: Sequence[torch.nn.Module],
+        tokenizers: Sequence[Any],
+        items: Sequence[Mapping[str, Any]],
+        *,
+        num_generations: int | None = None,
+        early_termination: bool = True,
+        policy_version: int = 0,
+        env_step: int = 0,
+    ) -> Rollout:
+        """Build the trees of ``items``; ``num_generations=1`` without early termination is an eval trajectory."""
+        K = num_generations or self.num_generations
+        threshold = self.early_termination_threshold if early_termination else None
+        timings: dict[str, float] = defaultdict(float)
+        frontier = [_Pending(item, None, [[] for _ in range(self.num_agents)], [[] for _ in range(self.num_agents)],
+                             None) for item in items]
+        levels: list[list[Node]] = []
+        start_step = env_step
+        for turn in range(self.num_turns):
+            if not frontier:
+                break
+            level, env_step = self._expand_level(models, tokenizers, frontier, turn, K, policy_version, env_step,
+                                                 timings)
+            levels.append(level)
+            expanded, frontier = frontier, []
+            if turn + 1 < self.num_turns:
+                tic = time.perf_counter()
+                for node, pending in zip(level, expanded):
+                    if threshold is not None and node.mean_reward > threshold:
+                        continue  # strictly greater: this branch ends here
+                    frontier.extend(self._children(node, pending))
+                timings["transition"] += time.perf_counter() - tic
+        self._compute_returns(levels, K)
+        return Rollout(levels[0] if levels else [], levels, env_step - start_step, dict(timings))
+
+    # ------------------------------------------------------------------ steps
+    def _expand_level(self, models, tokenizers, frontier, turn, K, policy_version, env_step, timings):
+        N = self.num_agents
+        prompts = [[self._format(i, p) for p in frontier] for i in range(N)]  # [N][M]
+
+        tic = time.perf_counter()
+        samples = self._sample_all(models, tokenizers, prompts, K)
+        timings["generate"] += time.perf_counter() - tic
+
+        tic = time.perf_counter()
+        if self.joint_mode == "cross" and N > 1:
+            joint = cross_joint_indices(N, K)  # [K^N, N]
+        else:
+            joint = torch.arange(K).unsqueeze(1).expand(K, N)
+        J, M = joint.shape[0], len(frontier)
+        node_rows = torch.arange(M).repeat_interleave(J) * K  # [M*J] first sample row of each joint action's node
+        agent_rows = node_rows.unsqueeze(1) + joint.repeat(M, 1)  # [M*J, N]
+        agent_texts = [[samples[i].texts[r] for r in agent_rows[:, i].tolist()] for i in range(N)]
+        reward_prompts = [prompts[0][m] for m in range(M) for _ in range(J)]
+        reward_items = [frontier[m].item for m in range(M) for _ in range(J)]
+        raw = self.reward.raw(agent_texts, prompts=reward_prompts, batch_items=reward_items)
+        processed = self.reward.process(raw)
+        raw_t = torch.tensor(raw, dtype=torch.float32).view(M, J)
+        rewards = torch.tensor(processed, dtype=torch.float32).view(M, J)
+        timings["reward"] += time.perf_counter() - tic
+
+        level = []
+        for m, pending in enumerate(frontier):
+            env_step += J
+            agents = []
+            for i in range(N):
+                rows = slice(m * K, (m + 1) * K)
+                mask = samples[i].completion_mask[rows]
+                width = max(int(mask.sum(-1).max()), 1)
+                agents.append(AgentSamples(
+                    prompt=prompts[i][m],
+                    prompt_ids=samples[i].prompt_ids[m],
+                    completion_ids=samples[i].completion_ids[rows, :width],
+                    completion_mask=mask[:, :width],
+                    texts=samples[i].texts[rows],
+                ))
+            node = Node(pending.item, turn, agents, joint, rewards[m], raw_t[m], env_step, policy_version)
+            if pending.parent is not None:
+                parent, j = pending.parent
+                parent.children[j] = node
+            level.append(node)
+        return level, env_step
+
+    def _format(self, agent: int, pending: _Pending) -> str:
+        external = None if pending.external_prompts is None else pending.external_prompts[agent]
+        return format_prompt(self.formatters[agent], pending.item, external, self.external_prompt_passthrough)
+
+    def _model_input(self, tokenizer, prompt: str) -> str:
+        if not self.use_chat_template:
+            return prompt
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    def _sample_all(self, models, tokenizers, prompts, K) -> list[Completions]:
+        def sample(i: int) -> Completions:
+            inputs = [self._model_input(tokenizers[i], p) for p in prompts[i]]
+            return sample_completions(models[i], tokenizers[i], inputs, K, self.sampling,
+                                      self.generation_batch_size, self.generation_kwargs)
+
+        if self.parallel_agents and self.num_agents > 1:  # agents on distinct devices sample concurrently
+            with ThreadPoolExecutor(max_workers=self.num_agents) as pool:
+                return list(pool.map(sample, range(self.num_agents)))
+        return [sample(i) for i in range(self.num_agents)]
+
+    def _children(self, node: Node, pending: _Pending) -> list[_Pending]:
+        N = self.num_agents
+        children = []
+        prompt_history = [h + [a.prompt] for h, a in zip(pending.prompt_history, node.agents)]
+        raw_prompt = str(node.item.get("prompt", ""))
+        for j, sample_idx in enumerate(node.joint_index.tolist()):
+            responses = [node.agents[i].texts[sample_idx[i]] for i in range(N)]
+            response_history = [h + [r] for h, r in zip(pending.response_history, responses)]
+            next_prompts = call_external_transition(
+                self.external_transition,
+                prompt=raw_prompt,
+                agent_completions=responses,
+                num_agents=N,
+                prompt_history_per_agent=prompt_history,
+                response_history_per_agent=response_history,
+            )
+            children.append(_Pending(node.item, next_prompts, prompt_history, response_history, (node, j)))
+        return children
+
+    def _compute_returns(self, levels: list[list[Node]], K: int) -> None:
+        """Bottom-up returns, then each completion's credit (aligned: its action's return; cross: the sum)."""
+        for level in reversed(levels):
+            for node in level:
+                J = node.rewards.shape[0]
+                child_mean = torch.zeros(J)
+                has_child = torch.zeros(J, dtype=torch.bool)
+                for j, child in node.children.items():
+                    child_mean[j] = child.returns.mean()
+                    has_child[j] = True
+                node.returns = bootstrap_returns(node.rewards, child_mean, has_child, self.discount)
+                if self.joint_mode == "cross" and self.num_agents > 1:
+                    credit = cross_credit(node.returns, self.num_agents, K)  # [N, K]
+                else:
+                    credit = node.returns.unsqueeze(0).expand(self.num_agents, K)
+                for i, agent in enumerate(node.agents):
+                    agent.credit = credit[i].clone()

@@ -1,0 +1,301 @@
+"""The MAGRPO family end to end on tiny models: fit, validation, freshness, gradients, KL, evaluation, export."""
+
+from __future__ import annotations
+
+import copy
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.loggers import CSVLogger
+
+from comlrl_lightning import MAGRPO, MAREINFORCE, MARLOO, MAReMax, TaskDataModule
+from comlrl_lightning.agents.factories import MODEL_FACTORIES
+from comlrl_lightning.core.advantages import compute_advantages
+from comlrl_lightning.envs import toy
+
+ITEMS = [{"prompt": f"topic {i}", "topic": f"topic {i}"} for i in range(8)]
+
+
+def make_module(cls=MAGRPO, **overrides):
+    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2,
+                  max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None, rollout_buffer_size=2,
+                  agent_learning_rate=1e-3, eval_interval=0, log_completions=False)
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+def fit(module, tmp_path, max_steps=2, items=ITEMS, eval_items=None, prompts_per_step=2, callbacks=()):
+    seed_everything(0)
+    trainer = Trainer(max_steps=max_steps, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu", devices=1)
+    data = TaskDataModule(dataset=items, eval_dataset=eval_items, prompts_per_step=prompts_per_step,
+                          eval_batch_size=2)
+    trainer.fit(module, datamodule=data)
+    return trainer
+
+
+def read_metrics(trainer) -> list[dict[str, str]]:
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def column(rows, key):
+    return [float(r[key]) for r in rows if r.get(key)]
+
+
+def params_of(module):
+    return [p.detach().clone() for p in module.parameters()]
+
+
+# ----------------------------------------------------------------------------------------------- fit
+@pytest.mark.parametrize("cls,mode", [(MAGRPO, "mean"), (MARLOO, "rloo"), (MAReMax, "max"), (MAREINFORCE, "raw")])
+def test_each_variant_fits_and_changes_weights(cls, mode, tmp_path):
+    module = make_module(cls)
+    assert module.advantage_mode == mode
+    before = params_of(module)
+    trainer = fit(module, tmp_path)
+    assert trainer.global_step == 2  # one global step per team update, not per agent
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+    rows = read_metrics(trainer)
+    assert column(rows, "env_step") == [4.0, 8.0]  # 2 prompts x K=2 aligned joint actions per step
+    for key in ("loss", "turn_1/reward_mean", "turn_1/expected_return", "agent_0/grad_norm", "agent_1/grad_norm",
+                "completions/mean_length", "timing_s/generate", "timing_s/reward", "timing_s/update"):
+        assert column(rows, key), key
+
+
+def test_class_path_variant_defaults_can_be_overridden():
+    assert make_module(MARLOO, advantage_mode="mean").advantage_mode == "mean"
+
+
+def test_single_agent_grpo(tmp_path):
+    module = make_module(num_agents=1)
+    trainer = fit(module, tmp_path)
+    assert module.num_agents == 1 and trainer.global_step == 2
+
+
+def test_shared_weights_one_parameter_group(tmp_path):
+    model, tok = MODEL_FACTORIES["tiny"]()
+    module = make_module(agents=[model, model], tokenizers=tok)
+    assert module.agents[0] is module.agents[1]
+    optimizer = module.configure_optimizers()
+    assert len(optimizer.param_groups) == 1 and optimizer.param_groups[0]["agents"] == [0, 1]
+    before = params_of(module)
+    fit(module, tmp_path)
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_multi_turn_and_cross_fit(tmp_path):
+    module = make_module(num_turns=2, external_transition=toy.revise_transition, joint_mode="cross",
+                         rollout_buffer_size=1, train_batch_size=1)
+    trainer = fit(module, tmp_path, max_steps=3, prompts_per_step=1)
+    rows = read_metrics(trainer)
+    # cross, N=2, K=2: 4 joint actions at the root, 4 children x 4 = 16 below -> 20 per item
+    assert column(rows, "env_step")[0] == 20.0
+    assert column(rows, "turn_2/reward_mean") or column(rows, "turn_1/reward_mean")
+
+
+def test_cli_fit_with_config(tmp_path, monkeypatch):
+    from comlrl_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    main(["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
+          "--model.init_args.eval_interval=1", "--model.init_args.max_new_tokens=4"])
+    metrics = next(tmp_path.glob("outputs/quickstart/*/metrics.csv"))
+    rows = list(csv.DictReader(metrics.open()))
+    assert column(rows, "eval/turn_1/reward_mean") and column(rows, "loss")
+    assert (metrics.parent / "completions.jsonl").read_text().strip()
+
+
+# ----------------------------------------------------------------------------------------------- freshness
+def test_rollouts_come_from_the_weights_after_the_previous_update(tmp_path):
+    """The batch consumed at update t was sampled by the weights produced by update t-1 (no stale prefetch)."""
+    module = make_module(rollout_buffer_size=2)
+    sampled_with, updated_to = [], []
+    collect, update = module.collect_rollout, module.update
+
+    def spy_collect(items):
+        sampled_with.append((module.global_step, [p.detach().clone() for p in module.parameters()]))
+        return collect(items)
+
+    def spy_update(nodes):
+        assert all(n.policy_version == module.global_step for n in nodes)
+        out = update(nodes)
+        updated_to.append([p.detach().clone() for p in module.parameters()])
+        return out
+
+    module.collect_rollout, module.update = spy_collect, spy_update
+    fit(module, tmp_path, max_steps=3)
+    assert [v for v, _ in sampled_with] == [0, 1, 2]
+    for t in range(1, 3):
+        assert all(torch.equal(a, b) for a, b in zip(sampled_with[t][1], updated_to[t - 1]))
+
+
+# ----------------------------------------------------------------------------------------------- gradients
+class GradCapture(torch.nn.Module):
+    pass
+
+
+def test_gradient_matches_documented_objective(tmp_path):
+    """The update's parameter gradient equals autograd of mean_rows(-A * sum_t log pi) computed one sequence at a
+    time without padding (seq_sum), for every agent."""
+    module = make_module(rollout_buffer_size=2, max_new_tokens=5)
+    captured = {}
+    update = module.update
+
+    def spy_update(nodes):
+        captured["nodes"] = nodes
+        captured["weights"] = copy.deepcopy(module.agents).eval()
+        return update(nodes)
+
+    class Grads(torch.nn.Module):
+        pass
+
+    from lightning.pytorch import Callback
+
+    class OnBeforeStep(Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            if "grads" not in captured:
+                captured["grads"] = [[p.grad.clone() for p in agent.parameters()] for agent in pl_module.agents]
+
+    module.update = spy_update
+    fit(module, tmp_path, max_steps=1, callbacks=[OnBeforeStep()])
+    nodes, agents = captured["nodes"], captured["weights"]
+    for i, agent in enumerate(agents):
+        agent.zero_grad()
+        credit = torch.stack([n.agents[i].credit for n in nodes])
+        advantages = compute_advantages(credit, "mean", True).reshape(-1)
+        logps = []
+        for n in nodes:
+            s = n.agents[i]
+            for k in range(s.completion_ids.shape[0]):
+                length = int(s.completion_mask[k].sum())
+                ids = torch.cat([s.prompt_ids, s.completion_ids[k, :length]]).unsqueeze(0)
+                logits = agent(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]
+                logps.append(torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(s.prompt_ids):, None]).sum())
+        loss = (-(advantages * torch.stack(logps))).mean()
+        loss.backward()
+        for expected, got in zip(agent.parameters(), captured["grads"][i]):
+            torch.testing.assert_close(got, expected.grad, atol=2e-5, rtol=1e-3)
+
+
+def test_micro_batches_accumulate_to_the_same_gradient(tmp_path):
+    grads = []
+    from lightning.pytorch import Callback
+
+    class OnBeforeStep(Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]))
+
+    for micro in (None, 1):
+        fit(make_module(micro_batch_size=micro, loss_aggregation="token_mean"), tmp_path, max_steps=1,
+            callbacks=[OnBeforeStep()])
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------- reference KL
+@pytest.mark.parametrize("placement", ["reward", "loss"])
+def test_reference_kl(placement, tmp_path):
+    module = make_module(reference_kl_enabled=True, reference_kl_coef=0.5, reference_kl_placement=placement)
+    trainer = fit(module, tmp_path, max_steps=3)
+    assert module.reference is not None and len(module.reference.models) == 2
+    assert not any(p.requires_grad for m in module.reference.models for p in m.parameters())
+    assert "reference" not in "".join(module.state_dict())  # never in the trained state / checkpoint
+    if placement == "reward":
+        kl = column(read_metrics(trainer), "turn_1/reference_kl_mean")
+        assert abs(kl[0]) < 1e-5  # the first rollout is sampled by the reference weights
+        assert kl[-1] > 0
+
+
+def test_no_reference_model_when_disabled_or_zero_coef(tmp_path):
+    for kwargs in ({}, {"reference_kl_enabled": True, "reference_kl_coef": 0.0}):
+        module = make_module(**kwargs)
+        fit(module, tmp_path, max_steps=1)
+        assert module.reference is None
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+def test_evaluation_schedule_and_user_metrics(tmp_path):
+    calls = {}
+
+    def eval_logger(agent_completions_turns, batch_items, prompts, test_cases):
+        calls["shape"] = (len(agent_completions_turns), len(agent_completions_turns[0]),
+                          len(agent_completions_turns[0][0]))
+        calls["n_items"] = len(batch_items)
+        return [{"len": len(c[0])} for c in agent_completions_turns[0]]
+
+    def eval_aggregator(metrics, num_turns):
+        return {"turn_1/mean_len": sum(m["len"] for m in metrics) / len(metrics)}
+
+    module = make_module(eval_interval=2, eval_num_samples=3, eval_logger=eval_logger,
+                         eval_aggregator=eval_aggregator)
+    trainer = fit(module, tmp_path, max_steps=3, eval_items=ITEMS[:5])
+    rows = read_metrics(trainer)
+    assert len(column(rows, "eval/turn_1/reward_mean")) == 2  # batches 0 and 2
+    assert column(rows, "eval/turn_1/mean_len")
+    assert calls == {"shape": (2, 3, 1), "n_items": 3}
+
+
+def test_validate_runs_whole_eval_set(tmp_path):
+    module = make_module()
+    trainer = Trainer(logger=False, enable_progress_bar=False, accelerator="cpu", devices=1)
+    data = TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:3], eval_batch_size=2)
+    (result,) = trainer.validate(module, datamodule=data)
+    assert "eval/turn_1/reward_mean" in result and "eval/turn_1/expected_return" in result
+
+
+# ----------------------------------------------------------------------------------------------- export
+def test_save_pretrained_round_trip(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    module = make_module()
+    module.save_pretrained(tmp_path / "export")
+    for i in range(2):
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / f"agent_{i}")
+        AutoTokenizer.from_pretrained(tmp_path / "export" / f"agent_{i}")
+        ids = torch.tensor([[1, 2, 3]])
+        torch.testing.assert_close(loaded(ids).logits, module.agents[i].eval()(ids).logits)
+
+
+# ----------------------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("overrides,fragment", [
+    ({"num_generations": 1}, "num_generations must be >= 2"),
+    ({"rollout_buffer_size": 0}, "rollout_buffer_size"),
+    ({"train_batch_size": 0}, "train_batch_size"),
+    ({"num_turns": 0}, "num_turns"),
+    ({"num_turns": 2}, "Multi-turn MAGRPO requires an external_transition"),
+    ({"advantage_mode": "median"}, "advantage_mode must be one of: mean, raw, max, rloo"),
+    ({"loss_aggregation": "sum"}, "loss_aggregation"),
+    ({"reference_kl_coef": -1.0}, "reference_kl_coef must be >= 0"),
+    ({"reference_kl_estimator": "k4"}, "reference_kl_estimator"),
+    ({"reference_kl_placement": "advantage"}, "reference_kl_placement"),
+    ({"eval_interval": -1}, "eval_interval"),
+    ({"eval_num_samples": -1}, "eval_num_samples"),
+    ({"joint_mode": "diagonal"}, "joint_mode"),
+    ({"discount": 1.5}, "discount"),
+    ({"reward_func": None}, "reward_func must be a callable"),
+    ({"parallel_training": "ddp"}, "parallel_training only supports: none, mp"),
+    ({"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices"),
+    ({"agent_devices": "gpu0"}, "agent_devices"),
+    ({"temperature": 0.0}, "temperature"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"agent_learning_rate": [1e-3]}, "agent_learning_rate"),
+    ({"eval_logger": print}, "eval_logger and eval_aggregator"),
+])
+def test_bad_config_fails_before_any_model_loads(overrides, fragment, monkeypatch):
+    def must_not_load(**_):
+        raise AssertionError("a model was loaded before validation finished")
+
+    monkeypatch.setitem(MODEL_FACTORIES, "tiny", must_not_load)
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        make_module(**overrides)
+
+
+def test_reward_returning_wrong_count_is_a_clear_error(tmp_path):
+    module = make_module(reward_func=lambda a, b: [1.0])
+    with pytest.raises(ValueError, match="returned 1 values for 4 joint actions"):
+        fit(module, tmp_path, max_steps=1)
