@@ -244,7 +244,9 @@ class RolloutEngine:
     def _children(self, node: Node, pending: _Pending) -> list[_Pending]:
         N = self.num_agents
         children = []
-        prompt_history = [h + [a.prompt] for h, a in zip(pending.prompt_history, node.agents)]
+        # CoMLRL records the external prompt itself (not its formatted form) from turn 2 on.
+        used = pending.external_prompts or [a.prompt for a in node.agents]
+        prompt_history = [h + [p] for h, p in zip(pending.prompt_history, used)]
         raw_prompt = str(node.item.get("prompt", ""))
         for j, sample_idx in enumerate(node.joint_index.tolist()):
             responses = [node.agents[i].texts[sample_idx[i]] for i in range(N)]

@@ -1,0 +1,660 @@
+"""Sampling, token scoring and the rollout tree (REFERENCE §3.4–3.6, appendix E.2/E.3).
+
+Model-backed tests use the offline ``tiny`` Qwen2 (pad == eos, left padding). The tree tests replace
+``sample_completions`` with a deterministic fake so every reward, return and credit is known in advance.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from comlrl_lightning.rollout import tree as tree_mod
+from comlrl_lightning.rollout.rewards import RewardCaller, ScaleShift, build_formatters
+from comlrl_lightning.rollout.sampling import (
+    Completions,
+    SamplingConfig,
+    build_scoring_inputs,
+    collate_rows,
+    completion_mask_from_ids,
+    eos_token_ids,
+    sample_completions,
+    select_rows,
+    token_logprobs,
+)
+from comlrl_lightning.rollout.tree import RolloutEngine, normalize_joint_mode
+
+
+# =========================================================================== completion mask
+
+
+@pytest.mark.parametrize(
+    "ids, eos, expected",
+    [
+        ([5, 6, 0, 0, 0], [0], [1, 1, 1, 0, 0]),  # EOS included, pads (== EOS) after it excluded
+        ([5, 0, 7, 8, 0], [0], [1, 1, 0, 0, 0]),  # real tokens after EOS excluded too
+        ([5, 6, 7, 8], [0], [1, 1, 1, 1]),  # no EOS: everything generated counts
+        ([0, 5, 6], [0], [1, 0, 0]),  # EOS at position 0: only the EOS
+        ([5, 9, 3, 0, 4], [9, 0], [1, 1, 0, 0, 0]),  # several eos ids: the first of any ends the row
+        ([5, 3, 9, 0, 4], [9, 0], [1, 1, 1, 0, 0]),
+        ([5, 3, 4, 2, 9], [0, 9], [1, 1, 1, 1, 1]),
+    ],
+)
+def test_completion_mask_single_rows(ids, eos, expected):
+    mask = completion_mask_from_ids(torch.tensor([ids]), eos)
+    assert mask.dtype == torch.bool
+    assert mask[0].tolist() == [bool(x) for x in expected]
+
+
+def test_completion_mask_batch_rows_are_independent():
+    ids = torch.tensor([[0, 1, 2], [1, 0, 0], [1, 2, 3], [3, 3, 0]])
+    expected = [[1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]]
+    assert completion_mask_from_ids(ids, [0]).long().tolist() == expected
+
+
+# =========================================================================== tiny model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from comlrl_lightning.agents.factories import MODEL_FACTORIES
+
+    model, tok = MODEL_FACTORIES["tiny"]()
+    model.eval()
+    return model, tok
+
+
+def _reference_logprobs(model, prompt: torch.Tensor, completion: torch.Tensor, length: int) -> torch.Tensor:
+    """Unpadded, one sequence: log p(completion[t] | prompt, completion[:t]) for t < length."""
+    seq = torch.cat([prompt, completion[:length]]).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(input_ids=seq).logits[0].float()
+    P = len(prompt)
+    logp = torch.log_softmax(logits[P - 1 : P + length - 1], dim=-1)
+    return logp.gather(-1, completion[:length].unsqueeze(-1)).squeeze(-1)
+
+
+def test_token_logprobs_match_unpadded_reference(tiny):
+    model, tok = tiny
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id
+    texts = ["The quick brown fox jumps over the lazy dog and runs away", "Two agents", "Write code"]
+    prompt_ids = [torch.tensor(tok(t, add_special_tokens=False).input_ids) for t in texts]
+    assert len({len(p) for p in prompt_ids}) == 3  # three different prompt lengths
+
+    g = torch.Generator().manual_seed(0)
+
+    def rand(n):
+        return torch.randint(1, len(tok), (n,), generator=g)
+
+    # Group 0: 2 rows, width 5 -- EOS then pad / no EOS at all.
+    c0 = torch.stack([torch.cat([rand(2), torch.tensor([eos, pad, pad])]), rand(5)])
+    # Group 1: 1 row, width 3 -- EOS at position 0.
+    c1 = torch.tensor([[eos, pad, pad]])
+    # Group 2: 2 rows, width 7 -- EOS at the very end / EOS in the middle.
+    c2 = torch.stack([torch.cat([rand(6), torch.tensor([eos])]), torch.cat([rand(3), torch.tensor([eos, pad, pad, pad])])])
+    comps = [c0, c1, c2]
+    eos_ids = eos_token_ids(model, tok)
+    masks = [completion_mask_from_ids(c, eos_ids) for c in comps]
+
+    inputs = collate_rows(prompt_ids, comps, masks, pad)
+    assert inputs.completion_ids.shape == (5, 7)
+    model.eval()
+    with torch.no_grad():
+        got = token_logprobs(model, inputs)
+    assert got.shape == (5, 7) and got.dtype == torch.float32
+
+    rows = [(0, c0[0]), (0, c0[1]), (1, c1[0]), (2, c2[0]), (2, c2[1])]
+    lengths = [3, 5, 1, 7, 4]
+    for r, ((g_idx, comp), length) in enumerate(zip(rows, lengths)):
+        assert int(inputs.completion_mask[r].sum()) == length
+        ref = _reference_logprobs(model, prompt_ids[g_idx], comp, length)
+        torch.testing.assert_close(got[r, :length], ref, atol=1e-4, rtol=0)
+        assert torch.all(got[r, length:] == 0)
+        assert torch.all(ref < 0)  # real log-probs (non-trivial comparison)
+
+    # Row subsets score the same (select_rows keeps the layout consistent).
+    with torch.no_grad():
+        sub = token_logprobs(model, select_rows(inputs, slice(2, 4)))
+    torch.testing.assert_close(sub, got[2:4], atol=1e-5, rtol=0)
+
+
+def test_build_scoring_inputs_layout():
+    prompts = [torch.tensor([7, 8, 9]), torch.tensor([5])]
+    comp = torch.tensor([[1, 0, 0], [2, 3, 4]])
+    mask = torch.tensor([[True, False, False], [True, True, True]])
+    inp = build_scoring_inputs(prompts, comp, mask, pad_id=0)
+    assert inp.input_ids.tolist() == [[7, 8, 9, 1, 0, 0], [0, 0, 5, 2, 3, 4]]
+    assert inp.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]
+    # Positions count real tokens only: the completion continues right after the prompt.
+    assert inp.position_ids[0, :4].tolist() == [0, 1, 2, 3]
+    assert inp.position_ids[1, 2:].tolist() == [0, 1, 2, 3]
+    assert inp.completion_mask.dtype == torch.bool
+
+
+class _ForceEos(LogitsProcessor):
+    """Row r emits EOS exactly at generation step ``steps[r]`` (never, if absent) and never before."""
+
+    def __init__(self, model, prompt_width, steps, eos):
+        self.model, self.width, self.steps, self.eos = model, prompt_width, steps, eos
+        self.training_flags = []
+
+    def __call__(self, input_ids, scores):
+        self.training_flags.append(self.model.training)
+        step = input_ids.shape[1] - self.width
+        scores = scores.clone()
+        for r in range(scores.shape[0]):
+            if self.steps.get(r) == step:
+                scores[r] = -float("inf")
+                scores[r, self.eos] = 0.0
+            else:
+                scores[r, self.eos] = -float("inf")
+        return scores
+
+
+PROMPTS = ["The quick brown fox jumps over", "Two"]
+
+
+def test_sample_completions_layout_and_mask(tiny):
+    model, tok = tiny
+    eos = tok.eos_token_id
+    enc = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    width = max(map(len, enc))
+    steps = {0: 0, 1: 1, 2: 3, 3: 2, 4: 4}  # row 5 never ends
+    proc = _ForceEos(model, width, steps, eos)
+    model.train()
+    torch.manual_seed(0)
+    out = sample_completions(model, tok, PROMPTS, 3, SamplingConfig(max_new_tokens=6),
+                             generation_kwargs={"logits_processor": LogitsProcessorList([proc])})
+    assert model.training is True  # restored
+    assert proc.training_flags and not any(proc.training_flags)  # generated in eval mode
+    model.eval()
+
+    assert isinstance(out, Completions) and out.num_samples == 3
+    assert [p.tolist() for p in out.prompt_ids] == enc  # unpadded
+    assert out.completion_ids.shape == (6, 6) and out.completion_mask.shape == (6, 6)
+    expected_len = [1, 2, 4, 3, 5, 6]
+    assert out.lengths.tolist() == expected_len
+    for r, n in enumerate(expected_len):
+        assert out.completion_mask[r].tolist() == [True] * n + [False] * (6 - n)
+        if r in steps:
+            assert out.completion_ids[r, n - 1] == eos  # EOS included in the mask
+        assert torch.all(out.completion_ids[r, n:] == tok.pad_token_id)
+        assert torch.all(out.completion_ids[r, : n - (r in steps)] != eos)
+        assert out.texts[r] == tok.decode(out.completion_ids[r, :n], skip_special_tokens=True)
+    assert out.texts[0] == ""  # only an EOS
+
+
+def test_sample_completions_free_sampling_invariants_and_seed(tiny):
+    model, tok = tiny
+    cfg = SamplingConfig(max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=None)
+    model.eval()
+    torch.manual_seed(123)
+    a = sample_completions(model, tok, PROMPTS, 2, cfg)
+    torch.manual_seed(123)
+    b = sample_completions(model, tok, PROMPTS, 2, cfg)
+    assert model.training is False
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.texts == b.texts
+    assert a.completion_ids.shape[0] == 4 and a.completion_ids.shape[1] <= 5
+    mask = a.completion_mask
+    # Mask is a prefix in every row, ids are pad outside it, texts decode the masked tokens.
+    assert torch.equal(mask, completion_mask_from_ids(a.completion_ids, [tok.eos_token_id]) & mask)
+    assert torch.all(mask[:, 0])
+    assert torch.all(mask[:, :-1] | ~mask[:, 1:])
+    assert torch.all(a.completion_ids[~mask] == tok.pad_token_id)
+    for r in range(4):
+        assert a.texts[r] == tok.decode(a.completion_ids[r][mask[r]], skip_special_tokens=True)
+
+
+def test_sample_completions_chunked_prompts(tiny):
+    model, tok = tiny
+    eos = tok.eos_token_id
+    prompts = ["Two", "The quick brown fox", "Write"]
+    # batch_size=1: three generate calls of different prompt widths; chunk c ends after c+1 tokens.
+
+    class PerChunk(LogitsProcessor):
+        def __init__(self):
+            self.last, self.chunk, self.width = None, -1, 0
+
+        def __call__(self, input_ids, scores):
+            continuing = (self.last is not None and input_ids.shape == (self.last.shape[0], self.last.shape[1] + 1)
+                          and torch.equal(input_ids[:, :-1], self.last))
+            if not continuing:  # first step of a new generate call
+                self.chunk, self.width = self.chunk + 1, input_ids.shape[1]
+            self.last = input_ids.clone()
+            scores = scores.clone()
+            if input_ids.shape[1] - self.width == self.chunk:
+                scores[:] = -float("inf")
+                scores[:, eos] = 0.0
+            else:
+                scores[:, eos] = -float("inf")
+            return scores
+
+    proc = PerChunk()
+    torch.manual_seed(0)
+    out = sample_completions(model, tok, prompts, 2, SamplingConfig(max_new_tokens=8), batch_size=1,
+                             generation_kwargs={"logits_processor": LogitsProcessorList([proc])})
+    assert [p.tolist() for p in out.prompt_ids] == [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    assert out.completion_ids.shape == (6, 3)  # right-padded to the longest chunk
+    assert out.lengths.tolist() == [1, 1, 2, 2, 3, 3]
+    assert torch.all(out.completion_ids[~out.completion_mask] == tok.pad_token_id)
+
+
+def test_sampled_completions_score_like_unpadded_reference(tiny):
+    """End to end: what sample_completions returns, collated per prompt, scores like the unpadded reference."""
+    model, tok = tiny
+    eos = tok.eos_token_id
+    enc = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    proc = _ForceEos(model, max(map(len, enc)), {0: 2, 2: 0, 3: 4}, eos)
+    torch.manual_seed(1)
+    out = sample_completions(model, tok, PROMPTS, 2, SamplingConfig(max_new_tokens=5),
+                             generation_kwargs={"logits_processor": LogitsProcessorList([proc])})
+    groups = [slice(0, 2), slice(2, 4)]
+    inputs = collate_rows(out.prompt_ids, [out.completion_ids[s] for s in groups],
+                          [out.completion_mask[s] for s in groups], tok.pad_token_id)
+    with torch.no_grad():
+        got = token_logprobs(model, inputs)
+    for r in range(4):
+        n = int(out.lengths[r])
+        ref = _reference_logprobs(model, out.prompt_ids[r // 2], out.completion_ids[r], n)
+        torch.testing.assert_close(got[r, :n], ref, atol=1e-4, rtol=0)
+        assert torch.all(got[r, n:] == 0)
+
+
+# =========================================================================== rollout tree (fake sampler)
+
+
+class Agent:
+    """Sentinel 'model': the fake sampler reads its name."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+class ChatTok:
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        assert tokenize is False and add_generation_prompt is True
+        return f"<chat>{messages[0]['content']}</chat>"
+
+
+class FakeSampler:
+    """Agent X's k-th sample for prompt p is the text ``"X:p#k"``; masks have lengths 1 + (k % 3)."""
+
+    T = 4
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, model, tokenizer, prompts, num_samples, sampling, batch_size=None, generation_kwargs=None):
+        self.calls.append(dict(agent=model.name, tokenizer=tokenizer, prompts=list(prompts), K=num_samples,
+                               batch_size=batch_size, generation_kwargs=generation_kwargs))
+        K, M = num_samples, len(prompts)
+        texts = [f"{model.name}:{p}#{k}" for p in prompts for k in range(K)]
+        ids = torch.arange(M * K * self.T).view(M * K, self.T) + 1
+        lengths = torch.tensor([1 + (k % 3) for _ in prompts for k in range(K)])
+        mask = torch.arange(self.T).unsqueeze(0) < lengths.unsqueeze(1)
+        prompt_ids = [torch.tensor(list(p.encode())) for p in prompts]
+        return Completions(prompt_ids, ids.masked_fill(~mask, 0), mask, texts, K)
+
+
+def parse(text):
+    agent, rest = text.split(":", 1)
+    prompt, k = rest.rsplit("#", 1)
+    return agent, prompt, int(k)
+
+
+class TableReward:
+    """Team reward looked up by (agent 0's prompt, per-agent sample indices); records every call."""
+
+    def __init__(self, table=None, default=0.0):
+        self.table, self.default, self.calls = table or {}, default, []
+
+    def __call__(self, *completions, prompts=None, batch_items=None):
+        self.calls.append(dict(completions=[list(c) for c in completions], prompts=prompts, items=batch_items))
+        out = []
+        for texts in zip(*completions):
+            parsed = [parse(t) for t in texts]
+            out.append(self.table.get((parsed[0][1], tuple(p[2] for p in parsed)), self.default))
+        return out
+
+
+class Transition:
+    """Next prompt of agent i: its last prompt + '>' + the branch's sample indices; records every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+        self.calls.append(dict(prompt=prompt, agent_completions=agent_completions, num_agents=num_agents,
+                               prompt_history=prompt_history_per_agent, response_history=response_history_per_agent))
+        ks = "".join(str(parse(c)[2]) for c in agent_completions)
+        return [f"{h[-1]}>{ks}" for h in prompt_history_per_agent]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    sampler = FakeSampler()
+    monkeypatch.setattr(tree_mod, "sample_completions", sampler)
+    return sampler
+
+
+MODELS = [Agent("A"), Agent("B")]
+TOKS = ["tokA", "tokB"]
+
+# E.2 numbers: root r = [1, 2]; child of action 0 has [a, b] = [0.5, 1.5], child of action 1 [c, d] = [3, 5].
+E2_TABLE = {
+    ("p", (0, 0)): 1.0, ("p", (1, 1)): 2.0,
+    ("p>00", (0, 0)): 0.5, ("p>00", (1, 1)): 1.5,
+    ("p>11", (0, 0)): 3.0, ("p>11", (1, 1)): 5.0,
+}
+
+
+def make_engine(reward, *, N=2, K=2, H=1, joint_mode="aligned", transition=None, passthrough=True, formatters=None,
+                processor=None, **kw):
+    return RolloutEngine(
+        num_agents=N, formatters=build_formatters(formatters, N), reward=RewardCaller(reward, processor),
+        sampling=SamplingConfig(max_new_tokens=4), num_generations=K, num_turns=H, joint_mode=joint_mode,
+        external_transition=transition, external_prompt_passthrough=passthrough, **kw,
+    )
+
+
+def _values(t):
+    return [round(float(x), 6) for x in t]
+
+
+def test_aligned_two_turns_e2(fake):
+    reward, transition = TableReward(E2_TABLE), Transition()
+    engine = make_engine(reward, H=2, transition=transition)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}], env_step=10, policy_version=3)
+
+    assert [len(level) for level in roll.levels] == [1, 2]
+    (root,) = roll.roots
+    assert roll.levels[0] == [root] and len(roll.nodes) == 3
+    assert root.joint_index.tolist() == [[0, 0], [1, 1]]
+    assert root.agents[0].texts == ["A:p#0", "A:p#1"] and root.agents[1].texts == ["B:p#0", "B:p#1"]
+    assert root.agents[0].prompt == "p"
+    c0, c1 = root.children[0], root.children[1]
+    assert roll.levels[1] == [c0, c1]
+    assert [a.prompt for a in c0.agents] == ["p>00", "p>00"] and [a.prompt for a in c1.agents] == ["p>11", "p>11"]
+    assert (root.turn, c0.turn, c1.turn) == (0, 1, 1)
+
+    assert _values(root.rewards) == [1.0, 2.0]
+    assert _values(c0.returns) == [0.5, 1.5] and _values(c1.returns) == [3.0, 5.0]
+    assert _values(root.returns) == [1.0 + 1.0, 2.0 + 4.0]  # G_j = r_j + mean(child_j)
+    assert root.mean_reward == 1.5 and root.mean_return == 4.0
+
+    assert roll.num_joint_actions == 6
+    assert (root.env_step, c0.env_step, c1.env_step) == (12, 14, 16)
+    assert all(n.policy_version == 3 for n in roll.nodes)
+    for node in roll.nodes:
+        assert not node.children or len(node.children) == 2
+        for agent in node.agents:
+            assert torch.equal(agent.credit, node.returns)
+    assert set(roll.timings) >= {"generate", "reward", "transition"}
+
+
+def test_node_agent_samples_are_sliced_per_prompt(fake):
+    engine = make_engine(TableReward(), K=3)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}, {"prompt": "qq"}])
+    for node, prompt in zip(roll.roots, ["p", "qq"]):
+        for agent in node.agents:
+            assert bytes(agent.prompt_ids.tolist()).decode() == prompt
+            assert agent.completion_mask.sum(-1).tolist() == [1, 2, 3]
+            assert agent.completion_ids.shape == (3, 3)  # trimmed to the node's longest completion
+            assert [parse(t)[1] for t in agent.texts] == [prompt] * 3
+
+
+def test_reward_processor_feeds_returns_raw_kept(fake):
+    engine = make_engine(TableReward(E2_TABLE), H=2, transition=Transition(), processor=ScaleShift(2.0, -1.0))
+    (root,) = engine.rollout(MODELS, TOKS, [{"prompt": "p"}]).roots
+    assert _values(root.raw_rewards) == [1.0, 2.0]
+    assert _values(root.rewards) == [1.0, 3.0]
+    # children processed: [0, 2] (mean 1) and [5, 9] (mean 7)
+    assert _values(root.returns) == [2.0, 10.0]
+
+
+def test_discount(fake):
+    engine = make_engine(TableReward(E2_TABLE), H=2, transition=Transition(), discount=0.5)
+    (root,) = engine.rollout(MODELS, TOKS, [{"prompt": "p"}]).roots
+    assert _values(root.returns) == [1.0 + 0.5 * 1.0, 2.0 + 0.5 * 4.0]
+    # Compounds over three turns: every reward 1 -> leaf 1, middle 1.5, root 1.75.
+    engine = make_engine(TableReward(default=1.0), H=3, transition=Transition(), discount=0.5)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}])
+    assert [len(level) for level in roll.levels] == [1, 2, 4]
+    assert _values(roll.levels[2][0].returns) == [1.0, 1.0]
+    assert _values(roll.levels[1][0].returns) == [1.5, 1.5]
+    assert _values(roll.roots[0].returns) == [1.75, 1.75]
+
+
+def test_early_termination_strictly_greater(fake):
+    # Root mean reward is 1.5.
+    transition = Transition()
+    engine = make_engine(TableReward(E2_TABLE), H=2, transition=transition, early_termination_threshold=1.49)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}])
+    assert [len(level) for level in roll.levels] == [1]
+    assert roll.roots[0].children == {} and transition.calls == []
+    assert _values(roll.roots[0].returns) == [1.0, 2.0]
+    assert roll.num_joint_actions == 2
+
+    engine = make_engine(TableReward(E2_TABLE), H=2, transition=Transition(), early_termination_threshold=1.5)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}])
+    assert [len(level) for level in roll.levels] == [1, 2]  # equal to the threshold: expanded
+
+    # early_termination=False (evaluation / ablation) ignores the threshold.
+    engine = make_engine(TableReward(E2_TABLE), H=2, transition=Transition(), early_termination_threshold=1.49)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}], early_termination=False)
+    assert [len(level) for level in roll.levels] == [1, 2]
+
+
+def test_early_termination_per_node_three_turns(fake):
+    # Threshold 2: root (1.5) and "p>00" (1.0) expand, "p>11" (4.0) is a leaf.
+    engine = make_engine(TableReward(E2_TABLE, default=0.25), H=3, transition=Transition(),
+                         early_termination_threshold=2.0)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}])
+    assert [len(level) for level in roll.levels] == [1, 2, 2]
+    root = roll.roots[0]
+    c0, c1 = root.children[0], root.children[1]
+    assert c1.children == {} and sorted(c0.children) == [0, 1]
+    assert [n.agents[0].prompt for n in roll.levels[2]] == ["p>00>00", "p>00>11"]
+    assert _values(c1.returns) == [3.0, 5.0]
+    assert _values(c0.returns) == [0.75, 1.75]
+    assert _values(root.returns) == [1.0 + 1.25, 2.0 + 4.0]
+    assert roll.num_joint_actions == 2 + 4 + 4
+
+
+CROSS_TABLE = {("p", (0, 0)): 1.0, ("p", (0, 1)): 2.0, ("p", (1, 0)): 4.0, ("p", (1, 1)): 8.0}
+
+
+@pytest.mark.parametrize("mode", ["cross", "crossed", "CROSS"])
+def test_cross_e3(fake, mode):
+    reward = TableReward(CROSS_TABLE)
+    engine = make_engine(reward, joint_mode=mode)
+    assert engine.joint_mode == "cross"
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}], env_step=5)
+    (root,) = roll.roots
+    assert root.joint_index.tolist() == [list(c) for c in itertools.product(range(2), repeat=2)]
+    assert len(reward.calls) == 1
+    call = reward.calls[0]
+    assert call["completions"] == [["A:p#0", "A:p#0", "A:p#1", "A:p#1"], ["B:p#0", "B:p#1", "B:p#0", "B:p#1"]]
+    assert call["prompts"] == ["p"] * 4 and call["items"] == [{"prompt": "p"}] * 4
+    assert _values(root.rewards) == [1.0, 2.0, 4.0, 8.0] and _values(root.returns) == [1.0, 2.0, 4.0, 8.0]
+    assert _values(root.agents[0].credit) == [1.0 + 2.0, 4.0 + 8.0]  # g00+g01, g10+g11
+    assert _values(root.agents[1].credit) == [1.0 + 4.0, 2.0 + 8.0]  # g00+g10, g01+g11
+    assert roll.num_joint_actions == 4 and root.env_step == 9
+    # One generate per agent, K samples each (not K^N).
+    assert [(c["agent"], c["K"], c["prompts"]) for c in fake.calls] == [("A", 2, ["p"]), ("B", 2, ["p"])]
+
+
+def test_cross_two_turns_and_three_agents(fake):
+    reward = TableReward(CROSS_TABLE, default=1.0)
+    transition = Transition()
+    engine = make_engine(reward, H=2, joint_mode="cross", transition=transition)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}])
+    assert [len(level) for level in roll.levels] == [1, 4]
+    assert [n.agents[0].prompt for n in roll.levels[1]] == ["p>00", "p>01", "p>10", "p>11"]
+    assert [len(c["completions"][0]) for c in reward.calls] == [4, 16]
+    assert roll.num_joint_actions == 4 + 16
+    assert _values(roll.roots[0].returns) == [2.0, 3.0, 5.0, 9.0]  # children all return 1
+    assert [c["agent_completions"] for c in transition.calls] == [
+        [f"A:p#{i}", f"B:p#{j}"] for i, j in itertools.product(range(2), repeat=2)]
+
+    # N = 3: 8 joint actions, credit of agent i sample k = sum over the 4 actions using it.
+    def reward3(a, b, c):
+        return [float(parse(x)[2] * 4 + parse(y)[2] * 2 + parse(z)[2] + 1) for x, y, z in zip(a, b, c)]
+
+    engine = make_engine(reward3, N=3, joint_mode="cross")
+    (root,) = engine.rollout([Agent("A"), Agent("B"), Agent("C")], ["t"] * 3, [{"prompt": "p"}]).roots
+    combos = list(itertools.product(range(2), repeat=3))
+    g = [4 * i + 2 * j + k + 1 for i, j, k in combos]
+    assert _values(root.rewards) == g
+    for agent in range(3):
+        expected = [sum(v for v, c in zip(g, combos) if c[agent] == s) for s in range(2)]
+        assert _values(root.agents[agent].credit) == expected
+
+
+def test_cross_and_crossed_identical(fake):
+    def run(mode):
+        reward = TableReward(CROSS_TABLE, default=0.5)
+        roll = make_engine(reward, H=2, joint_mode=mode, transition=Transition()).rollout(
+            MODELS, TOKS, [{"prompt": "p"}])
+        return ([(n.joint_index.tolist(), _values(n.returns), [_values(a.credit) for a in n.agents])
+                 for n in roll.nodes], reward.calls, roll.num_joint_actions)
+
+    assert run("cross") == run("crossed")
+
+
+def test_single_agent_cross_is_grpo(fake):
+    engine = make_engine(lambda c: [float(parse(x)[2]) for x in c], N=1, K=3, joint_mode="cross")
+    (root,) = engine.rollout([Agent("A")], ["t"], [{"prompt": "p"}]).roots
+    assert root.joint_index.tolist() == [[0], [1], [2]]
+    assert _values(root.agents[0].credit) == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("passthrough", [True, False])
+def test_external_transition_contract(fake, passthrough):
+    transition = Transition()
+    reward = TableReward()
+    engine = make_engine(reward, H=3, transition=transition, passthrough=passthrough,
+                         formatters=[lambda it: "A[" + it["prompt"] + "]", lambda it: "B[" + it["prompt"] + "]"])
+    item = {"prompt": "p", "id": 7}
+    roll = engine.rollout(MODELS, TOKS, [item])
+    assert item == {"prompt": "p", "id": 7}
+    root = roll.roots[0]
+    assert [a.prompt for a in root.agents] == ["A[p]", "B[p]"]
+
+    # Turn-0 -> 1: one call per joint action, in order, with the branch's completions and histories.
+    first = transition.calls[:2]
+    for j, call in enumerate(first):
+        responses = [f"A:A[p]#{j}", f"B:B[p]#{j}"]
+        assert call == dict(prompt="p", agent_completions=responses, num_agents=2,
+                            prompt_history=[["A[p]"], ["B[p]"]], response_history=[[r] for r in responses])
+    for j in range(2):
+        external = [f"A[p]>{j}{j}", f"B[p]>{j}{j}"]
+        child = root.children[j]
+        expected = external if passthrough else [f"A[{external[0]}]", f"B[{external[1]}]"]
+        assert [a.prompt for a in child.agents] == expected
+        assert child.item is item  # the dataset item, not the shifted copy
+    # The sampler saw exactly those prompts.
+    assert fake.calls[2]["prompts"] == [root.children[0].agents[0].prompt, root.children[1].agents[0].prompt]
+    # Reward receives agent 0's prompt of each joint action and the dataset item.
+    assert reward.calls[1]["prompts"] == [root.children[j].agents[0].prompt for j in (0, 0, 1, 1)]
+    assert reward.calls[1]["items"] == [item] * 4
+
+    # Turn-1 -> 2: raw item prompt again, histories of the branch (two turns).
+    assert len(transition.calls) == 2 + 4
+    call = transition.calls[2 + 1]  # child 0, joint action 1
+    child0 = root.children[0]
+    assert call["prompt"] == "p"
+    assert call["agent_completions"] == [child0.agents[0].texts[1], child0.agents[1].texts[1]]
+    assert call["response_history"] == [["A:A[p]#0", child0.agents[0].texts[1]],
+                                        ["B:B[p]#0", child0.agents[1].texts[1]]]
+    assert [h[0] for h in call["prompt_history"]] == ["A[p]", "B[p]"]
+    if passthrough:
+        assert call["prompt_history"] == [["A[p]", "A[p]>00"], ["B[p]", "B[p]>00"]]
+    assert [len(level) for level in roll.levels] == [1, 2, 4]
+
+
+def test_transition_error_propagates(fake):
+    engine = make_engine(TableReward(), H=2, transition=lambda **kw: ["only one"])
+    with pytest.raises(ValueError, match="returned 1 values but expected 2"):
+        engine.rollout(MODELS, TOKS, [{"prompt": "p"}])
+
+
+def test_batched_levels_one_call_per_agent_and_reward(fake):
+    table = dict(E2_TABLE)
+    table.update({("q", (0, 0)): 9.0, ("q", (1, 1)): 9.0})  # "q" terminates early (mean 9 > 5)
+    reward = TableReward(table, default=0.1)
+    items = [{"prompt": "p"}, {"prompt": "q"}, {"prompt": "r"}]
+    engine = make_engine(reward, H=2, transition=Transition(), early_termination_threshold=5.0,
+                         generation_batch_size=2, generation_kwargs={"foo": 1})
+    roll = engine.rollout(MODELS, TOKS, items)
+
+    assert [(c["agent"], c["tokenizer"], len(c["prompts"])) for c in fake.calls] == [
+        ("A", "tokA", 3), ("B", "tokB", 3), ("A", "tokA", 4), ("B", "tokB", 4)]
+    assert fake.calls[2]["prompts"] == ["p>00", "p>11", "r>00", "r>11"]
+    assert all(c["batch_size"] == 2 and c["generation_kwargs"] == {"foo": 1} and c["K"] == 2 for c in fake.calls)
+    assert [len(c["completions"][0]) for c in reward.calls] == [6, 8]
+    assert reward.calls[0]["prompts"] == ["p", "p", "q", "q", "r", "r"]
+    assert reward.calls[0]["items"] == [items[0]] * 2 + [items[1]] * 2 + [items[2]] * 2
+    assert [len(level) for level in roll.levels] == [3, 4]
+    assert [n.item["prompt"] for n in roll.roots] == ["p", "q", "r"]
+    assert roll.roots[1].children == {}
+    assert roll.num_joint_actions == 6 + 8
+
+    # Batching changes nothing: every tree equals the tree of its item rolled out alone.
+    for item, batched_root in zip(items, roll.roots):
+        alone = make_engine(TableReward(table, default=0.1), H=2, transition=Transition(),
+                            early_termination_threshold=5.0).rollout(MODELS, TOKS, [item]).roots[0]
+        assert torch.equal(alone.returns, batched_root.returns)
+        assert sorted(alone.children) == sorted(batched_root.children)
+        for j in alone.children:
+            assert torch.equal(alone.children[j].returns, batched_root.children[j].returns)
+    assert _values(roll.roots[0].returns) == [2.0, 6.0]
+
+
+def test_parallel_agents_same_result(fake):
+    def run(parallel):
+        roll = make_engine(TableReward(E2_TABLE), H=2, transition=Transition(), parallel_agents=parallel).rollout(
+            MODELS, TOKS, [{"prompt": "p"}, {"prompt": "x"}])
+        return [(n.agents[0].texts, n.agents[1].texts, _values(n.returns)) for n in roll.nodes]
+
+    assert run(True) == run(False)
+
+
+def test_chat_template_only_wraps_model_input(fake):
+    transition = Transition()
+    engine = make_engine(TableReward(), H=2, transition=transition, use_chat_template=True)
+    roll = engine.rollout(MODELS, [ChatTok(), ChatTok()], [{"prompt": "p"}])
+    assert fake.calls[0]["prompts"] == ["<chat>p</chat>"]
+    assert roll.roots[0].agents[0].prompt == "p"
+    assert transition.calls[0]["prompt_history"] == [["p"], ["p"]]
+
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="external_transition"):
+        make_engine(TableReward(), H=2)
+    with pytest.raises(ValueError, match=r"aligned, cross") as err:
+        make_engine(TableReward(), joint_mode="bogus")
+    assert "bogus" in str(err.value)
+    assert [normalize_joint_mode(m) for m in ("align", "Aligned", "cross", "crossed")] == [
+        "aligned", "aligned", "cross", "cross"]
+
+
+def test_evaluation_style_single_chain(fake):
+    transition = Transition()
+    reward = TableReward(default=1.0)
+    engine = make_engine(reward, K=4, H=3, transition=transition, early_termination_threshold=-100.0)
+    roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}], num_generations=1, early_termination=False)
+    assert [len(level) for level in roll.levels] == [1, 1, 1]
+    assert all(c["K"] == 1 for c in fake.calls)
+    root = roll.roots[0]
+    chain = [root, root.children[0], root.children[0].children[0]]
+    assert roll.nodes == chain
+    assert [n.agents[0].prompt for n in chain] == ["p", "p>00", "p>00>00"]
+    assert all(n.joint_index.tolist() == [[0, 0]] for n in chain)
+    assert _values(root.returns) == [3.0]
+    assert roll.num_joint_actions == 3 and len(transition.calls) == 2
