@@ -299,3 +299,15 @@ def test_reward_returning_wrong_count_is_a_clear_error(tmp_path):
     module = make_module(reward_func=lambda a, b: [1.0])
     with pytest.raises(ValueError, match="returned 1 values for 4 joint actions"):
         fit(module, tmp_path, max_steps=1)
+
+
+@pytest.mark.parametrize("config", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_config_parses(config, capsys):
+    """Types, import paths and field names of every shipped config are valid (no models are loaded)."""
+    from comlrl_lightning.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert "class_path: comlrl_lightning." in capsys.readouterr().out

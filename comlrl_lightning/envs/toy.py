@@ -4,7 +4,7 @@
 about a given topic. The team reward (0 to 3) asks each part to be one short, finished sentence on the topic,
 and the two parts to complement rather than repeat each other::
 
-    per agent (×2):  0.5 · brevity  (6–30 words: 1; fades to 0 at 60 words)
+    per agent (×2):  0.5 · brevity  (5–20 words: 1; fades to 0 at 30 words)
                      0.25 · on topic (mentions a word of the topic)
                      0.25 · finished (ends with . ! or ?)
     team:            1.0 · complementarity (1 − word-set Jaccard overlap / 0.6, clipped to [0, 1])
@@ -58,12 +58,12 @@ def _words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text)]
 
 
-def _brevity(num_words: int, low: int = 6, high: int = 30) -> float:
+def _brevity(num_words: int, low: int = 5, high: int = 20, fade: int = 10) -> float:
     if low <= num_words <= high:
         return 1.0
     if num_words < low:
         return num_words / low
-    return max(0.0, 1.0 - (num_words - high) / high)
+    return max(0.0, 1.0 - (num_words - high) / fade)
 
 
 def story_reward(openings: Sequence[str], closings: Sequence[str],

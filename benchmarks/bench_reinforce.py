@@ -1,0 +1,541 @@
+"""Time one MAGRPO team update, phase by phase (DESIGN §4: measure, don't guess).
+
+Workload: N agents x M prompts x K samples x exactly T new tokens (EOS is suppressed with
+``min_new_tokens=T`` so every implementation generates and scores the same number of tokens).
+
+Phases of one update, each timed separately (median over ``--repeats`` after one warm-up):
+
+    generate  sampling the K completions of every agent (``RolloutEngine.rollout`` timings)
+    reward    the team reward of every joint action (same)
+    score     log-probs of all completions without grad, batched (what the reference model or old
+              log-probs cost when reference KL is on; MAGRPO's default needs no such pass)
+    update    forward + backward + optimizer step for all agents (one team update)
+
+Implementations:
+
+    ours        comlrl_lightning.MAGRPO: ``module.engine.rollout`` for generate/reward, then the pieces of
+                ``MAGRPO.update`` (policy_batch -> token_logprobs -> policy_gradient_loss -> backward -> step)
+    per-sample  (``--baseline``) a CoMLRL-style implementation written here from REFERENCE §3.4/§3.9/§11.2:
+                one generate per agent per prompt, one reward call per joint action, and for the loss one
+                forward per completion with a Python loop over token positions (log_softmax per position)
+                and one backward per sample, one AdamW per agent
+    trl         (``--trl``) the same workload at N=1 through trl's GRPOTrainer, one training step
+
+    python benchmarks/bench_reinforce.py                          # tiny and tiny-5m, 2 agents x K=4 x 32 tokens
+    python benchmarks/bench_reinforce.py --baseline --trl --json benchmarks/results/cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from comlrl_lightning import MAGRPO  # noqa: E402
+from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
+from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
+from comlrl_lightning.envs.toy import brevity_reward  # noqa: E402
+from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs  # noqa: E402
+
+PROMPTS = [
+    "Write a short story about a cat.",
+    "Write a function that returns the sum of two numbers.",
+    "Plan a trip from Boston to Denver for three days.",
+    "What is the capital of France?",
+]
+SAMPLING = dict(temperature=0.6, top_p=0.6, top_k=50)  # MAGRPO's (CoMLRL's) defaults, used everywhere
+PHASES = ("generate", "reward", "score", "update")
+TARGET_RATIO = 1 / 3  # issue target: our update <= 1/3 of the per-sample update at tiny-5m, 2 x 4 x 32
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _rss_kib() -> tuple[int, int] | None:
+    """(VmRSS, VmHWM) in KiB from /proc/self/status (Linux), else None."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+        return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's RSS high-water mark (Linux >= 4.0); False where not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _malloc_trim() -> None:
+    """Give freed heap pages back to the OS so a phase's growth shows in RSS (glibc only)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Phase:
+    """Times a block and measures its peak memory growth in MiB.
+
+    CUDA: ``max_memory_allocated`` minus what was allocated at the start. CPU: growth of the process's peak
+    RSS over its RSS at the start, after ``malloc_trim`` and a reset of the kernel's high-water mark (falls back
+    to the ``getrusage`` max-RSS delta, a lower bound, where the reset is not allowed).
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self.seconds = 0.0
+        self.peak_mib = 0.0
+
+    def __enter__(self):
+        gc.collect()
+        sync(self.device)
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            self._start = torch.cuda.memory_allocated()
+        else:
+            _malloc_trim()
+            self._hwm = _reset_peak_rss() and _rss_kib() is not None
+            self._start = _rss_kib()[0] if self._hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self._tic = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        sync(self.device)
+        self.seconds = time.perf_counter() - self._tic
+        if self.device == "cuda":
+            self.peak_mib = (torch.cuda.max_memory_allocated() - self._start) / 2**20
+        else:
+            peak = _rss_kib()[1] if self._hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            self.peak_mib = max(peak - self._start, 0) / 1024
+        return False
+
+
+def summarize(samples: list[dict[str, tuple[float, float]]], tokens: dict[str, int]) -> dict[str, dict]:
+    """Median seconds and max peak memory of each phase over the repeats, with tokens/s."""
+    out = {}
+    for name in samples[0]:
+        seconds = [s[name][0] for s in samples]
+        median = statistics.median(seconds)
+        n_tok = tokens.get(name)
+        out[name] = {
+            "seconds": median,
+            "seconds_all": seconds,
+            "tokens": n_tok,
+            "tokens_per_s": (n_tok / median) if n_tok and median > 0 else None,
+            "peak_mib": max((s[name][1] for s in samples if s[name][1] is not None), default=None),
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- ours
+def build_module(model: str, args, num_agents: int, device: str) -> MAGRPO:
+    module = MAGRPO(
+        agents=model,
+        num_agents=num_agents,
+        reward_func=brevity_reward,
+        num_generations=args.k,
+        max_new_tokens=args.tokens,
+        generation_kwargs={"min_new_tokens": args.tokens},  # exactly T new tokens: fair timing
+        rollout_buffer_size=args.prompts,
+        eval_interval=0,
+        log_completions=False,
+        **SAMPLING,
+    )
+    return module.to(device)
+
+
+def ours_once(module: MAGRPO, optimizer, items, device: str) -> dict[str, tuple[float, float]]:
+    """One team update through the package's code path; returns {phase: (seconds, peak MiB)}."""
+    with Phase(device) as rollout_phase:
+        rollout = module.engine.rollout(module.agents, module.tokenizers, items)
+    nodes = rollout.nodes
+    for node in nodes:  # the workload must be exactly what it claims to be
+        for agent in node.agents:
+            assert agent.completion_mask.shape[1] == module.max_new_tokens and bool(agent.completion_mask.all())
+
+    with Phase(device) as score:  # batched, no grad: the reference / old log-prob pass
+        for i, model in enumerate(module.agents):
+            samples = [n.agents[i] for n in nodes]
+            inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                                  [s.completion_mask for s in samples], module.tokenizers[i].pad_token_id)
+            model.eval()
+            with torch.no_grad():
+                token_logprobs(model, inputs)
+            model.train()
+
+    with Phase(device) as update:  # MAGRPO.update without Lightning's wrappers
+        optimizer.zero_grad()
+        total = 0.0
+        for i, model in enumerate(module.agents):
+            batch = module.policy_batch(nodes, i)
+            logp = token_logprobs(model, batch.inputs)
+            loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
+            total = total + loss
+        total.backward()
+        module.clip_and_measure_gradients()
+        optimizer.step()
+
+    gen, rew = rollout.timings["generate"], rollout.timings["reward"]
+    return {"generate": (gen, rollout_phase.peak_mib), "reward": (rew, 0.0),
+            "score": (score.seconds, score.peak_mib), "update": (update.seconds, update.peak_mib)}
+
+
+def run_ours(model: str, args, num_agents: int) -> dict:
+    torch.manual_seed(0)
+    module = build_module(model, args, num_agents, args.device)
+    optimizer = module.configure_optimizers()
+    items = [{"prompt": PROMPTS[m % len(PROMPTS)]} for m in range(args.prompts)]
+    runs = [ours_once(module, optimizer, items, args.device) for _ in range(1 + args.repeats)][1:]  # warm-up
+    return {"impl": "ours", "model": model, "num_agents": num_agents, "params_per_agent": n_params(module.agents[0]),
+            "phases": summarize(runs, workload_tokens(args, num_agents))}
+
+
+# ---------------------------------------------------------------------------------------------- per-sample
+class PerSampleBaseline:
+    """CoMLRL-style per-sample, per-token MAGRPO step, written from REFERENCE §3.4, §3.9 and §11.2.
+
+    generate: per agent, per prompt, one ``generate`` with ``num_return_sequences=K`` in eval mode with
+    ``requires_grad`` switched off and under ``inference_mode``; reward: one call per joint action;
+    score / loss: one forward per completion over ``prompt + completion[:-1]`` (all-ones mask), a Python loop
+    over the completion positions with one ``log_softmax`` each (the last token is not scored, as in CoMLRL);
+    update: one backward per completion, then one step of each agent's own AdamW.
+    """
+
+    def __init__(self, module: MAGRPO, args):
+        self.models, self.tokenizers = list(module.agents), module.tokenizers
+        self.k, self.tokens, self.device = args.k, args.tokens, args.device
+        self.optimizers = [torch.optim.AdamW(m.parameters(), lr=module.agent_learning_rates[i],
+                                             weight_decay=module.weight_decay) for i, m in enumerate(self.models)]
+
+    def generate(self, prompt: str, agent: int) -> tuple[torch.Tensor, list[torch.Tensor], list[str]]:
+        model, tok = self.models[agent], self.tokenizers[agent]
+        enc = tok(prompt, return_tensors="pt", add_special_tokens=False).to(self.device)
+        flags = [p.requires_grad for p in model.parameters()]
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        try:
+            with torch.inference_mode():
+                out = model.generate(**enc, do_sample=True, num_beams=1, num_return_sequences=self.k,
+                                     max_new_tokens=self.tokens, min_new_tokens=self.tokens,
+                                     pad_token_id=tok.pad_token_id, return_dict_in_generate=True, **SAMPLING)
+        finally:
+            for p, flag in zip(model.parameters(), flags):
+                p.requires_grad_(flag)
+            model.train()
+        prompt_ids = enc["input_ids"][0].clone()
+        completions = [row[prompt_ids.shape[0]:].clone() for row in out.sequences]  # full padded length
+        texts = [tok.decode(c, skip_special_tokens=True) for c in completions]
+        return prompt_ids, completions, texts
+
+    def sequence_logprob(self, model, prompt_ids: torch.Tensor, completion: torch.Tensor) -> torch.Tensor:
+        """Σ_t log π(y_t) for t < L-1: one forward, then one log_softmax per position in Python."""
+        inputs = torch.cat([prompt_ids, completion[:-1]]).unsqueeze(0)
+        logits = model(input_ids=inputs, attention_mask=torch.ones_like(inputs), use_cache=False).logits[0]
+        start = prompt_ids.shape[0] - 1
+        total = logits.new_zeros(())
+        for t in range(completion.shape[0] - 1):
+            total = total + F.log_softmax(logits[start + t], dim=-1)[completion[t]]
+        return total
+
+    def once(self, items) -> dict[str, tuple[float, float]]:
+        N = len(self.models)
+        with Phase(self.device) as gen:
+            samples = [[self.generate(item["prompt"], i) for i in range(N)] for item in items]  # [M][N]
+        with Phase(self.device) as rew:
+            rewards = [torch.tensor([brevity_reward(*[[s[i][2][k]] for i in range(N)])[0] for k in range(self.k)])
+                       for s in samples]  # one reward call per joint action
+        with Phase(self.device) as score:
+            with torch.no_grad():
+                for i, model in enumerate(self.models):
+                    model.eval()
+                    for s in samples:
+                        for completion in s[i][1]:
+                            self.sequence_logprob(model, s[i][0], completion)
+                    model.train()
+        with Phase(self.device) as update:
+            for i, model in enumerate(self.models):
+                self.optimizers[i].zero_grad()
+                for s, r in zip(samples, rewards):
+                    advantages = compute_advantages(r)  # mean baseline, normalised (same as ours)
+                    prompt_ids, completions, _ = s[i]
+                    for k, completion in enumerate(completions):  # one backward per sample
+                        loss = -advantages[k] * self.sequence_logprob(model, prompt_ids, completion) / len(completions)
+                        loss.backward()
+                self.optimizers[i].step()
+        return {"generate": (gen.seconds, gen.peak_mib), "reward": (rew.seconds, rew.peak_mib),
+                "score": (score.seconds, score.peak_mib), "update": (update.seconds, update.peak_mib)}
+
+
+def run_baseline(model: str, args, num_agents: int) -> dict:
+    torch.manual_seed(0)
+    module = build_module(model, args, num_agents, args.device)
+    baseline = PerSampleBaseline(module, args)
+    items = [{"prompt": PROMPTS[m % len(PROMPTS)]} for m in range(args.prompts)]
+    runs = [baseline.once(items) for _ in range(1 + args.repeats)][1:]
+    return {"impl": "per-sample", "model": model, "num_agents": num_agents,
+            "params_per_agent": n_params(module.agents[0]), "phases": summarize(runs, workload_tokens(args, num_agents))}
+
+
+# ---------------------------------------------------------------------------------------------- trl
+def run_trl(model_name: str, args) -> dict:
+    """One GRPOTrainer step (generate + reward + loss/backward/step) on the same N=1 workload."""
+    try:
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as exc:
+        return {"impl": "trl", "model": model_name, "error": f"trl is not importable ({exc}); "
+                "install the bench extra: pip install -e '.[bench]'"}
+
+    from comlrl_lightning.agents.factories import MODEL_FACTORIES
+
+    torch.manual_seed(0)
+    model, tokenizer = MODEL_FACTORIES[model_name]()
+    rows = args.prompts * (1 + args.repeats) * 2
+    dataset = Dataset.from_dict({"prompt": [PROMPTS[m % len(PROMPTS)] for m in range(rows)]})
+
+    def trivial_reward(completions, **kwargs):
+        return [float(-len(c)) for c in completions]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.steps: list[tuple[float, float]] = []
+
+        def on_step_begin(self, *a, **kw):
+            gc.collect()
+            _malloc_trim()
+            sync(args.device)
+            self._gen = 0.0
+            self._rss = _rss_kib()[0] if args.device == "cpu" and _reset_peak_rss() and _rss_kib() else None
+            if args.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                self._rss = torch.cuda.memory_allocated()
+            self._tic = time.perf_counter()
+
+        def on_step_end(self, *a, **kw):
+            sync(args.device)
+            seconds = time.perf_counter() - self._tic
+            if args.device == "cuda":
+                peak = (torch.cuda.max_memory_allocated() - self._rss) / 2**20
+            else:
+                peak = (_rss_kib()[1] - self._rss) / 1024 if self._rss is not None else None
+            self.steps.append((seconds, self._gen, peak))
+
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as out_dir:
+        config = GRPOConfig(
+            output_dir=out_dir,
+            num_generations=args.k,
+            max_completion_length=args.tokens,
+            per_device_train_batch_size=args.k * args.prompts,
+            gradient_accumulation_steps=1,
+            generation_kwargs={"min_new_tokens": args.tokens},
+            max_steps=1 + args.repeats,
+            learning_rate=5e-6,
+            beta=0.0,  # no reference model (MAGRPO's default has no KL either)
+            report_to="none",
+            use_cpu=args.device == "cpu",
+            bf16=False,
+            logging_steps=10_000,
+            save_strategy="no",
+            log_completions=False,
+            shuffle_dataset=False,
+            dataloader_num_workers=0,
+            seed=0,
+            **SAMPLING,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = GRPOTrainer(model=model, reward_funcs=trivial_reward, args=config, train_dataset=dataset,
+                                  processing_class=tokenizer, callbacks=[timer])
+            generate_and_score = trainer._generate_and_score_completions
+
+            def timed(*a, **kw):  # split the step: sampling + reward vs. the rest (loss, backward, step)
+                sync(args.device)
+                tic = time.perf_counter()
+                result = generate_and_score(*a, **kw)
+                sync(args.device)
+                timer._gen += time.perf_counter() - tic
+                lengths = result["completion_mask"].sum(-1)
+                assert bool((lengths == args.tokens).all()), f"trl generated lengths {lengths.tolist()}"
+                return result
+
+            trainer._generate_and_score_completions = timed
+            trainer.train()
+    steps = timer.steps[1:]  # drop the warm-up step
+    tokens = args.prompts * args.k * args.tokens
+    phase = {
+        "step": [(s, p) for s, _, p in steps],
+        "generate+reward": [(g, None) for _, g, _ in steps],
+        "loss+backward+step": [(s - g, None) for s, g, _ in steps],
+    }
+    samples = [{name: values[r] for name, values in phase.items()} for r in range(len(steps))]
+    return {"impl": "trl", "model": model_name, "num_agents": 1, "params_per_agent": n_params(model),
+            "phases": summarize(samples, {"generate+reward": tokens, "loss+backward+step": tokens})}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def workload_tokens(args, num_agents: int) -> dict[str, int]:
+    tokens = num_agents * args.prompts * args.k * args.tokens
+    return {"generate": tokens, "score": tokens, "update": tokens}
+
+
+def fmt(value, spec: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, spec)
+
+
+def print_table(results: list[dict]) -> None:
+    header = f"{'model':<8} {'impl':<11} {'N':>2} {'phase':<19} {'seconds':>9} {'tokens/s':>10} {'peak MiB':>9}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        if "error" in r:
+            print(f"{r['model']:<8} {r['impl']:<11}    {r['error']}")
+            continue
+        for name, p in r["phases"].items():
+            print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {name:<19} {p['seconds']:>9.4f} "
+                  f"{fmt(p['tokens_per_s'], '>10.0f')} {fmt(p['peak_mib'], '>9.1f')}")
+        if r["impl"] in ("ours", "per-sample"):
+            step = sum(r["phases"][p]["seconds"] for p in ("generate", "reward", "update"))
+            print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {'gen+reward+update':<19} {step:>9.4f}")
+    print()
+
+
+def comparisons(results: list[dict], args) -> dict:
+    out = {}
+    by = {(r["impl"], r["model"], r.get("num_agents")): r for r in results if "error" not in r}
+    for model in args.models:
+        ours, base = by.get(("ours", model, args.agents)), by.get(("per-sample", model, args.agents))
+        if ours and base:
+            ratio = ours["phases"]["update"]["seconds"] / base["phases"]["update"]["seconds"]
+            out[f"{model}/update_ours_over_per_sample"] = ratio
+            score = ours["phases"]["score"]["seconds"] / base["phases"]["score"]["seconds"]
+            out[f"{model}/score_ours_over_per_sample"] = score
+            print(f"{model}: update ours / per-sample = {ratio:.3f} ({1 / ratio:.1f}x faster); "
+                  f"score ours / per-sample = {score:.3f}")
+        ours1, trl = by.get(("ours", model, 1)), by.get(("trl", model, 1))
+        if ours1 and trl:
+            ours_step = sum(ours1["phases"][p]["seconds"] for p in ("generate", "reward", "update"))
+            trl_step = trl["phases"]["step"]["seconds"]
+            upd = ours1["phases"]["update"]["seconds"] / trl["phases"]["loss+backward+step"]["seconds"]
+            out[f"{model}/n1_step_ours_over_trl"] = ours_step / trl_step
+            out[f"{model}/n1_update_ours_over_trl"] = upd
+            print(f"{model} (N=1): step ours / trl = {ours_step:.3f}s / {trl_step:.3f}s = {ours_step / trl_step:.3f}; "
+                  f"update ours / trl loss+backward+step = {upd:.3f}")
+    key = "tiny-5m/update_ours_over_per_sample"
+    if key in out:
+        workload = (args.agents, args.k, args.tokens) == (2, 4, 32)
+        met = out[key] <= TARGET_RATIO
+        out["target_met"] = met if workload else None
+        note = "" if workload else " (the target is defined for 2 agents x K=4 x 32 tokens; this workload differs)"
+        print(f"target: tiny-5m update ours / per-sample <= 1/3: {out[key]:.3f} -> {'MET' if met else 'NOT MET'}{note}")
+    return out
+
+
+def machine(args) -> dict:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": args.device,
+            "load_average_1_5_15": load}
+    if args.device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="tiny,tiny-5m", help="comma-separated factory names (default: tiny,tiny-5m)")
+    p.add_argument("--agents", type=int, default=2, help="N agents (default 2)")
+    p.add_argument("--k", type=int, default=4, help="K samples per prompt (default 4)")
+    p.add_argument("--tokens", type=int, default=32, help="T new tokens per sample, forced (default 32)")
+    p.add_argument("--prompts", type=int, default=1, help="M prompts per update (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats after one warm-up; median (default 3)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--baseline", action="store_true", help="also time the per-sample, per-token implementation")
+    p.add_argument("--trl", action="store_true", help="also time trl's GRPOTrainer on the same workload at N=1")
+    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    args = p.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.k < 2:
+        p.error("--k must be >= 2 (group baseline)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: CUDA is not available")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    info = machine(args)
+    print(f"workload: N={args.agents} agents x M={args.prompts} prompt(s) x K={args.k} samples x T={args.tokens} "
+          f"tokens; median of {args.repeats} after 1 warm-up")
+    print(f"machine: {info['cpu_count']} CPUs, torch {info['torch']} ({info['torch_threads']} threads), "
+          f"device {args.device}, load average {info['load_average_1_5_15']}")
+    load = info["load_average_1_5_15"]
+    if args.device == "cpu" and load and torch.get_num_threads() > 1 and load[0] + torch.get_num_threads() > (os.cpu_count() or 1) + 0.5:
+        print(f"warning: load average {load[0]:.1f} on {os.cpu_count()} CPUs with {torch.get_num_threads()} torch threads: "
+              "oversubscribed OpenMP threads can slow torch down by orders of magnitude; consider --threads 1")
+    started = time.perf_counter()
+    results = []
+    for model in args.models:
+        results.append(run_ours(model, args, args.agents))
+        if args.baseline:
+            results.append(run_baseline(model, args, args.agents))
+        if args.trl:
+            if args.agents != 1:
+                results.append(run_ours(model, args, 1))
+            try:
+                results.append(run_trl(model, args))
+            except Exception as exc:  # keep the rest of the report when trl cannot run here
+                results.append({"impl": "trl", "model": model,
+                                "error": f"trl GRPOTrainer failed: {type(exc).__name__}: {exc}"})
+    print()
+    print_table(results)
+    ratios = comparisons(results, args)
+    info["load_average_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    info["wall_seconds"] = time.perf_counter() - started
+    print(f"\ntotal wall time {info['wall_seconds']:.0f}s, load average after {info['load_average_after']}")
+    report = {"machine": info, "config": {k: v for k, v in vars(args).items() if k != "json"},
+              "results": results, "comparisons": ratios}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
