@@ -141,6 +141,7 @@ def summarize(samples: list[dict[str, tuple[float, float]]], tokens: dict[str, i
         n_tok = tokens.get(name)
         out[name] = {
             "seconds": median,
+            "seconds_min": min(seconds),
             "seconds_all": seconds,
             "tokens": n_tok,
             "tokens_per_s": (n_tok / median) if n_tok and median > 0 else None,
@@ -202,14 +203,21 @@ def ours_once(module: MAGRPO, optimizer, items, device: str) -> dict[str, tuple[
             "score": (score.seconds, score.peak_mib), "update": (update.seconds, update.peak_mib)}
 
 
-def run_ours(model: str, args, num_agents: int) -> dict:
-    torch.manual_seed(0)
-    module = build_module(model, args, num_agents, args.device)
-    optimizer = module.configure_optimizers()
-    items = [{"prompt": PROMPTS[m % len(PROMPTS)]} for m in range(args.prompts)]
-    runs = [ours_once(module, optimizer, items, args.device) for _ in range(1 + args.repeats)][1:]  # warm-up
-    return {"impl": "ours", "model": model, "num_agents": num_agents, "params_per_agent": n_params(module.agents[0]),
-            "phases": summarize(runs, workload_tokens(args, num_agents))}
+class Ours:
+    """``MAGRPO`` on the workload; ``once()`` runs one timed team update."""
+
+    impl = "ours"
+
+    def __init__(self, model: str, args, num_agents: int):
+        torch.manual_seed(0)
+        self.model, self.num_agents, self.device = model, num_agents, args.device
+        self.module = build_module(model, args, num_agents, args.device)
+        self.optimizer = self.module.configure_optimizers()
+        self.items = workload_items(args)
+        self.params = n_params(self.module.agents[0])
+
+    def once(self) -> dict[str, tuple[float, float]]:
+        return ours_once(self.module, self.optimizer, self.items, self.device)
 
 
 # ---------------------------------------------------------------------------------------------- per-sample
@@ -223,7 +231,13 @@ class PerSampleBaseline:
     update: one backward per completion, then one step of each agent's own AdamW.
     """
 
-    def __init__(self, module: MAGRPO, args):
+    impl = "per-sample"
+
+    def __init__(self, model: str, args, num_agents: int):
+        torch.manual_seed(0)
+        module = build_module(model, args, num_agents, args.device)
+        self.model, self.num_agents, self.params = model, num_agents, n_params(module.agents[0])
+        self.items = workload_items(args)
         self.models, self.tokenizers = list(module.agents), module.tokenizers
         self.k, self.tokens, self.device = args.k, args.tokens, args.device
         self.optimizers = [torch.optim.AdamW(m.parameters(), lr=module.agent_learning_rates[i],
@@ -260,8 +274,8 @@ class PerSampleBaseline:
             total = total + F.log_softmax(logits[start + t], dim=-1)[completion[t]]
         return total
 
-    def once(self, items) -> dict[str, tuple[float, float]]:
-        N = len(self.models)
+    def once(self) -> dict[str, tuple[float, float]]:
+        N, items = len(self.models), self.items
         with Phase(self.device) as gen:
             samples = [[self.generate(item["prompt"], i) for i in range(N)] for item in items]  # [M][N]
         with Phase(self.device) as rew:
@@ -289,14 +303,17 @@ class PerSampleBaseline:
                 "score": (score.seconds, score.peak_mib), "update": (update.seconds, update.peak_mib)}
 
 
-def run_baseline(model: str, args, num_agents: int) -> dict:
-    torch.manual_seed(0)
-    module = build_module(model, args, num_agents, args.device)
-    baseline = PerSampleBaseline(module, args)
-    items = [{"prompt": PROMPTS[m % len(PROMPTS)]} for m in range(args.prompts)]
-    runs = [baseline.once(items) for _ in range(1 + args.repeats)][1:]
-    return {"impl": "per-sample", "model": model, "num_agents": num_agents,
-            "params_per_agent": n_params(module.agents[0]), "phases": summarize(runs, workload_tokens(args, num_agents))}
+def measure(runners: list, args) -> list[dict]:
+    """One warm-up each, then ``args.repeats`` rounds in which every runner runs once (interleaved, so load
+    from other processes hits all implementations alike); median per phase."""
+    for runner in runners:
+        runner.once()
+    runs: list[list[dict]] = [[] for _ in runners]
+    for _ in range(args.repeats):
+        for runner, out in zip(runners, runs):
+            out.append(runner.once())
+    return [{"impl": r.impl, "model": r.model, "num_agents": r.num_agents, "params_per_agent": r.params,
+             "phases": summarize(out, workload_tokens(args, r.num_agents))} for r, out in zip(runners, runs)]
 
 
 # ---------------------------------------------------------------------------------------------- trl
@@ -402,6 +419,10 @@ def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def workload_items(args) -> list[dict]:
+    return [{"prompt": PROMPTS[m % len(PROMPTS)]} for m in range(args.prompts)]
+
+
 def workload_tokens(args, num_agents: int) -> dict[str, int]:
     tokens = num_agents * args.prompts * args.k * args.tokens
     return {"generate": tokens, "score": tokens, "update": tokens}
@@ -480,7 +501,8 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=int, default=1, help="M prompts per update (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats after one warm-up; median (default 3)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads on CPU (default 1: stable on shared machines; 0 = torch's default)")
     p.add_argument("--baseline", action="store_true", help="also time the per-sample, per-token implementation")
     p.add_argument("--trl", action="store_true", help="also time trl's GRPOTrainer on the same workload at N=1")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
@@ -497,26 +519,27 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.threads:
+    if args.device == "cpu" and args.threads > 0:
         torch.set_num_threads(args.threads)
     info = machine(args)
     print(f"workload: N={args.agents} agents x M={args.prompts} prompt(s) x K={args.k} samples x T={args.tokens} "
           f"tokens; median of {args.repeats} after 1 warm-up")
     print(f"machine: {info['cpu_count']} CPUs, torch {info['torch']} ({info['torch_threads']} threads), "
           f"device {args.device}, load average {info['load_average_1_5_15']}")
-    load = info["load_average_1_5_15"]
-    if args.device == "cpu" and load and torch.get_num_threads() > 1 and load[0] + torch.get_num_threads() > (os.cpu_count() or 1) + 0.5:
-        print(f"warning: load average {load[0]:.1f} on {os.cpu_count()} CPUs with {torch.get_num_threads()} torch threads: "
-              "oversubscribed OpenMP threads can slow torch down by orders of magnitude; consider --threads 1")
+    load, threads = info["load_average_1_5_15"], torch.get_num_threads()
+    if args.device == "cpu" and load and threads > 1 and load[0] + threads > (os.cpu_count() or 1) + 0.5:
+        print(f"warning: load average {load[0]:.1f} on {os.cpu_count()} CPUs with {threads} torch threads: "
+              "oversubscribed OpenMP threads can slow torch down by orders of magnitude; use --threads 1")
     started = time.perf_counter()
     results = []
     for model in args.models:
-        results.append(run_ours(model, args, args.agents))
+        runners = [Ours(model, args, args.agents)]
         if args.baseline:
-            results.append(run_baseline(model, args, args.agents))
+            runners.append(PerSampleBaseline(model, args, args.agents))
+        if args.trl and args.agents != 1:
+            runners.append(Ours(model, args, 1))  # trl's side of the comparison is single-agent
+        results.extend(measure(runners, args))
         if args.trl:
-            if args.agents != 1:
-                results.append(run_ours(model, args, 1))
             try:
                 results.append(run_trl(model, args))
             except Exception as exc:  # keep the rest of the report when trl cannot run here

@@ -311,3 +311,31 @@ def test_every_config_parses(config, capsys):
         main(["fit", "--config", str(config), "--print_config"])
     assert exit_info.value.code in (0, None)
     assert "class_path: comlrl_lightning." in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------- resume
+def test_resume_from_a_mid_epoch_checkpoint_is_exact(tmp_path):
+    """fit 4 updates == fit 2, stop, resume from the step-2 checkpoint for 2 more (weights, env_step, data)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(root, max_steps, ckpt_path=None, every=None):
+        seed_everything(0)
+        module = make_module(rollout_buffer_size=2)
+        callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=every, save_top_k=-1)] if every else []
+        trainer = Trainer(max_steps=max_steps, logger=CSVLogger(root, name="run"), enable_progress_bar=False,
+                          enable_model_summary=False, num_sanity_val_steps=0, callbacks=callbacks,
+                          enable_checkpointing=bool(every), accelerator="cpu", devices=1)
+        seen = []
+        collect = module.collect_rollout
+        module.collect_rollout = lambda items: (seen.extend(i["prompt"] for i in items), collect(items))[1]
+        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2, shuffle=True),
+                    ckpt_path=ckpt_path)
+        return module, seen
+
+    full, seen_full = run(tmp_path / "full", 4, every=2)
+    ckpt = next((tmp_path / "full" / "ckpt").glob("*step=2.ckpt"))
+    resumed, seen_resumed = run(tmp_path / "resumed", 4, ckpt_path=str(ckpt))
+    assert seen_resumed == seen_full[4:]  # the resumed run continues the epoch, it does not replay it
+    assert resumed.env_step == full.env_step == 16
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)

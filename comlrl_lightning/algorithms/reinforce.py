@@ -190,6 +190,14 @@ class MAGRPO(MultiAgentModule):
         self.last_rollout: Rollout | None = None
         self._eval_records: list[dict] = []
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["comlrl_lightning"]["buffer"] = [n.state_dict() for n in self.buffer]  # awaiting an update
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.buffer = [Node.from_state_dict(n) for n in checkpoint.get("comlrl_lightning", {}).get("buffer", [])]
+
     def configure_callbacks(self):
         from comlrl_lightning.callbacks import CompletionsLogger, EvaluationCallback, ReferenceModels
 

@@ -96,19 +96,25 @@ class _Items(Dataset):
 
 
 class EpochSampler(Sampler[int]):
-    """Dataset order for each epoch: fixed (CoMLRL) or a permutation seeded by ``seed + epoch``."""
+    """Dataset order for each epoch: fixed (CoMLRL) or a permutation seeded by ``seed + epoch``.
 
-    def __init__(self, size: int, shuffle: bool, seed: int):
-        self.size, self.shuffle, self.seed, self.epoch = size, shuffle, seed, 0
+    ``skip`` drops the first indices of the next epoch only: a run resumed mid-epoch continues where the
+    checkpointed run was instead of replaying the epoch's first items.
+    """
+
+    def __init__(self, size: int, shuffle: bool, seed: int, skip: int = 0):
+        self.size, self.shuffle, self.seed, self.epoch, self.skip = size, shuffle, seed, 0, skip
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this at each epoch start
         self.epoch = epoch
 
     def __iter__(self):
-        if not self.shuffle:
-            return iter(range(self.size))
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.size, generator=generator).tolist())
+        order = list(range(self.size))
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.size, generator=generator).tolist()
+        skip, self.skip = self.skip, 0
+        return iter(order[skip:])
 
     def __len__(self) -> int:
         return self.size
@@ -116,6 +122,20 @@ class EpochSampler(Sampler[int]):
 
 def _as_list(batch: list) -> list:
     return batch
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader that Lightning treats as resumable mid-epoch.
+
+    The position itself comes from Lightning's restored batch progress (``TaskDataModule._resume_offset``), so
+    there is nothing of its own to save; the methods mark it as resumable for Lightning's resume check.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
 
 
 class TaskDataModule(LightningDataModule):
@@ -180,9 +200,21 @@ class TaskDataModule(LightningDataModule):
                                      self.max_eval_items)
 
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochSampler(len(self.train_items), self.shuffle, self.seed)
-        return DataLoader(_Items(self.train_items), batch_size=self.prompts_per_step, sampler=sampler,
-                          collate_fn=_as_list, num_workers=0)
+        sampler = EpochSampler(len(self.train_items), self.shuffle, self.seed, skip=self._resume_offset())
+        return ResumableDataLoader(_Items(self.train_items), batch_size=self.prompts_per_step, sampler=sampler,
+                                   collate_fn=_as_list, num_workers=0)
+
+    def _resume_offset(self) -> int:
+        """Items of the current epoch already trained on, when Lightning is resuming a checkpoint mid-epoch.
+
+        Lightning's own batch progress (restored from the checkpoint) says how many batches were consumed; the
+        loader's prefetch makes counting yielded batches off by one, so we do not count them ourselves.
+        """
+        trainer = self.trainer
+        if trainer is None or not trainer.fit_loop.restarting:
+            return 0
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # training_step ran for these
+        return min(done * self.prompts_per_step, len(self.train_items))
 
     def val_dataloader(self):
         # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback); the `validate` subcommand

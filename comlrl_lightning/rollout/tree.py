@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -64,6 +64,19 @@ class Node:
     policy_version: int  # optimizer updates done when it was sampled
     returns: Tensor | None = None  # [J]
     children: dict[int, "Node"] = field(default_factory=dict)  # joint action -> child
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain tensors/lists (checkpoint-safe under ``weights_only`` loading); children are not kept."""
+        state = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("agents", "children")}
+        state["item"] = dict(self.item)
+        state["agents"] = [{f.name: getattr(a, f.name) for f in fields(a)} for a in self.agents]
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> "Node":
+        state = dict(state)
+        state["agents"] = [AgentSamples(**a) for a in state["agents"]]
+        return cls(**state)
 
     @property
     def mean_reward(self) -> float:
