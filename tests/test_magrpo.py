@@ -283,6 +283,7 @@ def test_save_pretrained_round_trip(tmp_path):
     ({"agent_devices": "gpu0"}, "agent_devices"),
     ({"temperature": 0.0}, "temperature"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"generation_kwargs": {"do_sample": False}}, "generation_kwargs must not set"),
     ({"agent_learning_rate": [1e-3]}, "agent_learning_rate"),
     ({"eval_logger": print}, "eval_logger and eval_aggregator"),
 ])
@@ -339,3 +340,32 @@ def test_resume_from_a_mid_epoch_checkpoint_is_exact(tmp_path):
     assert resumed.env_step == full.env_step == 16
     for a, b in zip(full.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------- devices, loggers
+def test_model_placement_mode_runs_on_cpu_devices(tmp_path):
+    module = make_module(parallel_training="mp", agent_devices=["cpu", "cpu"])
+    trainer = fit(module, tmp_path, max_steps=1)
+    assert trainer.global_step == 1 and [str(module.agent_device(i)) for i in range(2)] == ["cpu", "cpu"]
+
+
+@pytest.mark.parametrize("logger_name", ["TensorBoardLogger", "WandbLogger"])
+def test_tensorboard_and_wandb_loggers(logger_name, tmp_path, monkeypatch):
+    import lightning.pytorch.loggers as loggers
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    kwargs = {"save_dir": str(tmp_path)}
+    if logger_name == "WandbLogger":
+        kwargs.update(project="comlrl-test", offline=True)
+    logger = getattr(loggers, logger_name)(**kwargs)
+    seed_everything(0)
+    trainer = Trainer(max_steps=1, logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, accelerator="cpu", devices=1)
+    trainer.fit(make_module(), datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2))
+    assert trainer.global_step == 1
+    if logger_name == "WandbLogger":
+        logger.experiment.finish()
+        assert any(tmp_path.rglob("*.wandb"))
+    else:
+        assert any(tmp_path.rglob("events.out.tfevents.*"))

@@ -123,6 +123,10 @@ class MultiAgentModule(LightningModule):
         return torch.optim.AdamW(groups, weight_decay=self.weight_decay, betas=(0.9, 0.999), eps=1e-8)
 
     def on_fit_start(self) -> None:
+        for logger in self.loggers:  # W&B charts against env_step (CoMLRL's x-axis) instead of global_step
+            if type(logger).__name__ == "WandbLogger":
+                logger.experiment.define_metric("env_step")
+                logger.experiment.define_metric("*", step_metric="env_step")
         if self.parallel_training == "mp":
             # Model placement: each whole agent on its own device (Lightning moved everything to one).
             for model, device in zip(self.agents, self.agent_devices):

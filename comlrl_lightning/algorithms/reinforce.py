@@ -41,7 +41,14 @@ from comlrl_lightning.core.losses import (
     token_loss_weights,
 )
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters
-from comlrl_lightning.rollout.sampling import ScoringInputs, SamplingConfig, collate_rows, select_rows, token_logprobs
+from comlrl_lightning.rollout.sampling import (
+    SamplingConfig,
+    ScoringInputs,
+    collate_rows,
+    select_rows,
+    token_logprobs,
+    validate_generation_kwargs,
+)
 from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine, normalize_joint_mode
 
 KL_PLACEMENTS = ("reward", "loss")
@@ -140,6 +147,7 @@ class MAGRPO(MultiAgentModule):
             eval_interval=eval_interval, eval_num_samples=eval_num_samples, eval_logger=eval_logger,
             eval_aggregator=eval_aggregator, algorithm=self.algorithm_name,
         )
+        validate_generation_kwargs(generation_kwargs)
         joint_mode = normalize_joint_mode(joint_mode)
         sampling = SamplingConfig(max_new_tokens, temperature, top_p, top_k)
         super().__init__(agents, num_agents, tokenizers, model_config, agent_learning_rate, weight_decay,
@@ -241,7 +249,7 @@ class MAGRPO(MultiAgentModule):
         if self.reference is not None:
             tic = time.perf_counter()
             self._attach_reference_kl(rollout.nodes)
-            rollout.timings["reference"] = time.perf_counter() - tic
+            rollout.timings["score"] = time.perf_counter() - tic
         self.last_rollout = rollout
         return rollout
 

@@ -35,6 +35,15 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 1 or null (got {self.top_k}).")
 
 
+def validate_generation_kwargs(generation_kwargs: dict | None) -> None:
+    """Extra ``generate`` arguments may not override what has its own field (sampling is always on)."""
+    reserved = {"do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "num_return_sequences",
+                "num_beams"} & set(generation_kwargs or {})
+    if reserved:
+        raise ValueError(f"generation_kwargs must not set {sorted(reserved)}: sampling is always on and these have "
+                         "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations).")
+
+
 @dataclass
 class Completions:
     """K samples for each of M prompts of one agent; row r belongs to prompt r // K."""

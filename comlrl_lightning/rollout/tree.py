@@ -24,7 +24,7 @@ from torch import Tensor
 
 from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices
 from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
-from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, sample_completions
+from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, sample_completions, validate_generation_kwargs
 
 JOINT_MODES = ("aligned", "cross")
 _JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
@@ -145,6 +145,7 @@ class RolloutEngine:
         self.generation_batch_size = generation_batch_size
         self.generation_kwargs = generation_kwargs or {}
         self.parallel_agents = parallel_agents
+        validate_generation_kwargs(generation_kwargs)
         if num_turns > 1 and external_transition is None:
             raise ValueError("Multi-turn training (num_turns > 1) requires an external_transition.")
 
