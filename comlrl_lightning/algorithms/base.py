@@ -14,6 +14,7 @@ Lightning decisions (DESIGN §2):
 
 from __future__ import annotations
 
+import inspect
 import random
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,10 +22,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
-from torch import nn
+from torch import Tensor, nn
 
 from comlrl_lightning.agents import load_agents, normalize_parallel_training, resolve_devices, save_agents
 from comlrl_lightning.agents.loading import validate_agent_sources
+from comlrl_lightning.rollout.sampling import ScoringInputs, select_rows, token_logprobs
 
 
 class MultiAgentModule(LightningModule):
@@ -97,6 +99,8 @@ class MultiAgentModule(LightningModule):
         )
         self.agents = nn.ModuleList(models).train()  # from_pretrained returns eval mode; CoMLRL trains in train mode
         self.env_step = 0
+        self.reference = None  # set by the ReferenceModels callback when the reference-KL penalty is on
+        self._eval_records: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ agents
     def agent_groups(self) -> list[list[int]]:
@@ -147,6 +151,52 @@ class MultiAgentModule(LightningModule):
                 norms[f"agent_{i}/grad_norm"] = float(norm)
         return norms
 
+    def configure_callbacks(self):
+        """The optional parts this module's config turns on (attributes set by the algorithm's __init__)."""
+        from comlrl_lightning.callbacks import CompletionsLogger, EvaluationCallback, ReferenceModels
+
+        callbacks = []
+        if getattr(self, "reference_kl_enabled", False) and self.reference_kl_coef > 0:  # never load unused models
+            callbacks.append(ReferenceModels(self.reference_devices, self.micro_batch_size))
+        if getattr(self, "eval_interval", 0) > 0 and self.eval_num_samples > 0:
+            callbacks.append(EvaluationCallback(self.eval_interval, self.eval_num_samples))
+        if getattr(self, "log_completions", False):
+            callbacks.append(CompletionsLogger())
+        return callbacks
+
+    @torch.no_grad()
+    def score_no_grad(self, agent: int, inputs: ScoringInputs) -> Tensor:
+        """Agent ``agent``'s token log-probs [B, T] (CPU) in eval mode, micro-batched."""
+        model = self.agents[agent]
+        was_training = model.training
+        model.eval()
+        rows = inputs.input_ids.shape[0]
+        step = getattr(self, "micro_batch_size", None) or rows
+        try:
+            return torch.cat([token_logprobs(model, select_rows(inputs, slice(s, s + step))).cpu()
+                              for s in range(0, rows, step)])
+        finally:
+            model.train(was_training)
+
+    # ------------------------------------------------------------------ evaluation
+    # Each algorithm defines ``evaluation_record(items) -> dict`` (play the evaluation episodes of a batch) and
+    # ``evaluation_metrics(records) -> dict`` (reduce them); the schedule and the `validate` loop live here.
+    def evaluate(self, items: Sequence[Any], batch_size: int = 1) -> dict[str, float]:
+        """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward."""
+        records = [self.evaluation_record(items[s : s + batch_size]) for s in range(0, len(items), batch_size)]
+        return self.evaluation_metrics(records)
+
+    def validation_step(self, batch: list[Any], batch_idx: int):
+        self._eval_records.append(self.evaluation_record(batch))
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_records = []
+
+    def on_validation_epoch_end(self) -> None:
+        if self._eval_records:
+            self.log_dict(self.evaluation_metrics(self._eval_records))
+        self._eval_records = []
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["comlrl_lightning"] = {
             "env_step": self.env_step,
@@ -186,3 +236,27 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def call_filtered(func, **kwargs):
+    """Call with the keyword arguments ``func`` names (all of them if it takes ``**kwargs``)."""
+    params = inspect.signature(func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return func(**kwargs)
+    return func(**{k: v for k, v in kwargs.items() if k in params})
+
+
+def plain_hparams(local_vars: dict[str, Any]) -> dict[str, Any]:
+    """Hyper-parameters worth saving: plain values, and import paths of callables (not model objects)."""
+    out = {}
+    for key, value in local_vars.items():
+        if key in ("self", "__class__") or key.startswith("_"):
+            continue
+        if callable(value) and hasattr(value, "__module__") and hasattr(value, "__qualname__"):
+            out[key] = f"{value.__module__}.{value.__qualname__}"
+        elif value is None or isinstance(value, (str, int, float, bool)):
+            out[key] = value
+        elif isinstance(value, (list, tuple, dict)) and all(isinstance(v, (str, int, float, bool)) for v in
+                                                              (value.values() if isinstance(value, dict) else value)):
+            out[key] = value
+    return out

@@ -20,7 +20,6 @@ items, so Lightning's prefetch cannot make them stale); every node records the u
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
-from comlrl_lightning.algorithms.base import MultiAgentModule
+from comlrl_lightning.algorithms.base import MultiAgentModule, call_filtered, plain_hparams
 from comlrl_lightning.core.advantages import ADVANTAGE_MODES, compute_advantages, suffix_returns
 from comlrl_lightning.core.losses import (
     KL_ESTIMATORS,
@@ -154,7 +153,7 @@ class MAGRPO(MultiAgentModule):
                          max_grad_norm, parallel_training, agent_devices)
         if reference_kl_enabled and reference_devices is not None:
             resolve_devices(reference_devices, self.num_agents, kind="reference_devices")  # validate 1 or N
-        self.save_hyperparameters(_plain_hparams(locals()))
+        self.save_hyperparameters(plain_hparams(locals()))
 
         self.num_generations = num_generations
         self.num_turns = num_turns
@@ -176,7 +175,6 @@ class MAGRPO(MultiAgentModule):
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
         self.log_completions = log_completions
-        self.reference = None  # set by the ReferenceModels callback when the penalty is on
         self.engine = RolloutEngine(
             num_agents=self.num_agents,
             formatters=build_formatters(formatters, self.num_agents),
@@ -196,7 +194,6 @@ class MAGRPO(MultiAgentModule):
         )
         self.buffer: list[Node] = []
         self.last_rollout: Rollout | None = None
-        self._eval_records: list[dict] = []
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
@@ -205,18 +202,6 @@ class MAGRPO(MultiAgentModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         self.buffer = [Node.from_state_dict(n) for n in checkpoint.get("comlrl_lightning", {}).get("buffer", [])]
-
-    def configure_callbacks(self):
-        from comlrl_lightning.callbacks import CompletionsLogger, EvaluationCallback, ReferenceModels
-
-        callbacks = []
-        if self.reference_kl_enabled and self.reference_kl_coef > 0:  # never load a model nothing uses
-            callbacks.append(ReferenceModels(self.reference_devices, self.micro_batch_size))
-        if self.eval_interval > 0 and self.eval_num_samples > 0:
-            callbacks.append(EvaluationCallback(self.eval_interval, self.eval_num_samples))
-        if self.log_completions:
-            callbacks.append(CompletionsLogger())
-        return callbacks
 
     # ================================================================== training
     def training_step(self, batch: list[Mapping[str, Any]], batch_idx: int):
@@ -318,7 +303,7 @@ class MAGRPO(MultiAgentModule):
                                   [s.completion_mask for s in samples], self.tokenizers[i].pad_token_id)
             ref = self.reference.token_logprobs(i, inputs, self.agent_device(i))
             if self.reference_kl_placement == "reward":
-                policy = self._score_no_grad(i, inputs)
+                policy = self.score_no_grad(i, inputs)
                 seq_kl = (kl_estimate(policy, ref, self.reference_kl_estimator) * inputs.completion_mask).sum(-1)
                 for s, kl in zip(samples, seq_kl.split([s.completion_ids.shape[0] for s in samples])):
                     s.sequence_kl = kl
@@ -328,19 +313,6 @@ class MAGRPO(MultiAgentModule):
                     K, T = s.completion_ids.shape
                     s.ref_logprobs = ref[offset : offset + K, :T]
                     offset += K
-
-    @torch.no_grad()
-    def _score_no_grad(self, agent: int, inputs: ScoringInputs) -> Tensor:
-        model = self.agents[agent]
-        was_training = model.training
-        model.eval()
-        rows = inputs.input_ids.shape[0]
-        step = self.micro_batch_size or rows
-        try:
-            return torch.cat([token_logprobs(model, select_rows(inputs, slice(s, s + step))).cpu()
-                              for s in range(0, rows, step)])
-        finally:
-            model.train(was_training)
 
     def _rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
         metrics: dict[str, float] = {"env_step": float(self.env_step)}
@@ -359,6 +331,19 @@ class MAGRPO(MultiAgentModule):
         for phase, seconds in rollout.timings.items():
             metrics[f"timing_s/{phase}"] = seconds
         return metrics
+
+    def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
+        """What the agents wrote at the first ``max_nodes`` nodes of the last rollout (CompletionsLogger)."""
+        if self.last_rollout is None:
+            return []
+        return [{
+            "env_step": node.env_step,
+            "turn": node.turn + 1,
+            "prompts": [a.prompt for a in node.agents],
+            "completions": [a.texts for a in node.agents],
+            "joint_actions": node.joint_index.tolist(),
+            "rewards": node.rewards.tolist(),
+        } for node in self.last_rollout.nodes[:max_nodes]]
 
     # ================================================================== evaluation
     @torch.no_grad()
@@ -388,28 +373,14 @@ class MAGRPO(MultiAgentModule):
         if self.eval_logger is not None and self.eval_aggregator is not None:
             items = [it for r in records for it in r["items"]]
             completions = [[c for r in records for c in r["completions"][i]] for i in range(self.num_agents)]
-            per_sample = _call_filtered(self.eval_logger, agent_completions_turns=completions, batch_items=items,
+            per_sample = call_filtered(self.eval_logger, agent_completions_turns=completions, batch_items=items,
                                         prompts=[p for r in records for p in r["prompts"]],
                                         test_cases=[it.get("test", "") for it in items],
                                         entry_points=[it.get("entry_point", "") for it in items])
-            aggregated = _call_filtered(self.eval_aggregator, metrics=per_sample, num_turns=self.num_turns)
+            aggregated = call_filtered(self.eval_aggregator, metrics=per_sample, num_turns=self.num_turns)
             for key, value in (aggregated or {}).items():
                 metrics[key if key.startswith("eval/") else f"eval/{key}"] = float(value)
         return metrics
-
-    def evaluate(self, items: Sequence[Mapping[str, Any]], batch_size: int = 1) -> dict[str, float]:
-        """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward."""
-        records = [self.evaluation_record(items[s : s + batch_size]) for s in range(0, len(items), batch_size)]
-        return self.evaluation_metrics(records)
-
-    def validation_step(self, batch: list[Mapping[str, Any]], batch_idx: int):
-        self._eval_records.append(self.evaluation_record(batch))
-
-    def on_validation_epoch_end(self) -> None:
-        if self._eval_records:
-            self.log_dict(self.evaluation_metrics(self._eval_records))
-        self._eval_records = []
-
 
 class MAREINFORCE(MAGRPO):
     """Multi-agent REINFORCE: ``advantage_mode="raw"`` (no baseline). Set ``advantage_normalization: false`` to
@@ -466,27 +437,3 @@ def _validate_config(*, reward_func, num_generations, num_turns, external_transi
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
-
-
-def _call_filtered(func: Callable[..., Any], **kwargs):
-    """Call with the keyword arguments ``func`` names (all of them if it takes ``**kwargs``)."""
-    params = inspect.signature(func).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return func(**kwargs)
-    return func(**{k: v for k, v in kwargs.items() if k in params})
-
-
-def _plain_hparams(local_vars: dict[str, Any]) -> dict[str, Any]:
-    """Hyper-parameters worth saving: plain values, and import paths of callables (not model objects)."""
-    out = {}
-    for key, value in local_vars.items():
-        if key in ("self", "__class__") or key.startswith("_"):
-            continue
-        if callable(value) and hasattr(value, "__module__") and hasattr(value, "__qualname__"):
-            out[key] = f"{value.__module__}.{value.__qualname__}"
-        elif value is None or isinstance(value, (str, int, float, bool)):
-            out[key] = value
-        elif isinstance(value, (list, tuple, dict)) and all(isinstance(v, (str, int, float, bool)) for v in
-                                                              (value.values() if isinstance(value, dict) else value)):
-            out[key] = value
-    return out

@@ -11,8 +11,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 
 class CompletionsLogger(Callback):
-    """After every training batch, one line per rollout node of the first ``max_nodes`` nodes:
-    step, env_step, turn, each agent's prompt and K completions, and the team rewards."""
+    """After every training batch, one line per record of ``pl_module.completion_records(max_nodes)``: step,
+    env_step, turn, each agent's prompt and completions, and the team rewards."""
 
     def __init__(self, max_nodes: int = 2, filename: str = "completions.jsonl"):
         self.max_nodes = max_nodes
@@ -21,23 +21,12 @@ class CompletionsLogger(Callback):
 
     @rank_zero_only
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        rollout = getattr(pl_module, "last_rollout", None)
-        if rollout is None:
+        rows = [{"step": trainer.global_step, **r} for r in pl_module.completion_records(self.max_nodes)]
+        if not rows:
             return
         if self.path is None:
             self.path = Path(trainer.log_dir or trainer.default_root_dir) / self.filename
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        rows = []
-        for node in rollout.nodes[: self.max_nodes]:
-            rows.append({
-                "step": trainer.global_step,
-                "env_step": node.env_step,
-                "turn": node.turn + 1,
-                "prompts": [a.prompt for a in node.agents],
-                "completions": [a.texts for a in node.agents],
-                "joint_actions": node.joint_index.tolist(),
-                "rewards": node.rewards.tolist(),
-            })
         with self.path.open("a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")

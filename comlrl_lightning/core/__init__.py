@@ -1,13 +1,18 @@
-"""Pure tensor math (torch only): returns, credit assignment, advantages, KL estimators and losses."""
+"""Pure tensor math (torch only): returns, credit assignment, advantages, KL estimators and losses
+(REINFORCE family and actor-critic)."""
 
 from comlrl_lightning.core.advantages import (
     ADVANTAGE_MODES,
     BASELINES,
     bootstrap_returns,
     compute_advantages,
+    critic_advantages,
     cross_credit,
     cross_joint_indices,
+    discounted_returns,
+    expand_rewards,
     suffix_returns,
+    td_targets,
 )
 from comlrl_lightning.core.losses import (
     KL_ESTIMATORS,
@@ -16,6 +21,7 @@ from comlrl_lightning.core.losses import (
     kl_estimate,
     policy_gradient_loss,
     token_loss_weights,
+    value_loss,
 )
 
 __all__ = [
@@ -26,10 +32,15 @@ __all__ = [
     "assert_finite",
     "bootstrap_returns",
     "compute_advantages",
+    "critic_advantages",
     "cross_credit",
     "cross_joint_indices",
+    "discounted_returns",
+    "expand_rewards",
     "kl_estimate",
     "policy_gradient_loss",
     "suffix_returns",
+    "td_targets",
     "token_loss_weights",
+    "value_loss",
 ]

@@ -1,4 +1,4 @@
-"""Returns, credit assignment and advantages: pure tensor math (REFERENCE §3.6, §3.8, appendix E).
+"""Returns, credit assignment and advantages: pure tensor math (REFERENCE §3.6, §3.8, §4.5, §4.6, appendix E).
 
 Conventions: the *group* is always the last dimension. For one rollout-tree node and one agent it holds the
 K returns of that agent's K completions; any leading dimensions are independent batches of groups.
@@ -6,7 +6,7 @@ K returns of that agent's K completions; any leading dimensions are independent 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -78,12 +78,19 @@ def compute_advantages(returns: Tensor, mode: str = "mean", normalize: bool = Tr
         raise ValueError(f"advantage_mode must be one of: {', '.join(ADVANTAGE_MODES)} (got {mode!r}).")
     g = _as_float(returns)  # [..., K]
     adv = BASELINES[mode](g)  # [..., K]
-    if normalize and adv.shape[-1] > 1:
-        centred = adv - adv.mean(dim=-1, keepdim=True)
-        # The floor keeps all-equal groups at exactly 0 instead of 0/0 = NaN.
-        std = adv.std(dim=-1, unbiased=False, keepdim=True).clamp_min(eps)
-        adv = centred / std
+    if normalize:
+        adv = _standardize(adv, eps)
     return adv
+
+
+def _standardize(adv: Tensor, eps: float) -> Tensor:
+    """(A - mean(A)) / max(std_pop(A), eps) over the last dim; groups of size <= 1 are returned unchanged."""
+    if adv.shape[-1] <= 1:
+        return adv
+    centred = adv - adv.mean(dim=-1, keepdim=True)
+    # The floor keeps all-equal groups at exactly 0 instead of 0/0 = NaN.
+    std = adv.std(dim=-1, unbiased=False, keepdim=True).clamp_min(eps)
+    return centred / std
 
 
 def bootstrap_returns(
@@ -168,3 +175,133 @@ def suffix_returns(rewards: Tensor, discount: float = 1.0) -> Tensor:
         running = r[..., t] + discount * running
         out[..., t] = running
     return out
+
+
+# --- Actor-critic (IAC / MAAC, REFERENCE §4.5, §4.6, appendix A.4) ------------------------------------------
+# Trajectory tensors are [..., T]: one agent trajectory (or one joint trajectory) per row, turns along the last
+# dim. Early-terminated episodes have fewer turns; ``valid`` marks the executed ones, always a prefix of the row.
+
+
+def _turn_mask(valid: Tensor | None, like: Tensor) -> Tensor:
+    """``valid`` as a bool mask of ``like``'s shape (all True when None), checked to be a prefix per row."""
+    if valid is None:
+        return torch.ones(like.shape, dtype=torch.bool, device=like.device)
+    if valid.shape != like.shape:
+        raise ValueError(f"valid must have the rewards' shape {tuple(like.shape)} (got {tuple(valid.shape)}).")
+    mask = valid.to(device=like.device, dtype=torch.bool)
+    if bool((mask[..., 1:] & ~mask[..., :-1]).any()):
+        raise ValueError("valid must mark a prefix of the turns of each row (no executed turn after a skipped one).")
+    return mask
+
+
+def td_targets(rewards: Tensor, next_values: Tensor, discount: float, valid: Tensor | None = None) -> Tensor:
+    """One-step TD(0) targets along the turn dimension (multi-turn IAC/MAAC, REFERENCE §4.5 step 5).
+
+        target_t = r_t + discount * V_old(h_{t+1})     for every executed turn t but the last
+        target_t = r_t                                  at the last executed turn (terminal: no bootstrap)
+        target_t = 0                                    after it (turns not executed)
+
+    A single-turn episode therefore gets target = r (the Monte-Carlo return).
+
+    Args:
+        rewards: [..., T] (KL-shaped) rewards r_t.
+        next_values: [..., T]; ``next_values[..., t]`` is the rollout-time value of the NEXT turn's history,
+            V_old(h_{t+1}) (e.g. ``old_values.roll(-1, -1)``). Ignored (may be anything, even NaN) at the last
+            executed turn and after it.
+        valid: [..., T] bool, True for executed turns (a prefix of each row); None = all turns executed.
+    Returns:
+        [..., T] targets, at least float32.
+    """
+    if next_values.shape != rewards.shape:
+        raise ValueError(
+            f"next_values must have the rewards' shape {tuple(rewards.shape)} (got {tuple(next_values.shape)})."
+        )
+    dtype = torch.promote_types(torch.promote_types(rewards.dtype, next_values.dtype), torch.float32)
+    r, v_next = rewards.to(dtype), next_values.to(dtype)  # [..., T]
+    mask = _turn_mask(valid, r)  # [..., T]
+    has_next = torch.zeros_like(mask)
+    has_next[..., :-1] = mask[..., 1:]  # turn t+1 was executed, so turn t bootstraps from it
+    targets = torch.where(has_next, r + discount * v_next, r)  # where, not arithmetic: a NaN V_T never leaks
+    return targets.masked_fill(~mask, 0.0)
+
+
+def discounted_returns(rewards: Tensor, discount: float, valid: Tensor | None = None) -> Tensor:
+    """Monte-Carlo returns over the executed turns (logged as ``expected_return``, REFERENCE §4.5 step 5).
+
+        G_t = r_t + discount * G_{t+1}   for executed turns (G = 0 past the last one);   0 for turns not executed.
+
+    Args:
+        rewards: [..., T]; entries of turns not executed are ignored.
+        valid: [..., T] bool prefix mask of executed turns, or None (all executed).
+    Returns:
+        [..., T], at least float32.
+    """
+    r = _as_float(rewards)
+    mask = _turn_mask(valid, r)
+    returns = suffix_returns(torch.where(mask, r, torch.zeros_like(r)), discount)  # [..., T]
+    return returns.masked_fill(~mask, 0.0)
+
+
+def critic_advantages(targets: Tensor, old_values: Tensor, normalize: bool = True, eps: float = 1e-6) -> Tensor:
+    """Actor-critic advantages of one update group (one agent, one turn; REFERENCE §4.6).
+
+        A = target - V_old
+        if normalize and the group has more than one sample:  A <- (A - mean(A)) / max(std_pop(A), eps)
+
+    Single turn: target = r', so A = r' - V(h) (a learned baseline). Multi-turn: target = ``td_targets``, so
+    A = r_t + discount * V(h_{t+1}) - V(h_t), the TD error. ``old_values`` are rollout-time values: advantages are
+    computed once per update, not refreshed between mini-batches.
+
+    Args:
+        targets, old_values: [..., B]; the group is the last dim (a 1-D tensor is one group).
+    Returns:
+        [..., B] advantages, at least float32.
+    """
+    if targets.shape != old_values.shape:
+        raise ValueError(
+            f"targets and old_values must have the same shape (got {tuple(targets.shape)} and "
+            f"{tuple(old_values.shape)})."
+        )
+    dtype = torch.promote_types(torch.promote_types(targets.dtype, old_values.dtype), torch.float32)
+    adv = targets.to(dtype) - old_values.to(dtype)  # [..., B]
+    if normalize:
+        adv = _standardize(adv, eps)
+    return adv
+
+
+def expand_rewards(rewards: Sequence[float] | Tensor, num_agents: int, num_generations: int) -> Tensor:
+    """Spread one reward call's output over the N x K samples of a joint rollout (REFERENCE §2.4, §4.5 step 2).
+
+    The reward function returns one list per prompt; its length decides who gets what:
+
+        length 1                 every sample of every agent gets the single (team) reward
+        length K                 sample k of every agent gets reward k (the K aligned joint actions)
+        length N                 every sample of agent i gets reward i
+        anything else            ValueError
+
+    Checked in this order, as CoMLRL does, so when N == K a list of that length is read as per-sample (length K),
+    not per-agent. With one agent a list of length 1 or K gives its single row. Here K = ``num_generations``
+    (1 in multi-turn rollouts, where one call covers one turn).
+
+    Returns:
+        [N, K] float tensor (float32, or float64 for float64 input).
+    """
+    if num_agents < 1:
+        raise ValueError(f"num_agents must be >= 1 (got {num_agents}).")
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1 (got {num_generations}).")
+    if isinstance(rewards, Tensor):
+        r = _as_float(rewards.detach()).reshape(-1)
+    else:
+        r = torch.as_tensor([float(x) for x in rewards], dtype=torch.float32)
+    n, k = num_agents, num_generations
+    if r.numel() == 1:
+        return r.reshape(1, 1).expand(n, k).clone()
+    if r.numel() == k:
+        return r.reshape(1, k).expand(n, k).clone()
+    if r.numel() == n:
+        return r.reshape(n, 1).expand(n, k).clone()
+    raise ValueError(
+        "Reward function must return 1 value, num_generations values, or num_agents values; "
+        f"got {r.numel()} (num_agents={n}, num_generations={k})."
+    )

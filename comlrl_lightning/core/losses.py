@@ -135,3 +135,50 @@ def assert_finite(name: str, tensor: Tensor, **context) -> None:
         f"Non-finite {name}: {num_nan} NaN and {num_inf} inf of {tensor.numel()} values"
         + (f" ({where})." if where else ".")
     )
+
+
+def value_loss(
+    values: Tensor,
+    targets: Tensor,
+    old_values: Tensor | None = None,
+    clip_range: float | None = None,
+) -> Tensor:
+    """Critic regression loss of IAC / MAAC (REFERENCE §4.7), a mean over the B samples.
+
+    Plain (separate critics, MAAC, or ``clip_range=None``):
+        loss = mean_b (target_b - V_b)**2
+    PPO-style clipped (IAC with the value head on the actor, ``clip_range`` = eps):
+        V_clip = V_old + clamp(V - V_old, -eps, eps)
+        loss   = mean_b max( (target_b - V_b)**2, (target_b - V_clip_b)**2 )
+    The max is pessimistic: once V has moved more than eps away from V_old and the clipped error is the larger
+    one, the sample contributes no gradient (V_clip is constant there).
+
+    Args:
+        values: [B] current critic values V (with grad).
+        targets: [B] value targets (no grad expected): r' in single turn, TD(0) targets in multi-turn.
+        old_values: [B] rollout-time values V_old; required when ``clip_range`` is set.
+        clip_range: eps > 0, or None for the plain loss.
+    Returns:
+        scalar loss (float32 or wider); 0 (still attached to ``values``) for an empty batch.
+    """
+    if values.shape != targets.shape or values.dim() != 1:
+        raise ValueError(
+            f"values and targets must both be [B] (got {tuple(values.shape)} and {tuple(targets.shape)})."
+        )
+    dtype = torch.promote_types(values.dtype, torch.float32)  # never reduce in bf16/fp16
+    v, target = values.to(dtype), targets.to(dtype)  # [B]
+    if v.numel() == 0:
+        return v.sum()
+    error = (target - v).square()  # [B]
+    if clip_range is None:
+        return error.mean()
+    if clip_range <= 0:
+        raise ValueError(f"value_clip_range must be > 0 or null (got {clip_range!r}).")
+    if old_values is None:
+        raise ValueError("old_values must be given when clip_range is set (clipping is relative to V_old).")
+    if old_values.shape != values.shape:
+        raise ValueError(f"old_values must be [B] = {tuple(values.shape)} (got {tuple(old_values.shape)}).")
+    v_old = old_values.to(dtype)
+    v_clipped = v_old + (v - v_old).clamp(-clip_range, clip_range)  # [B]
+    clipped_error = (target - v_clipped).square()  # [B]
+    return torch.maximum(error, clipped_error).mean()
