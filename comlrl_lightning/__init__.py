@@ -5,7 +5,7 @@
 
 __version__ = "0.1.0"
 
-from comlrl_lightning.algorithms import MAGRPO, MAREINFORCE, MARLOO, MAReMax, MultiAgentModule  # noqa: E402
+from comlrl_lightning.algorithms import IAC, MAAC, MAGRPO, MAREINFORCE, MARLOO, MAReMax, MultiAgentModule  # noqa: E402
 from comlrl_lightning.data import TaskDataModule  # noqa: E402
 
-__all__ = ["MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "TaskDataModule", "__version__"]
+__all__ = ["IAC", "MAAC", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "TaskDataModule", "__version__"]

@@ -9,6 +9,8 @@ Public API::
     resolve_devices(spec, n, kind="agent_devices"), resolve_single_device(*specs)
     normalize_parallel_training(value), PARALLEL_MODES
     MODEL_FACTORIES: "tiny", "tiny-5m", "smollm2-135m-instruct"
+    ValueHead(hidden_size, hidden_dim=None), CausalLMWithValueHead(model, attach_value_head=True,
+        value_head_hidden_dim=None)   # actor-critic value heads; .from_pretrained / .save_pretrained
 """
 
 from .devices import (
@@ -43,6 +45,7 @@ from .loading import (
     save_agents,
     validate_agent_sources,
 )
+from .value_head import ActorCriticOutput, CausalLMWithValueHead, ValueHead
 
 __all__ = [
     "AUTO",
@@ -71,4 +74,7 @@ __all__ = [
     "load_tokenizer",
     "save_agents",
     "validate_agent_sources",
+    "ActorCriticOutput",
+    "CausalLMWithValueHead",
+    "ValueHead",
 ]

@@ -1,4 +1,5 @@
+from comlrl_lightning.algorithms.actor_critic import IAC, MAAC
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 
-__all__ = ["MultiAgentModule", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax"]
+__all__ = ["IAC", "MAAC", "MultiAgentModule", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax"]

@@ -137,18 +137,20 @@ class MultiAgentModule(LightningModule):
                 model.to(device)
 
     def clip_and_measure_gradients(self) -> dict[str, float]:
-        """Per-agent gradient norms (after clipping when ``max_grad_norm`` is set)."""
+        """Gradient norm per agent (and per critic, if any), clipped to ``max_grad_norm`` when it is set."""
         norms = {}
-        for ids in self.agent_groups():
-            params = [p for p in self.agents[ids[0]].parameters() if p.grad is not None]
+        models = [([f"agent_{i}" for i in ids], self.agents[ids[0]]) for ids in self.agent_groups()]
+        models += [([f"critic_{j}"], critic) for j, critic in enumerate(getattr(self, "critics", []))]
+        for names, model in models:
+            params = [p for p in model.parameters() if p.grad is not None]
             if not params:
                 continue
             if self.max_grad_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             else:
                 norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
-            for i in ids:
-                norms[f"agent_{i}/grad_norm"] = float(norm)
+            for name in names:
+                norms[f"{name}/grad_norm"] = float(norm)
         return norms
 
     def configure_callbacks(self):
