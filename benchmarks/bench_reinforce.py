@@ -1,4 +1,4 @@
-"""Time one MAGRPO team update, phase by phase (DESIGN §4: measure, don't guess).
+"""Time one MAGRPO (and, with ``--actor-critic``, IAC / MAAC) team update, phase by phase (DESIGN §4).
 
 Workload: N agents x M prompts x K samples x exactly T new tokens (EOS is suppressed with
 ``min_new_tokens=T`` so every implementation generates and scores the same number of tokens).
@@ -20,9 +20,17 @@ Implementations:
                 forward per completion with a Python loop over token positions (log_softmax per position)
                 and one backward per sample, one AdamW per agent
     trl         (``--trl``) the same workload at N=1 through trl's GRPOTrainer, one training step
+    iac         (``--actor-critic``) comlrl_lightning.IAC with a separate critic LM per agent (the same factory)
+    iac-shared  (same) IAC with a value head on each actor's backbone (``use_separate_critic=False``)
+    maac        (same) comlrl_lightning.MAAC, one centralized critic LM (the same factory) over the joint text
+
+For the actor-critic rows, generate / reward / score are the module's own ``collect_rollout`` timings (score = the
+critics' rollout-time old values, which actor-critic always needs), and update is the module's real
+``update(steps)``, run outside ``fit`` on a bare Trainer (``attach_trainer``) after ``_set_advantages``.
 
     python benchmarks/bench_reinforce.py                          # tiny and tiny-5m, 2 agents x K=4 x 32 tokens
     python benchmarks/bench_reinforce.py --baseline --trl --json benchmarks/results/cpu.json
+    python benchmarks/bench_reinforce.py --actor-critic --json benchmarks/results/cpu_actor_critic.json
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import argparse
 import ctypes
 import gc
 import json
+import logging
 import os
 import platform
 import resource
@@ -46,7 +55,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from comlrl_lightning import MAGRPO  # noqa: E402
+from comlrl_lightning import IAC, MAAC, MAGRPO  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward  # noqa: E402
@@ -151,30 +160,40 @@ def summarize(samples: list[dict[str, tuple[float, float]]], tokens: dict[str, i
 
 
 # ---------------------------------------------------------------------------------------------- ours
-def build_module(model: str, args, num_agents: int, device: str) -> MAGRPO:
-    module = MAGRPO(
+def workload_kwargs(model: str, args, num_agents: int) -> dict:
+    """Constructor arguments every algorithm module of the benchmark shares: the same workload and sampling."""
+    return dict(
         agents=model,
         num_agents=num_agents,
         reward_func=brevity_reward,
         num_generations=args.k,
         max_new_tokens=args.tokens,
         generation_kwargs={"min_new_tokens": args.tokens},  # exactly T new tokens: fair timing
-        rollout_buffer_size=args.prompts,
         eval_interval=0,
         log_completions=False,
         **SAMPLING,
     )
+
+
+def assert_forced(masks, args, num_agents: int) -> None:
+    """The workload must be exactly what it claims to be: N x M x K completions of exactly T tokens."""
+    rows = torch.cat([mask.reshape(-1, mask.shape[-1]) for mask in masks])  # masks: [T] or [rows, T] each
+    assert rows.shape[0] == num_agents * args.prompts * args.k, f"{rows.shape[0]} completions"
+    assert rows.shape[1] == args.tokens and bool(rows.all()), f"completion lengths {rows.sum(-1).tolist()}"
+
+
+def build_module(model: str, args, num_agents: int, device: str) -> MAGRPO:
+    module = MAGRPO(**workload_kwargs(model, args, num_agents), rollout_buffer_size=args.prompts)
     return module.to(device)
 
 
-def ours_once(module: MAGRPO, optimizer, items, device: str) -> dict[str, tuple[float, float]]:
+def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, float]]:
     """One team update through the package's code path; returns {phase: (seconds, peak MiB)}."""
+    device = args.device
     with Phase(device) as rollout_phase:
         rollout = module.engine.rollout(module.agents, module.tokenizers, items)
     nodes = rollout.nodes
-    for node in nodes:  # the workload must be exactly what it claims to be
-        for agent in node.agents:
-            assert agent.completion_mask.shape[1] == module.max_new_tokens and bool(agent.completion_mask.all())
+    assert_forced([agent.completion_mask for node in nodes for agent in node.agents], args, module.num_agents)
 
     with Phase(device) as score:  # batched, no grad: the reference / old log-prob pass
         for i, model in enumerate(module.agents):
@@ -210,14 +229,73 @@ class Ours:
 
     def __init__(self, model: str, args, num_agents: int):
         torch.manual_seed(0)
-        self.model, self.num_agents, self.device = model, num_agents, args.device
+        self.model, self.num_agents, self.args = model, num_agents, args
         self.module = build_module(model, args, num_agents, args.device)
         self.optimizer = self.module.configure_optimizers()
         self.items = workload_items(args)
         self.params = n_params(self.module.agents[0])
 
     def once(self) -> dict[str, tuple[float, float]]:
-        return ours_once(self.module, self.optimizer, self.items, self.device)
+        return ours_once(self.module, self.optimizer, self.items, self.args)
+
+
+# ---------------------------------------------------------------------------------------------- actor-critic
+AC_VARIANTS = {  # row label -> (module class, critic arguments given the model factory name)
+    "iac": (IAC, lambda model: {"use_separate_critic": True, "critic_model": model}),
+    "iac-shared": (IAC, lambda model: {"use_separate_critic": False}),
+    "maac": (MAAC, lambda model: {"critic_model": model}),
+}
+
+
+def attach_trainer(module, device: str) -> None:
+    """Give ``module`` what its ``update`` reads from Lightning (``self.optimizers()``, ``manual_backward``,
+    ``global_step``) without ``fit``: a bare Trainer whose strategy is connected to the module and holds the
+    module's own ``configure_optimizers()`` (wrapped as a LightningOptimizer, as ``fit`` would)."""
+    from lightning.pytorch import Trainer
+
+    log = logging.getLogger("lightning.pytorch")  # mute the "GPU available" / tip lines of a throwaway Trainer
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        trainer = Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    finally:
+        log.setLevel(level)
+    trainer.strategy.connect(module)
+    module.trainer = trainer
+    trainer.strategy.optimizers = [module.configure_optimizers()]
+
+
+class ActorCritic:
+    """``IAC`` / ``MAAC`` on the workload (one update on all M x K joint samples); ``once()`` times one update.
+
+    generate / reward / score: ``collect_rollout``'s own ``_last_timings`` (score = reward shaping + the critics'
+    no-grad old values and targets); its peak memory is reported on the generate row. update: ``_set_advantages``
+    (untimed), then the module's real ``update(steps)``: actor and critic forwards, one backward, one AdamW step.
+    """
+
+    def __init__(self, variant: str, model: str, args, num_agents: int):
+        torch.manual_seed(0)
+        cls, critic_kwargs = AC_VARIANTS[variant]
+        self.impl, self.model, self.num_agents, self.args = variant, model, num_agents, args
+        self.module = cls(**workload_kwargs(model, args, num_agents), **critic_kwargs(model),
+                          critic_type=args.critic_type, rollout_buffer_size=args.prompts * args.k).to(args.device)
+        attach_trainer(self.module, args.device)
+        self.items = workload_items(args)
+        self.params = n_params(self.module.agents[0])  # iac-shared: the actor plus its value head
+
+    def once(self) -> dict[str, tuple[float, float | None]]:
+        device = self.args.device
+        with Phase(device) as rollout_phase:
+            steps = self.module.collect_rollout(self.items)
+        assert_forced([a.completion_mask for s in steps for a in s.agents], self.args, self.num_agents)
+        self.module._set_advantages(steps)  # what training_step does before its updates
+        with warnings.catch_warnings(), Phase(device) as update:
+            warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
+            self.module.update(steps)
+        t = self.module._last_timings
+        return {"generate": (t["generate"], rollout_phase.peak_mib), "reward": (t["reward"], None),
+                "score": (t["score"], None), "update": (update.seconds, update.peak_mib)}
 
 
 # ---------------------------------------------------------------------------------------------- per-sample
@@ -313,7 +391,7 @@ def measure(runners: list, args) -> list[dict]:
         for runner, out in zip(runners, runs):
             out.append(runner.once())
     return [{"impl": r.impl, "model": r.model, "num_agents": r.num_agents, "params_per_agent": r.params,
-             "phases": summarize(out, workload_tokens(args, r.num_agents))} for r, out in zip(runners, runs)]
+             "phases": summarize(out, workload_tokens(args, r.num_agents, r.impl))} for r, out in zip(runners, runs)]
 
 
 # ---------------------------------------------------------------------------------------------- trl
@@ -424,15 +502,30 @@ def workload_items(args) -> list[dict]:
     return [{"prompt": PROMPTS[m % len(PROMPTS)]} for m in range(args.prompts)]
 
 
-def workload_tokens(args, num_agents: int) -> dict[str, int]:
+def workload_tokens(args, num_agents: int, impl: str = "ours") -> dict[str, int]:
+    """Tokens per phase for tokens/s. The actor-critic score phase reads critic inputs (V: prompts only; MAAC:
+    the re-tokenized joint text), not the N x M x K x T completion tokens, so it gets no tokens/s."""
     tokens = num_agents * args.prompts * args.k * args.tokens
+    if impl in AC_VARIANTS:
+        return {"generate": tokens, "update": tokens}
     return {"generate": tokens, "score": tokens, "update": tokens}
 
 
 def fmt(value, spec: str) -> str:
     if value is None:
-        return "-"
+        return format("-", spec.split(".")[0])  # keep the column aligned
     return format(value, spec)
+
+
+STEP_ROWS = {  # impl -> (label, phases of one training step with the default config)
+    "ours": ("gen+reward+update", ("generate", "reward", "update")),
+    "per-sample": ("gen+reward+update", ("generate", "reward", "update")),
+    **{variant: ("gen+rew+score+upd", PHASES) for variant in AC_VARIANTS},  # old values are always needed
+}
+
+
+def step_seconds(result: dict) -> float:
+    return sum(result["phases"][p]["seconds"] for p in STEP_ROWS[result["impl"]][1])
 
 
 def print_table(results: list[dict]) -> None:
@@ -446,9 +539,9 @@ def print_table(results: list[dict]) -> None:
         for name, p in r["phases"].items():
             print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {name:<19} {p['seconds']:>9.4f} "
                   f"{fmt(p['tokens_per_s'], '>10.0f')} {fmt(p['peak_mib'], '>9.1f')}")
-        if r["impl"] in ("ours", "per-sample"):
-            step = sum(r["phases"][p]["seconds"] for p in ("generate", "reward", "update"))
-            print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {'gen+reward+update':<19} {step:>9.4f}")
+        if r["impl"] in STEP_ROWS:
+            label = STEP_ROWS[r["impl"]][0]
+            print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {label:<19} {step_seconds(r):>9.4f}")
     print()
 
 
@@ -468,13 +561,24 @@ def comparisons(results: list[dict], args) -> dict:
                   f"the fastest runs; score ours / per-sample = {score:.3f}")
         ours1, trl = by.get(("ours", model, 1)), by.get(("trl", model, 1))
         if ours1 and trl:
-            ours_step = sum(ours1["phases"][p]["seconds"] for p in ("generate", "reward", "update"))
+            ours_step = step_seconds(ours1)
             trl_step = trl["phases"]["step"]["seconds"]
             upd = ours1["phases"]["update"]["seconds"] / trl["phases"]["loss+backward+step"]["seconds"]
             out[f"{model}/n1_step_ours_over_trl"] = ours_step / trl_step
             out[f"{model}/n1_update_ours_over_trl"] = upd
             print(f"{model} (N=1): step ours / trl = {ours_step:.3f}s / {trl_step:.3f}s = {ours_step / trl_step:.3f}; "
                   f"update ours / trl loss+backward+step = {upd:.3f}")
+        ac = [by[(v, model, args.agents)] for v in AC_VARIANTS if (v, model, args.agents) in by]
+        ours = by.get(("ours", model, args.agents))
+        if ours and ac:
+            parts = []
+            for r in ac:
+                update = r["phases"]["update"]["seconds"] / ours["phases"]["update"]["seconds"]
+                step = step_seconds(r) / step_seconds(ours)
+                out[f"{model}/update_{r['impl']}_over_magrpo"] = update
+                out[f"{model}/step_{r['impl']}_over_magrpo"] = step
+                parts.append(f"{r['impl']} {update:.2f} / {step:.2f}")
+            print(f"{model}: actor-critic / MAGRPO (ours), update / whole step: {'; '.join(parts)}")
     key = "tiny-5m/update_ours_over_per_sample"
     if key in out:
         workload = (args.agents, args.k, args.tokens) == (2, 4, 32)
@@ -508,6 +612,10 @@ def parse_args(argv=None):
                    help="torch intra-op threads on CPU (default 1: stable on shared machines; 0 = torch's default)")
     p.add_argument("--baseline", action="store_true", help="also time the per-sample, per-token implementation")
     p.add_argument("--trl", action="store_true", help="also time trl's GRPOTrainer on the same workload at N=1")
+    p.add_argument("--actor-critic", action="store_true",
+                   help="also time IAC (separate critics and value heads on the actors) and MAAC updates")
+    p.add_argument("--critic-type", choices=("v", "q"), default="v",
+                   help="critic_type of the actor-critic modules (default v, the modules' default)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -539,6 +647,8 @@ def main(argv=None) -> dict:
         runners = [Ours(model, args, args.agents)]
         if args.baseline:
             runners.append(PerSampleBaseline(model, args, args.agents))
+        if args.actor_critic:
+            runners.extend(ActorCritic(variant, model, args, args.agents) for variant in AC_VARIANTS)
         if args.trl and args.agents != 1:
             runners.append(Ours(model, args, 1))  # trl's side of the comparison is single-agent
         results.extend(measure(runners, args))

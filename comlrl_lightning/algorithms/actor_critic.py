@@ -346,7 +346,9 @@ class IAC(MultiAgentModule):
             for m, b in enumerate(active):
                 rows = slice(m * K, (m + 1) * K)
                 texts = [samples[i].texts[rows] for i in range(N)]
-                processed = self.reward(texts, prompts=[prompts[i][m] for i in range(N)], batch_items=[items[b]])
+                # Aligned lists as in the documented signature (CoMLRL passed [item] and per-agent prompts here).
+                processed = self.reward(texts, prompts=[prompts[0][m]] * K, batch_items=[items[b]] * K,
+                                        check_count=False)
                 rewards = expand_rewards(processed, N, K)  # [N, K]
                 for k in range(K):
                     self.env_step += 1
@@ -506,7 +508,7 @@ class IAC(MultiAgentModule):
                 policy, _ = policy_gradient_loss(logp, advantages, weights[i][start : start + chunk].to(device))
                 assert_finite("policy loss", policy, step=self.global_step, agent=i)
                 total = total + policy.to(self.device)
-                stats[f"agent_{i}/policy_loss"] += float(policy)
+                stats[f"agent_{i}/policy_loss"] += float(policy.detach())
                 if not self.centralized_critic:
                     values = self.critic_values(i, part)
                     targets = torch.tensor([s.agents[i].value_target for s in part], device=values.device)
@@ -514,14 +516,14 @@ class IAC(MultiAgentModule):
                     vloss = value_loss(values.float(), targets, old, self.value_clip_range) * share
                     assert_finite("value loss", vloss, step=self.global_step, agent=i)
                     total = total + self.value_loss_coef * vloss.to(self.device)
-                    stats[f"agent_{i}/value_loss"] += float(vloss)
+                    stats[f"agent_{i}/value_loss"] += float(vloss.detach())
             if self.centralized_critic:  # the shared critic: once per joint mini-batch, on the team target
                 values = self.critic_values(0, part)
                 targets = torch.tensor([s.joint_target for s in part], device=values.device)
                 vloss = value_loss(values.float(), targets) * share
                 assert_finite("value loss", vloss, step=self.global_step, agent="critic")
                 total = total + self.value_loss_coef * vloss.to(self.device)
-                stats["critic/value_loss"] += float(vloss)
+                stats["critic/value_loss"] += float(vloss.detach())
             self.manual_backward(total)
         metrics = self.clip_and_measure_gradients()
         metrics["rollout/policy_lag"] = float(self.global_step - min(s.policy_version for s in steps))

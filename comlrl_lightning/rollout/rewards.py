@@ -105,8 +105,10 @@ class RewardCaller:
         agent_completions: Sequence[Sequence[str]],
         prompts: Sequence[str] | None = None,
         batch_items: Sequence[Mapping[str, Any]] | None = None,
+        check_count: bool = True,
     ) -> list[float]:
-        """Team rewards before ``reward_processor``; one per joint action."""
+        """Team rewards before ``reward_processor``; one per joint action (``check_count=False`` leaves the count
+        to the caller: the actor-critic family also accepts one value, or one per agent)."""
         expected = len(agent_completions[0])
         kwargs: dict[str, Any] = {}
         if self._pass_prompts and prompts is not None:
@@ -115,7 +117,7 @@ class RewardCaller:
             kwargs["batch_items"] = list(batch_items)
         values = self.reward_func(*[list(c) for c in agent_completions], **kwargs)
         values = _as_float_list(values)
-        if len(values) != expected:
+        if check_count and len(values) != expected:
             raise ValueError(
                 f"reward_func returned {len(values)} values for {expected} joint actions; it must return one team "
                 "reward per joint action (per-agent lists of completions are aligned by index)."
@@ -134,8 +136,8 @@ class RewardCaller:
             raise ValueError(f"reward_processor returned a non-finite value {processed[bad[0]]!r} (raw {raw[bad[0]]!r}).")
         return processed
 
-    def __call__(self, agent_completions, prompts=None, batch_items=None) -> list[float]:
-        return self.process(self.raw(agent_completions, prompts, batch_items))
+    def __call__(self, agent_completions, prompts=None, batch_items=None, check_count: bool = True) -> list[float]:
+        return self.process(self.raw(agent_completions, prompts, batch_items, check_count))
 
 
 def _as_float_list(values: Any) -> list[float]:
