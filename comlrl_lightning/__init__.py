@@ -5,7 +5,16 @@
 
 __version__ = "0.1.0"
 
-from comlrl_lightning.algorithms import IAC, MAAC, MAGRPO, MAREINFORCE, MARLOO, MAReMax, MultiAgentModule  # noqa: E402
-from comlrl_lightning.data import TaskDataModule  # noqa: E402
+from comlrl_lightning.algorithms import (  # noqa: E402
+    IAC,
+    MAAC,
+    MADPO,
+    MAGRPO,
+    MAREINFORCE,
+    MARLOO,
+    MAReMax,
+    MultiAgentModule,
+)
+from comlrl_lightning.data import PreferenceDataModule, TaskDataModule  # noqa: E402
 
-__all__ = ["IAC", "MAAC", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "TaskDataModule", "__version__"]
+__all__ = ["IAC", "MAAC", "MADPO", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "PreferenceDataModule", "TaskDataModule", "__version__"]

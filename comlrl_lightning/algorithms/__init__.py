@@ -1,5 +1,6 @@
 from comlrl_lightning.algorithms.actor_critic import IAC, MAAC
 from comlrl_lightning.algorithms.base import MultiAgentModule
+from comlrl_lightning.algorithms.madpo import MADPO
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 
-__all__ = ["IAC", "MAAC", "MultiAgentModule", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax"]
+__all__ = ["IAC", "MAAC", "MADPO", "MultiAgentModule", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax"]

@@ -338,7 +338,7 @@ class IAC(MultiAgentModule):
                                       self.external_prompt_passthrough) for b in active] for i in range(N)]
             t0 = time.perf_counter()
             samples = [sample_completions(
-                self.agents[i], self.tokenizers[i], [self._model_input(i, p) for p in prompts[i]], K, self.sampling,
+                self.policy_model(i), self.tokenizers[i], [self._model_input(i, p) for p in prompts[i]], K, self.sampling,
                 self.generation_batch_size, self.generation_kwargs) for i in range(N)]
             timings["generate"] += time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -502,7 +502,7 @@ class IAC(MultiAgentModule):
             total = 0.0
             for i in range(self.num_agents):
                 inputs = self._agent_inputs(i, part)
-                logp = token_logprobs(self.agents[i], inputs)
+                logp = token_logprobs(self.policy_model(i), inputs)
                 device = logp.device
                 advantages = torch.tensor([s.agents[i].normalized_advantage for s in part], device=device)
                 policy, _ = policy_gradient_loss(logp, advantages, weights[i][start : start + chunk].to(device))

@@ -17,15 +17,22 @@ from __future__ import annotations
 import inspect
 import random
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
-from comlrl_lightning.agents import load_agents, normalize_parallel_training, resolve_devices, save_agents
+from comlrl_lightning.agents import (
+    CausalLMWithValueHead,
+    load_agents,
+    normalize_parallel_training,
+    resolve_devices,
+    save_agents,
+)
 from comlrl_lightning.agents.loading import validate_agent_sources
+from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.rollout.sampling import ScoringInputs, select_rows, token_logprobs
 
 
@@ -110,6 +117,12 @@ class MultiAgentModule(LightningModule):
             groups.setdefault(id(model), []).append(i)
         return list(groups.values())
 
+    def policy_model(self, i: int) -> nn.Module:
+        """Agent i's language model for sampling and scoring (the backbone when a value head wraps it, so
+        scoring does not compute values it would throw away)."""
+        model = self.agents[i]
+        return model.model if isinstance(model, CausalLMWithValueHead) else model
+
     def agent_device(self, i: int) -> torch.device:
         return next(self.agents[i].parameters()).device
 
@@ -169,7 +182,7 @@ class MultiAgentModule(LightningModule):
     @torch.no_grad()
     def score_no_grad(self, agent: int, inputs: ScoringInputs) -> Tensor:
         """Agent ``agent``'s token log-probs [B, T] (CPU) in eval mode, micro-batched."""
-        model = self.agents[agent]
+        model = self.policy_model(agent)
         was_training = model.training
         model.eval()
         rows = inputs.input_ids.shape[0]
@@ -181,8 +194,45 @@ class MultiAgentModule(LightningModule):
             model.train(was_training)
 
     # ------------------------------------------------------------------ evaluation
-    # Each algorithm defines ``evaluation_record(items) -> dict`` (play the evaluation episodes of a batch) and
-    # ``evaluation_metrics(records) -> dict`` (reduce them); the schedule and the `validate` loop live here.
+    # ``evaluation_record(items)`` plays the evaluation episodes of a batch, ``evaluation_metrics(records)``
+    # reduces them; the schedule (EvaluationCallback) and the `validate` loop call ``evaluate`` / these.
+    @torch.no_grad()
+    def evaluation_record(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """One sampled trajectory per item over all turns through ``self.engine`` (no tree, no early
+        termination), scored with the task reward. Algorithms without a rollout engine override this pair."""
+        rollout = self.engine.rollout(self.agents, self.tokenizers, items, num_generations=1,
+                                      early_termination=False, policy_version=self.global_step)
+        rewards = torch.zeros(len(items), self.num_turns)
+        completions = [[[] for _ in items] for _ in range(self.num_agents)]  # [agent][item][turn]
+        for b, root in enumerate(rollout.roots):
+            node, t = root, 0
+            while node is not None:
+                rewards[b, t] = node.rewards[0]
+                for i, agent in enumerate(node.agents):
+                    completions[i][b].append(agent.texts[0])
+                node, t = node.children.get(0), t + 1
+        prompts = [self.engine.formatters[0](item) for item in items]
+        return {"rewards": rewards, "completions": completions, "items": list(items), "prompts": prompts}
+
+    def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        rewards = torch.cat([r["rewards"] for r in records])
+        returns = suffix_returns(rewards, self.discount)
+        metrics = {"env_step": float(self.env_step)}
+        for t in range(self.num_turns):
+            metrics[f"eval/turn_{t + 1}/reward_mean"] = float(rewards[:, t].mean())
+            metrics[f"eval/turn_{t + 1}/expected_return"] = float(returns[:, t].mean())
+        if self.eval_logger is not None and self.eval_aggregator is not None:
+            items = [it for r in records for it in r["items"]]
+            completions = [[c for r in records for c in r["completions"][i]] for i in range(self.num_agents)]
+            per_sample = call_filtered(self.eval_logger, agent_completions_turns=completions, batch_items=items,
+                                        prompts=[p for r in records for p in r["prompts"]],
+                                        test_cases=[it.get("test", "") for it in items],
+                                        entry_points=[it.get("entry_point", "") for it in items])
+            aggregated = call_filtered(self.eval_aggregator, metrics=per_sample, num_turns=self.num_turns)
+            for key, value in (aggregated or {}).items():
+                metrics[key if key.startswith("eval/") else f"eval/{key}"] = float(value)
+        return metrics
+
     def evaluate(self, items: Sequence[Any], batch_size: int = 1) -> dict[str, float]:
         """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward."""
         records = [self.evaluation_record(items[s : s + batch_size]) for s in range(0, len(items), batch_size)]

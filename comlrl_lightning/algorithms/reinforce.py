@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
-from comlrl_lightning.algorithms.base import MultiAgentModule, call_filtered, plain_hparams
-from comlrl_lightning.core.advantages import ADVANTAGE_MODES, compute_advantages, suffix_returns
+from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams
+from comlrl_lightning.core.advantages import ADVANTAGE_MODES, compute_advantages
 from comlrl_lightning.core.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -252,7 +252,7 @@ class MAGRPO(MultiAgentModule):
             total = 0.0
             for i, batch in enumerate(batches):
                 chunk = batch.rows(slice(start, start + step))
-                logp = token_logprobs(self.agents[i], chunk.inputs)
+                logp = token_logprobs(self.policy_model(i), chunk.inputs)
                 device = logp.device
                 token_kl = None
                 if chunk.ref_logprobs is not None:
@@ -344,43 +344,6 @@ class MAGRPO(MultiAgentModule):
             "joint_actions": node.joint_index.tolist(),
             "rewards": node.rewards.tolist(),
         } for node in self.last_rollout.nodes[:max_nodes]]
-
-    # ================================================================== evaluation
-    @torch.no_grad()
-    def evaluation_record(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """One sampled trajectory per item over all turns (no tree, no early termination)."""
-        rollout = self.engine.rollout(self.agents, self.tokenizers, items, num_generations=1,
-                                      early_termination=False, policy_version=self.global_step)
-        rewards = torch.zeros(len(items), self.num_turns)
-        completions = [[[] for _ in items] for _ in range(self.num_agents)]  # [agent][item][turn]
-        for b, root in enumerate(rollout.roots):
-            node, t = root, 0
-            while node is not None:
-                rewards[b, t] = node.rewards[0]
-                for i, agent in enumerate(node.agents):
-                    completions[i][b].append(agent.texts[0])
-                node, t = node.children.get(0), t + 1
-        prompts = [self.engine.formatters[0](item) for item in items]
-        return {"rewards": rewards, "completions": completions, "items": list(items), "prompts": prompts}
-
-    def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
-        rewards = torch.cat([r["rewards"] for r in records])
-        returns = suffix_returns(rewards, self.discount)
-        metrics = {"env_step": float(self.env_step)}
-        for t in range(self.num_turns):
-            metrics[f"eval/turn_{t + 1}/reward_mean"] = float(rewards[:, t].mean())
-            metrics[f"eval/turn_{t + 1}/expected_return"] = float(returns[:, t].mean())
-        if self.eval_logger is not None and self.eval_aggregator is not None:
-            items = [it for r in records for it in r["items"]]
-            completions = [[c for r in records for c in r["completions"][i]] for i in range(self.num_agents)]
-            per_sample = call_filtered(self.eval_logger, agent_completions_turns=completions, batch_items=items,
-                                        prompts=[p for r in records for p in r["prompts"]],
-                                        test_cases=[it.get("test", "") for it in items],
-                                        entry_points=[it.get("entry_point", "") for it in items])
-            aggregated = call_filtered(self.eval_aggregator, metrics=per_sample, num_turns=self.num_turns)
-            for key, value in (aggregated or {}).items():
-                metrics[key if key.startswith("eval/") else f"eval/{key}"] = float(value)
-        return metrics
 
 class MAREINFORCE(MAGRPO):
     """Multi-agent REINFORCE: ``advantage_mode="raw"`` (no baseline). Set ``advantage_normalization: false`` to

@@ -1,5 +1,5 @@
 """Pure tensor math (torch only): returns, credit assignment, advantages, KL estimators and losses
-(REINFORCE family and actor-critic)."""
+(REINFORCE family, actor-critic and preference learning), and preference pair selection/records."""
 
 from comlrl_lightning.core.advantages import (
     ADVANTAGE_MODES,
@@ -18,10 +18,20 @@ from comlrl_lightning.core.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     assert_finite,
+    bradley_terry_loss,
     kl_estimate,
+    madpo_loss,
     policy_gradient_loss,
     token_loss_weights,
     value_loss,
+)
+from comlrl_lightning.core.pairs import (
+    PAIR_SELECTIONS,
+    RECORD_KEYS,
+    PreferencePair,
+    load_pairs,
+    save_pairs,
+    select_pairs,
 )
 
 __all__ = [
@@ -29,7 +39,11 @@ __all__ = [
     "BASELINES",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "PAIR_SELECTIONS",
+    "RECORD_KEYS",
+    "PreferencePair",
     "assert_finite",
+    "bradley_terry_loss",
     "bootstrap_returns",
     "compute_advantages",
     "critic_advantages",
@@ -38,7 +52,11 @@ __all__ = [
     "discounted_returns",
     "expand_rewards",
     "kl_estimate",
+    "load_pairs",
+    "madpo_loss",
     "policy_gradient_loss",
+    "save_pairs",
+    "select_pairs",
     "suffix_returns",
     "td_targets",
     "token_loss_weights",

@@ -182,3 +182,86 @@ def value_loss(
     v_clipped = v_old + (v - v_old).clamp(-clip_range, clip_range)  # [B]
     clipped_error = (target - v_clipped).square()  # [B]
     return torch.maximum(error, clipped_error).mean()
+
+
+def madpo_loss(margins: Tensor, beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """Reference-free multi-agent DPO loss on the team margin (REFERENCE §5.4, E.6).
+
+    For pair p and agent i, Delta_{p,i} = log pi_i(a^w_i | h_i) - log pi_i(a^l_i | h_i) (agent i's own sequence
+    log-likelihood margin); the joint margin is Delta_p = sum_i Delta_{p,i} and
+
+        loss = mean_p -log sigma(beta * Delta_p) = mean_p softplus(-beta * Delta_p)      (numerically stable)
+
+    Per-agent gradient: d loss / d Delta_{p,i} = -(beta / P) * sigma(-beta * Delta_p), the same for every i, so
+        grad_{theta_i} loss = mean_p -beta * sigma(-beta * Delta_p) * grad_{theta_i} Delta_{p,i}:
+    the weight depends on the TEAM margin, the gradient flows only through agent i's own margin.
+
+    CoMLRL's "detach trick" (per agent i: loss_i = mean_p -log sigma(beta * (Delta_{p,i} + sum_{j!=i}
+    stopgrad(Delta_{p,j})))) gives agent i exactly this gradient; it is needed there only because CoMLRL steps
+    the agents one after another. Here all agents take one simultaneous step from margins computed with the
+    same weights, and plain autograd of this single joint loss already yields each agent's detach-trick
+    gradient (agents have disjoint parameters, and d loss / d Delta_{p,i} does not depend on i). With shared
+    weights the gradients of all agents' margins are summed into one step (CoMLRL applies them as N steps).
+
+    Args:
+        margins: [P, N] per-pair, per-agent log-likelihood margins (with grad).
+        beta: DPO inverse temperature eta (``dpo_beta``), > 0.
+    Returns:
+        (scalar loss, detached diagnostics: loss, accuracy (fraction of pairs with Delta_p > 0),
+        joint_margin_mean, margin_mean_agent_{i} for i = 0..N-1). An empty batch gives loss 0 (attached).
+    """
+    if not beta > 0:
+        raise ValueError(f"dpo_beta must be > 0. (got {beta!r})")
+    if margins.dim() != 2:
+        raise ValueError(f"margins must be [P, N] (pairs x agents) (got {tuple(margins.shape)}).")
+    dtype = torch.promote_types(margins.dtype, torch.float32)  # never reduce in bf16/fp16
+    margins = margins.to(dtype)  # [P, N]
+    joint_margin = margins.sum(dim=-1)  # [P]
+    num_pairs = joint_margin.numel()
+    if num_pairs == 0:
+        loss = margins.sum()  # 0, still attached
+        zero = loss.detach()
+        metrics = {"loss": zero, "accuracy": zero, "joint_margin_mean": zero}
+        metrics.update({f"margin_mean_agent_{i}": zero for i in range(margins.shape[1])})
+        return loss, metrics
+    loss = torch.nn.functional.softplus(-beta * joint_margin).mean()  # scalar
+    detached = margins.detach()
+    metrics = {
+        "loss": loss.detach(),
+        "accuracy": (joint_margin.detach() > 0).to(dtype).mean(),
+        "joint_margin_mean": joint_margin.detach().mean(),
+    }
+    agent_means = detached.mean(dim=0)  # [N]
+    metrics.update({f"margin_mean_agent_{i}": agent_means[i] for i in range(agent_means.numel())})
+    return loss, metrics
+
+
+def bradley_terry_loss(winner_scores: Tensor, loser_scores: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """Bradley–Terry reward-model loss (MARLHF's joint reward model, REFERENCE §5.5).
+
+        loss = mean_b -log sigma(s_w - s_l) = mean_b softplus(-(s_w - s_l))
+
+    Args:
+        winner_scores: [B] reward-model scores of the preferred joint responses (with grad).
+        loser_scores: [B] scores of the rejected ones.
+    Returns:
+        (scalar loss, detached diagnostics: loss, accuracy (fraction with s_w > s_l), margin_mean).
+        An empty batch gives loss 0 (attached).
+    """
+    if winner_scores.shape != loser_scores.shape or winner_scores.dim() != 1:
+        raise ValueError(
+            f"winner_scores and loser_scores must both be [B] (got {tuple(winner_scores.shape)} and "
+            f"{tuple(loser_scores.shape)})."
+        )
+    dtype = torch.promote_types(torch.promote_types(winner_scores.dtype, loser_scores.dtype), torch.float32)
+    margin = winner_scores.to(dtype) - loser_scores.to(dtype)  # [B]
+    if margin.numel() == 0:
+        loss = margin.sum()
+        zero = loss.detach()
+        return loss, {"loss": zero, "accuracy": zero, "margin_mean": zero}
+    loss = torch.nn.functional.softplus(-margin).mean()  # scalar
+    return loss, {
+        "loss": loss.detach(),
+        "accuracy": (margin.detach() > 0).to(dtype).mean(),
+        "margin_mean": margin.detach().mean(),
+    }

@@ -204,7 +204,7 @@ class TaskDataModule(LightningDataModule):
         return ResumableDataLoader(_Items(self.train_items), batch_size=self.prompts_per_step, sampler=sampler,
                                    collate_fn=_as_list, num_workers=0)
 
-    def _resume_offset(self) -> int:
+    def _resume_offset(self, batch_size: int | None = None, size: int | None = None) -> int:
         """Items of the current epoch already trained on, when Lightning is resuming a checkpoint mid-epoch.
 
         Lightning's own batch progress (restored from the checkpoint) says how many batches were consumed; the
@@ -214,7 +214,7 @@ class TaskDataModule(LightningDataModule):
         if trainer is None or not trainer.fit_loop.restarting:
             return 0
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # training_step ran for these
-        return min(done * self.prompts_per_step, len(self.train_items))
+        return min(done * (batch_size or self.prompts_per_step), len(self.train_items) if size is None else size)
 
     def val_dataloader(self):
         # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback); the `validate` subcommand

@@ -1,0 +1,219 @@
+"""MADPO: multi-agent direct preference optimization (REFERENCE §5.1–5.4).
+
+Users give tasks, not preferences. For each task the agents sample ``preference_num_candidates`` (K_c)
+completions each; joint candidate k pairs every agent's k-th sample (aligned); the oracle — the task reward after
+``reward_processor`` — scores each joint candidate, and score differences become preference pairs (ties dropped,
+``pair_selection`` and ``preference_pairs_per_sample`` choose which). Pairs keep the sampled token ids.
+
+Per pair (w, l) and agent i, Δ_i = log π_i(a_i^w | h_i) − log π_i(a_i^l | h_i) over every generated token up to
+and including EOS; the team margin Δ = Σ_i Δ_i and the loss is −log σ(η·Δ), η = ``dpo_beta``. Each agent's
+gradient is −η·σ(−ηΔ)·∇Δ_i: the team margin sets the weight, the agent's own margin the direction. CoMLRL gets
+this by stepping agents one after another with the others' margins detached; we take one simultaneous step on
+the joint loss, whose gradient with respect to each agent's weights is the same. No reference model.
+
+Collection happens in ``PreferenceDataModule.train_dataloader`` from the current agents (once per fit); each
+Lightning epoch is one pass over the pairs in batches of ``train_batch_size`` pairs, one update each.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams
+from comlrl_lightning.core.losses import assert_finite, madpo_loss
+from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair, select_pairs
+from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters
+from comlrl_lightning.rollout.sampling import SamplingConfig, collate_rows, token_logprobs, validate_generation_kwargs
+from comlrl_lightning.rollout.tree import RolloutEngine, normalize_joint_mode
+
+
+class MADPO(MultiAgentModule):
+    """Multi-agent DPO on preference pairs collected from the agents and scored by the task reward.
+
+    Fields: ``preference_num_candidates`` (K_c ≥ 2 samples per agent per task), ``preference_pairs_per_sample``
+    (pairs kept per task; null = all), ``pair_selection`` (``reward_gap`` | ``random`` | ``all``), ``dpo_beta`` (η),
+    ``train_batch_size`` (pairs per update), ``micro_batch_size`` (pairs per forward; gradient accumulation),
+    ``use_environment_step`` / ``environment_steps_per_pair`` (``env_step`` += that × pairs per update),
+    ``num_turns`` (must be 1), ``joint_mode`` (must be aligned); sampling, formatters, reward, evaluation and
+    optimizer fields as ``MAGRPO``. Training metrics: ``loss``, ``dpo/accuracy`` (share of pairs with Δ > 0),
+    ``dpo/joint_margin_mean``, ``dpo/reward_gap_mean``, ``dpo/num_pairs``, ``turn_1/reward_mean`` (mean candidate
+    reward at collection, CoMLRL's metric) — and the task reward of the current agents under ``eval/``.
+    """
+
+    algorithm_name = "MADPO"
+
+    def __init__(
+        self,
+        agents: str | Sequence[Any] = "tiny",
+        num_agents: int | None = None,
+        tokenizers: Any = None,
+        model_config: dict[str, Any] | None = None,
+        reward_func: Callable[..., Any] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: list[Callable[..., str]] | None = None,
+        use_chat_template: bool = False,
+        preference_num_candidates: int = 80,
+        preference_pairs_per_sample: int | None = 16,
+        pair_selection: str = "reward_gap",
+        dpo_beta: float = 0.1,
+        use_environment_step: bool = True,
+        environment_steps_per_pair: int = 2,
+        max_new_tokens: int = 256,
+        temperature: float = 0.6,
+        top_p: float = 0.6,
+        top_k: int | None = 50,
+        generation_kwargs: dict[str, Any] | None = None,
+        num_turns: int = 1,
+        joint_mode: str = "aligned",
+        train_batch_size: int = 2,
+        micro_batch_size: int | None = None,
+        generation_batch_size: int | None = None,
+        eval_interval: int = 16,
+        eval_num_samples: int = 4,
+        eval_logger: Callable[..., Any] | None = None,
+        eval_aggregator: Callable[..., Any] | None = None,
+        log_completions: bool = True,
+        agent_learning_rate: float | list[float] = 5e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float | None = None,
+        parallel_training: str | None = "none",
+        agent_devices: str | list[str] | None = None,
+    ):
+        pair_selection = str(pair_selection).lower()
+        name = self.algorithm_name
+        if reward_func is None or not callable(reward_func):
+            raise ValueError("reward_func must be a callable (the preference oracle; give its import path in YAML).")
+        checks = [
+            (num_turns == 1, f"{name} currently supports num_turns=1 only."),
+            (normalize_joint_mode(joint_mode) == "aligned",
+             f"{name} preference generation currently supports aligned joint_mode only."),
+            (preference_num_candidates >= 2, "preference_num_candidates must be >= 2."),
+            (preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
+             "preference_pairs_per_sample must be >= 1 or null."),
+            (pair_selection in PAIR_SELECTIONS, f"pair_selection must be one of: {', '.join(PAIR_SELECTIONS)}."),
+            (pair_selection != "all" or preference_pairs_per_sample is None,
+             "preference_pairs_per_sample must be null when pair_selection='all'."),
+            (dpo_beta > 0, "dpo_beta must be > 0."),
+            (environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1."),
+            (train_batch_size >= 1, "train_batch_size must be >= 1."),
+            (micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null."),
+            (eval_interval >= 0, "eval_interval must be >= 0."),
+            (eval_num_samples >= 0, "eval_num_samples must be >= 0."),
+            ((eval_logger is None) == (eval_aggregator is None),
+             "eval_logger and eval_aggregator must be given together (one without the other would be ignored)."),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        validate_generation_kwargs(generation_kwargs)
+        sampling = SamplingConfig(max_new_tokens, temperature, top_p, top_k)
+        super().__init__(agents, num_agents, tokenizers, model_config, agent_learning_rate, weight_decay,
+                         max_grad_norm, parallel_training, agent_devices)
+        self.save_hyperparameters(plain_hparams(locals()))
+        self.preference_num_candidates = preference_num_candidates
+        self.preference_pairs_per_sample = preference_pairs_per_sample
+        self.pair_selection, self.dpo_beta = pair_selection, dpo_beta
+        self.use_environment_step, self.environment_steps_per_pair = use_environment_step, environment_steps_per_pair
+        self.train_batch_size, self.micro_batch_size = train_batch_size, micro_batch_size
+        self.num_turns, self.discount, self.max_new_tokens = 1, 1.0, max_new_tokens
+        self.eval_interval, self.eval_num_samples, self.log_completions = eval_interval, eval_num_samples, log_completions
+        self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
+        self.engine = RolloutEngine(
+            num_agents=self.num_agents,
+            formatters=build_formatters(formatters, self.num_agents),
+            reward=RewardCaller(reward_func, reward_processor),
+            sampling=sampling,
+            num_generations=preference_num_candidates,
+            num_turns=1,
+            joint_mode="aligned",
+            use_chat_template=use_chat_template,
+            generation_batch_size=generation_batch_size,
+            generation_kwargs=generation_kwargs,
+            parallel_agents=self.parallel_training == "mp" and len(set(map(str, self.agent_devices))) > 1,
+        )
+        self.last_batch: list[PreferencePair] = []
+
+    # ================================================================== pair collection
+    @torch.no_grad()
+    def collect_pairs(self, items: Sequence[Mapping[str, Any]]) -> list[PreferencePair]:
+        """Sample K_c joint candidates per item with the current weights, score them, select pairs."""
+        rollout = self.engine.rollout(self.policy_models(), self.tokenizers, items,
+                                      policy_version=self.global_step, env_step=self.env_step)
+        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))  # seeded via the global RNG
+        pairs = []
+        for node in rollout.roots:
+            scores = node.rewards
+            mean = float(scores.mean())
+            for w, l in select_pairs(scores, self.pair_selection, self.preference_pairs_per_sample, generator):
+                pairs.append(PreferencePair(
+                    prompts=[a.prompt for a in node.agents],
+                    winner_completions=[a.texts[w] for a in node.agents],
+                    loser_completions=[a.texts[l] for a in node.agents],
+                    winner_reward=float(scores[w]), loser_reward=float(scores[l]), candidate_reward_mean=mean,
+                    raw_rewards=node.raw_rewards.tolist(),
+                    prompt_ids=[a.prompt_ids for a in node.agents],
+                    winner_ids=[a.completion_ids[w][a.completion_mask[w]] for a in node.agents],
+                    loser_ids=[a.completion_ids[l][a.completion_mask[l]] for a in node.agents],
+                ))
+        return pairs
+
+    def policy_models(self) -> list[torch.nn.Module]:
+        return [self.policy_model(i) for i in range(self.num_agents)]
+
+    # ================================================================== training
+    def training_step(self, batch: list[PreferencePair], batch_idx: int):
+        tic = time.perf_counter()
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        step = self.micro_batch_size or len(batch)
+        margins = []
+        for start in range(0, len(batch), step):
+            chunk = batch[start : start + step]
+            chunk_margins = torch.stack([self.agent_margins(i, chunk) for i in range(self.num_agents)], dim=1)
+            loss, _ = madpo_loss(chunk_margins, self.dpo_beta)
+            loss = loss * (len(chunk) / len(batch))  # the batch loss is a mean over its pairs
+            assert_finite("MADPO loss", loss, step=self.global_step)
+            self.manual_backward(loss)
+            margins.append(chunk_margins.detach())
+        metrics = self.clip_and_measure_gradients()
+        optimizer.step()
+        if self.use_environment_step:
+            self.env_step += self.environment_steps_per_pair * len(batch)
+        self.last_batch = batch
+
+        margins = torch.cat(margins)  # [P, N]
+        loss, diagnostics = madpo_loss(margins.float().cpu(), self.dpo_beta)
+        metrics.update({
+            "loss": float(loss),
+            "dpo/accuracy": float(diagnostics["accuracy"]),
+            "dpo/joint_margin_mean": float(diagnostics["joint_margin_mean"]),
+            "dpo/reward_gap_mean": sum(p.winner_reward - p.loser_reward for p in batch) / len(batch),
+            "dpo/num_pairs": float(len(batch)),
+            "turn_1/reward_mean": sum(p.candidate_reward_mean for p in batch) / len(batch),
+            "turn_1/expected_return": sum(p.candidate_reward_mean for p in batch) / len(batch),
+            "timing_s/update": time.perf_counter() - tic,
+            "env_step": float(self.env_step),
+        })
+        for i in range(self.num_agents):
+            metrics[f"agent_{i}/margin_mean"] = float(margins[:, i].mean())
+        self.log_dict(metrics, batch_size=len(batch))
+        self.log("dpo_acc", metrics["dpo/accuracy"], prog_bar=True, logger=False, batch_size=len(batch))
+
+    def agent_margins(self, agent: int, pairs: Sequence[PreferencePair]) -> Tensor:
+        """Δ_i per pair: Σ_t log π_i over the winner's generated tokens minus the loser's, one batched forward."""
+        prompts = [p.prompt_ids[agent] for p in pairs] * 2
+        completions = [p.winner_ids[agent] for p in pairs] + [p.loser_ids[agent] for p in pairs]
+        inputs = collate_rows(prompts, [c[None] for c in completions],
+                              [torch.ones(1, len(c), dtype=torch.bool) for c in completions],
+                              self.tokenizers[agent].pad_token_id)
+        sequence_logp = token_logprobs(self.policy_model(agent), inputs).sum(-1)  # [2P]
+        return sequence_logp[: len(pairs)] - sequence_logp[len(pairs) :]
+
+    def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
+        return [{"env_step": self.env_step, "turn": 1, "prompts": p.prompts,
+                 "completions": [[w, l] for w, l in zip(p.winner_completions, p.loser_completions)],
+                 "rewards": [p.winner_reward, p.loser_reward]} for p in self.last_batch[:max_nodes]]

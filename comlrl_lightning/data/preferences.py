@@ -1,0 +1,81 @@
+"""PreferenceDataModule: task items in, preference pairs collected from the current agents out.
+
+``train_dataloader`` asks the LightningModule (``collect_pairs(items)``, e.g. MADPO) to sample and score joint
+candidates for every task — ``prompts_per_step`` tasks per batched generation, with a progress bar — and serves
+the pairs in shuffled batches of the module's ``train_batch_size``. Lightning builds the train loader once per fit,
+so the pairs are collected once and every epoch is one pass over them (``reload_dataloaders_every_n_epochs=1``
+would recollect each epoch: the iterative variants' rounds).
+
+The collected pairs are part of the data module's state: a checkpoint holds them (prompts, texts, scores and the
+sampled token ids) and a resumed run trains on the same pairs instead of sampling new ones. ``pairs_file``
+writes them as JSON (REFERENCE §5.1 records) for inspection or reuse.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from comlrl_lightning.core.pairs import PreferencePair, save_pairs
+from comlrl_lightning.data.tasks import EpochSampler, ResumableDataLoader, TaskDataModule, _as_list, _Items
+
+log = logging.getLogger(__name__)
+
+_TENSOR_FIELDS = ("prompt_ids", "winner_ids", "loser_ids")
+
+
+class PreferenceDataModule(TaskDataModule):
+    """``TaskDataModule`` fields, plus ``pairs_file`` (write the collected pairs as JSON) and ``show_progress``."""
+
+    def __init__(self, *args: Any, pairs_file: str | None = None, show_progress: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.pairs_file = pairs_file
+        self.show_progress = show_progress
+        self.pairs: list[PreferencePair] | None = None
+
+    def train_dataloader(self) -> DataLoader:
+        module = self.trainer.lightning_module
+        if self.pairs is None:
+            self.pairs = self.collect(module)
+        if not self.pairs:
+            log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.",
+                        getattr(module, "algorithm_name", type(module).__name__))
+        sampler = EpochSampler(len(self.pairs), shuffle=True, seed=self.seed, skip=self._resume_offset(
+            batch_size=module.train_batch_size, size=len(self.pairs)))
+        return ResumableDataLoader(_Items(self.pairs), batch_size=module.train_batch_size, sampler=sampler,
+                                   collate_fn=_as_list, num_workers=0)
+
+    def collect(self, module) -> list[PreferencePair]:
+        items = self.train_items
+        pairs: list[PreferencePair] = []
+        bar = tqdm(total=len(items), desc="collecting preference pairs", unit="task",
+                   disable=not self.show_progress or not rank_zero_only.rank == 0)
+        for start in range(0, len(items), self.prompts_per_step):
+            chunk = [items[i] for i in range(start, min(start + self.prompts_per_step, len(items)))]
+            pairs.extend(module.collect_pairs(chunk))
+            bar.update(len(chunk))
+            bar.set_postfix(pairs=len(pairs))
+        bar.close()
+        log.info("collected %d preference pairs from %d tasks", len(pairs), len(items))
+        if self.pairs_file:
+            save_pairs(pairs, self.pairs_file)
+        return pairs
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.pairs is None:
+            return {}
+        return {"pairs": [{**p.to_record(), **{f: list(getattr(p, f)) for f in _TENSOR_FIELDS}} for p in self.pairs]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "pairs" in state_dict:
+            self.pairs = []
+            for record in state_dict["pairs"]:
+                pair = PreferencePair.from_record({k: v for k, v in record.items() if k not in _TENSOR_FIELDS})
+                for f in _TENSOR_FIELDS:
+                    setattr(pair, f, [torch.as_tensor(t) for t in record[f]])
+                self.pairs.append(pair)
