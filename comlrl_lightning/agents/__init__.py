@@ -11,6 +11,9 @@ Public API::
     MODEL_FACTORIES: "tiny", "tiny-5m", "smollm2-135m-instruct"
     ValueHead(hidden_size, hidden_dim=None), CausalLMWithValueHead(model, attach_value_head=True,
         value_head_hidden_dim=None)   # actor-critic value heads; .from_pretrained / .save_pretrained
+    joint_text(prompts, responses) -> str; JointRewardModel(backbone, tokenizer=None, *, freeze_backbone=False,
+        max_length=None)   # MARLHF joint reward model; .from_pretrained / .save_pretrained / .score_joint
+    RewardModelReward(model, batch_size=None, formatters=None)   # RM scores as the team reward
 """
 
 from .devices import (
@@ -46,6 +49,7 @@ from .loading import (
     validate_agent_sources,
 )
 from .value_head import ActorCriticOutput, CausalLMWithValueHead, ValueHead
+from .reward_model import JointRewardModel, RewardModelReward, joint_text, joint_texts
 
 __all__ = [
     "AUTO",
@@ -77,4 +81,8 @@ __all__ = [
     "ActorCriticOutput",
     "CausalLMWithValueHead",
     "ValueHead",
+    "JointRewardModel",
+    "RewardModelReward",
+    "joint_text",
+    "joint_texts",
 ]
