@@ -369,3 +369,24 @@ def test_tensorboard_and_wandb_loggers(logger_name, tmp_path, monkeypatch):
         assert any(tmp_path.rglob("*.wandb"))
     else:
         assert any(tmp_path.rglob("events.out.tfevents.*"))
+
+
+def test_resume_from_the_checkpoint_that_closed_an_epoch(tmp_path):
+    """A checkpoint written by an epoch's last batch resumes at the start of the next epoch (nothing skipped)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(root, ckpt_path=None, save=False):
+        seed_everything(0)
+        module = make_module(rollout_buffer_size=2)
+        callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=2, save_top_k=-1)] if save else []
+        trainer = Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                          callbacks=callbacks, enable_checkpointing=save, accelerator="cpu", devices=1)
+        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS[:4], prompts_per_step=2), ckpt_path=ckpt_path)
+        return trainer, module
+
+    full_trainer, full = run(tmp_path / "full", save=True)
+    ckpt = next((tmp_path / "full" / "ckpt").glob("epoch=0-step=2.ckpt"))
+    trainer, resumed = run(tmp_path / "resumed", ckpt_path=str(ckpt))
+    assert trainer.global_step == full_trainer.global_step == 4
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)

@@ -154,7 +154,7 @@ class MADPO(MultiAgentModule):
                     winner_completions=[a.texts[w] for a in node.agents],
                     loser_completions=[a.texts[l] for a in node.agents],
                     winner_reward=float(scores[w]), loser_reward=float(scores[l]), candidate_reward_mean=mean,
-                    raw_rewards=node.raw_rewards.tolist(),
+                    raw_rewards=[float(node.raw_rewards[w]), float(node.raw_rewards[l])],
                     prompt_ids=[a.prompt_ids for a in node.agents],
                     winner_ids=[a.completion_ids[w][a.completion_mask[w]] for a in node.agents],
                     loser_ids=[a.completion_ids[l][a.completion_mask[l]] for a in node.agents],

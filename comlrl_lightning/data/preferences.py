@@ -37,18 +37,20 @@ class PreferenceDataModule(TaskDataModule):
         self.pairs_file = pairs_file
         self.show_progress = show_progress
         self.pairs: list[PreferencePair] | None = None
+        self._restored = False  # pairs came from a checkpoint and no loader has served them yet
 
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
-        if self.pairs is None:
+        restored, self._restored = self._restored, False
+        if self.pairs is None or not restored:  # every (re)load collects afresh, except right after a restore
             self.pairs = self.collect(module)
         if not self.pairs:
             log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.",
                         getattr(module, "algorithm_name", type(module).__name__))
-        sampler = EpochSampler(len(self.pairs), shuffle=True, seed=self.seed, skip=self._resume_offset(
-            batch_size=module.train_batch_size, size=len(self.pairs)))
-        return ResumableDataLoader(_Items(self.pairs), batch_size=module.train_batch_size, sampler=sampler,
-                                   collate_fn=_as_list, num_workers=0)
+        skip = self._resume_offset(batch_size=module.train_batch_size, size=len(self.pairs))
+        sampler = EpochSampler(len(self.pairs), shuffle=True, seed=self.seed, skip=skip)
+        return ResumableDataLoader(_Items(self.pairs), seed=self.seed, batch_size=module.train_batch_size,
+                                   sampler=sampler, collate_fn=_as_list, num_workers=0)
 
     def collect(self, module) -> list[PreferencePair]:
         items = self.train_items
@@ -79,3 +81,4 @@ class PreferenceDataModule(TaskDataModule):
                 for f in _TENSOR_FIELDS:
                     setattr(pair, f, [torch.as_tensor(t) for t in record[f]])
                 self.pairs.append(pair)
+            self._restored = True

@@ -131,6 +131,11 @@ class ResumableDataLoader(DataLoader):
     there is nothing of its own to save; the methods mark it as resumable for Lightning's resume check.
     """
 
+    def __init__(self, *args: Any, seed: int = 0, **kwargs: Any):
+        # Its own generator: creating an iterator would otherwise draw from the global RNG, so a run resumed at
+        # an epoch boundary would sample differently from an uninterrupted one.
+        super().__init__(*args, generator=torch.Generator().manual_seed(seed), **kwargs)
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -201,8 +206,8 @@ class TaskDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         sampler = EpochSampler(len(self.train_items), self.shuffle, self.seed, skip=self._resume_offset())
-        return ResumableDataLoader(_Items(self.train_items), batch_size=self.prompts_per_step, sampler=sampler,
-                                   collate_fn=_as_list, num_workers=0)
+        return ResumableDataLoader(_Items(self.train_items), seed=self.seed, batch_size=self.prompts_per_step,
+                                   sampler=sampler, collate_fn=_as_list, num_workers=0)
 
     def _resume_offset(self, batch_size: int | None = None, size: int | None = None) -> int:
         """Items of the current epoch already trained on, when Lightning is resuming a checkpoint mid-epoch.
@@ -214,14 +219,18 @@ class TaskDataModule(LightningDataModule):
         if trainer is None or not trainer.fit_loop.restarting:
             return 0
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # training_step ran for these
-        return min(done * (batch_size or self.prompts_per_step), len(self.train_items) if size is None else size)
+        consumed = done * (batch_size or self.prompts_per_step)
+        size = len(self.train_items) if size is None else size
+        # A checkpoint written by the epoch's last batch: Lightning starts the next epoch, from its beginning.
+        return consumed if consumed < size else 0
 
     def val_dataloader(self):
         # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback); the `validate` subcommand
         # evaluates the whole eval set through this loader.
         if self.eval_items_ is None or (self.trainer is not None and self.trainer.state.fn != "validate"):
             return []
-        return DataLoader(_Items(self.eval_items_), batch_size=self.eval_batch_size, collate_fn=_as_list)
+        return DataLoader(_Items(self.eval_items_), batch_size=self.eval_batch_size, collate_fn=_as_list,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def eval_items(self, n: int) -> list[Mapping[str, Any]]:
         """The first ``n`` evaluation items (CoMLRL evaluates a fixed head of the eval set)."""
