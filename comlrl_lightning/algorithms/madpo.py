@@ -25,7 +25,8 @@ from torch import Tensor
 
 from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
-from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair, select_pairs
+from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
+from comlrl_lightning.rollout.preferences import collect_preference_pairs
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters
 from comlrl_lightning.rollout.sampling import SamplingConfig, collate_rows, token_logprobs, validate_generation_kwargs
 from comlrl_lightning.rollout.tree import RolloutEngine, normalize_joint_mode
@@ -84,29 +85,18 @@ class MADPO(MultiAgentModule):
         agent_devices: str | list[str] | None = None,
     ):
         pair_selection = str(pair_selection).lower()
-        name = self.algorithm_name
-        if reward_func is None or not callable(reward_func):
-            raise ValueError("reward_func must be a callable (the preference oracle; give its import path in YAML).")
-        checks = [
-            (num_turns == 1, f"{name} currently supports num_turns=1 only."),
-            (normalize_joint_mode(joint_mode) == "aligned",
-             f"{name} preference generation currently supports aligned joint_mode only."),
-            (preference_num_candidates >= 2, "preference_num_candidates must be >= 2."),
-            (preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
-             "preference_pairs_per_sample must be >= 1 or null."),
-            (pair_selection in PAIR_SELECTIONS, f"pair_selection must be one of: {', '.join(PAIR_SELECTIONS)}."),
-            (pair_selection != "all" or preference_pairs_per_sample is None,
-             "preference_pairs_per_sample must be null when pair_selection='all'."),
+        check_preference_config(self.algorithm_name, reward_func=reward_func, num_turns=num_turns,
+                                joint_mode=joint_mode, preference_num_candidates=preference_num_candidates,
+                                preference_pairs_per_sample=preference_pairs_per_sample,
+                                pair_selection=pair_selection, eval_interval=eval_interval,
+                                eval_num_samples=eval_num_samples, eval_logger=eval_logger,
+                                eval_aggregator=eval_aggregator)
+        for ok, message in [
             (dpo_beta > 0, "dpo_beta must be > 0."),
             (environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1."),
             (train_batch_size >= 1, "train_batch_size must be >= 1."),
             (micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null."),
-            (eval_interval >= 0, "eval_interval must be >= 0."),
-            (eval_num_samples >= 0, "eval_num_samples must be >= 0."),
-            ((eval_logger is None) == (eval_aggregator is None),
-             "eval_logger and eval_aggregator must be given together (one without the other would be ignored)."),
-        ]
-        for ok, message in checks:
+        ]:
             if not ok:
                 raise ValueError(message)
         validate_generation_kwargs(generation_kwargs)
@@ -138,28 +128,11 @@ class MADPO(MultiAgentModule):
         self.last_batch: list[PreferencePair] = []
 
     # ================================================================== pair collection
-    @torch.no_grad()
     def collect_pairs(self, items: Sequence[Mapping[str, Any]]) -> list[PreferencePair]:
         """Sample K_c joint candidates per item with the current weights, score them, select pairs."""
-        rollout = self.engine.rollout(self.policy_models(), self.tokenizers, items,
-                                      policy_version=self.global_step, env_step=self.env_step)
-        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))  # seeded via the global RNG
-        pairs = []
-        for node in rollout.roots:
-            scores = node.rewards
-            mean = float(scores.mean())
-            for w, l in select_pairs(scores, self.pair_selection, self.preference_pairs_per_sample, generator):
-                pairs.append(PreferencePair(
-                    prompts=[a.prompt for a in node.agents],
-                    winner_completions=[a.texts[w] for a in node.agents],
-                    loser_completions=[a.texts[l] for a in node.agents],
-                    winner_reward=float(scores[w]), loser_reward=float(scores[l]), candidate_reward_mean=mean,
-                    raw_rewards=[float(node.raw_rewards[w]), float(node.raw_rewards[l])],
-                    prompt_ids=[a.prompt_ids for a in node.agents],
-                    winner_ids=[a.completion_ids[w][a.completion_mask[w]] for a in node.agents],
-                    loser_ids=[a.completion_ids[l][a.completion_mask[l]] for a in node.agents],
-                ))
-        return pairs
+        return collect_preference_pairs(self.engine, self.policy_models(), self.tokenizers, items,
+                                        selection=self.pair_selection, limit=self.preference_pairs_per_sample,
+                                        policy_version=self.global_step)
 
     def policy_models(self) -> list[torch.nn.Module]:
         return [self.policy_model(i) for i in range(self.num_agents)]
@@ -217,3 +190,29 @@ class MADPO(MultiAgentModule):
         return [{"env_step": self.env_step, "turn": 1, "prompts": p.prompts,
                  "completions": [[w, l] for w, l in zip(p.winner_completions, p.loser_completions)],
                  "rewards": [p.winner_reward, p.loser_reward]} for p in self.last_batch[:max_nodes]]
+
+
+def check_preference_config(name: str, *, reward_func, num_turns, joint_mode, preference_num_candidates,
+                            preference_pairs_per_sample, pair_selection, eval_interval, eval_num_samples,
+                            eval_logger, eval_aggregator) -> None:
+    """REFERENCE §5.2 / appendix C rules shared by MADPO and MARLHF; raised before any model loads."""
+    if reward_func is None or not callable(reward_func):
+        raise ValueError("reward_func must be a callable (the preference oracle; give its import path in YAML).")
+    checks = [
+        (num_turns == 1, f"{name} currently supports num_turns=1 only."),
+        (normalize_joint_mode(joint_mode) == "aligned",
+         f"{name} preference generation currently supports aligned joint_mode only."),
+        (preference_num_candidates >= 2, "preference_num_candidates must be >= 2."),
+        (preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
+         "preference_pairs_per_sample must be >= 1 or null."),
+        (pair_selection in PAIR_SELECTIONS, f"pair_selection must be one of: {', '.join(PAIR_SELECTIONS)}."),
+        (pair_selection != "all" or preference_pairs_per_sample is None,
+         "preference_pairs_per_sample must be null when pair_selection='all'."),
+        (eval_interval >= 0, "eval_interval must be >= 0."),
+        (eval_num_samples >= 0, "eval_num_samples must be >= 0."),
+        ((eval_logger is None) == (eval_aggregator is None),
+         "eval_logger and eval_aggregator must be given together (one without the other would be ignored)."),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
