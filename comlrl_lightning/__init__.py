@@ -10,6 +10,7 @@ from comlrl_lightning.algorithms import (  # noqa: E402
     MAAC,
     MADPO,
     MAGRPO,
+    MARLHF,
     MAREINFORCE,
     MARLOO,
     MAReMax,
@@ -17,4 +18,4 @@ from comlrl_lightning.algorithms import (  # noqa: E402
 )
 from comlrl_lightning.data import PreferenceDataModule, TaskDataModule  # noqa: E402
 
-__all__ = ["IAC", "MAAC", "MADPO", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "PreferenceDataModule", "TaskDataModule", "__version__"]
+__all__ = ["IAC", "MAAC", "MADPO", "MAGRPO", "MARLHF", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "PreferenceDataModule", "TaskDataModule", "__version__"]

@@ -134,6 +134,11 @@ class MADPO(MultiAgentModule):
                                         selection=self.pair_selection, limit=self.preference_pairs_per_sample,
                                         policy_version=self.global_step)
 
+    @property
+    def pair_batch_size(self) -> int:
+        """Pairs per update (what PreferenceDataModule batches by)."""
+        return self.train_batch_size
+
     def policy_models(self) -> list[torch.nn.Module]:
         return [self.policy_model(i) for i in range(self.num_agents)]
 

@@ -39,17 +39,28 @@ class PreferenceDataModule(TaskDataModule):
         self.pairs: list[PreferencePair] | None = None
         self._restored = False  # pairs came from a checkpoint and no loader has served them yet
 
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if module is not None and hasattr(module, "in_reward_model_stage"):
+            # Two-stage modules (MARLHF) switch from pairs to tasks after epoch 0: rebuild the loader each epoch.
+            self.trainer.reload_dataloaders_every_n_epochs = 1
+
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
+        if not getattr(module, "in_reward_model_stage", True):
+            return super().train_dataloader()  # MARLHF's RL stage: task items
         restored, self._restored = self._restored, False
         if self.pairs is None or not restored:  # every (re)load collects afresh, except right after a restore
             self.pairs = self.collect(module)
         if not self.pairs:
             log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.",
                         getattr(module, "algorithm_name", type(module).__name__))
-        skip = self._resume_offset(batch_size=module.train_batch_size, size=len(self.pairs))
-        sampler = EpochSampler(len(self.pairs), shuffle=True, seed=self.seed, skip=skip)
-        return ResumableDataLoader(_Items(self.pairs), seed=self.seed, batch_size=module.train_batch_size,
+        # ``pair_passes`` copies of the pairs in one epoch (MARLHF's reward_num_train_epochs), shuffled together.
+        served = self.pairs * getattr(module, "pair_passes", 1)
+        skip = self._resume_offset(batch_size=module.pair_batch_size, size=len(served))
+        sampler = EpochSampler(len(served), shuffle=True, seed=self.seed, skip=skip)
+        return ResumableDataLoader(_Items(served), seed=self.seed, batch_size=module.pair_batch_size,
                                    sampler=sampler, collate_fn=_as_list, num_workers=0)
 
     def collect(self, module) -> list[PreferencePair]:
