@@ -16,8 +16,9 @@ Evaluation always uses the task reward. ``trainer.max_epochs`` counts the reward
 ``global_step`` counts reward-model updates and RL updates alike. Checkpoints hold the agents, critics, the reward
 model, the optimizer, the collected pairs and the stage (the epoch).
 
-``MARLHF(rl_algorithm=...)`` returns an instance of a class built from this one and the backend's module (for
-example ``MARLHF[IAC]``), so the backend's training step, update and metrics are used unchanged.
+``MARLHF(rl_algorithm=...)`` turns itself into an instance of a class built from this one and the backend's
+module (for example ``MARLHF[IAC]``, a subclass of both), so the backend's training step, update and metrics are
+used unchanged.
 """
 
 from __future__ import annotations
@@ -58,14 +59,6 @@ class MARLHF(MultiAgentModule):
     """
 
     algorithm_name = "MARLHF"
-
-    def __new__(cls, *args: Any, rl_algorithm: str = "magrpo", **kwargs: Any):
-        if cls is MARLHF:
-            key = str(rl_algorithm).lower()
-            if key not in BACKENDS:
-                raise ValueError(f"rl_algorithm must be one of: {', '.join(RL_ALGORITHMS)} (got {rl_algorithm!r}).")
-            cls = _with_backend(BACKENDS[key])
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -129,6 +122,10 @@ class MARLHF(MultiAgentModule):
         agent_devices: str | list[str] | None = None,
     ):
         rl_algorithm = str(rl_algorithm).lower()
+        if rl_algorithm not in BACKENDS:
+            raise ValueError(f"rl_algorithm must be one of: {', '.join(RL_ALGORITHMS)} (got {rl_algorithm!r}).")
+        # Become MARLHF[backend]: MARLHF's stages in front of the backend's RL (see the module docstring).
+        self.__class__ = _with_backend(BACKENDS[rl_algorithm])
         pair_selection = str(pair_selection).lower()
         actor_critic = rl_algorithm in ("iac", "maac")
         check_preference_config(self.algorithm_name, reward_func=reward_func, num_turns=num_turns,
