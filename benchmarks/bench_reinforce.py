@@ -23,14 +23,22 @@ Implementations:
     iac         (``--actor-critic``) comlrl_lightning.IAC with a separate critic LM per agent (the same factory)
     iac-shared  (same) IAC with a value head on each actor's backbone (``use_separate_critic=False``)
     maac        (same) comlrl_lightning.MAAC, one centralized critic LM (the same factory) over the joint text
+    madpo       (``--preference``) comlrl_lightning.MADPO: ``collect_pairs`` (K_c = ``--candidates`` joint candidates
+                per prompt, ``letter_reward`` as the oracle, ``--pairs-per-sample`` pairs kept per prompt), then the
+                module's real ``training_step`` on ``--pair-batch`` of those pairs (one update)
+    marlhf-rm   (same) comlrl_lightning.MARLHF(rl_algorithm="magrpo", reward_model_name=<same factory>): one real
+                ``reward_model_step`` (Bradley-Terry update of the joint reward model) on the same pair batch
 
 For the actor-critic rows, generate / reward / score are the module's own ``collect_rollout`` timings (score = the
 critics' rollout-time old values, which actor-critic always needs), and update is the module's real
-``update(steps)``, run outside ``fit`` on a bare Trainer (``attach_trainer``) after ``_set_advantages``.
+``update(steps)``, run outside ``fit`` on a bare Trainer (``attach_trainer``) after ``_set_advantages``. The
+preference rows run ``training_step`` / ``reward_model_step`` on such a Trainer as well, with its fit loop's result
+collection active so their ``self.log`` calls are recorded as in ``fit``.
 
     python benchmarks/bench_reinforce.py                          # tiny and tiny-5m, 2 agents x K=4 x 32 tokens
     python benchmarks/bench_reinforce.py --baseline --trl --json benchmarks/results/cpu.json
     python benchmarks/bench_reinforce.py --actor-critic --json benchmarks/results/cpu_actor_critic.json
+    python benchmarks/bench_reinforce.py --preference --json benchmarks/results/cpu_preference.json
 """
 
 from __future__ import annotations
@@ -55,10 +63,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from comlrl_lightning import IAC, MAAC, MAGRPO  # noqa: E402
+from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
-from comlrl_lightning.envs.toy import brevity_reward  # noqa: E402
+from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
 from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs  # noqa: E402
 
 PROMPTS = [
@@ -247,10 +255,13 @@ AC_VARIANTS = {  # row label -> (module class, critic arguments given the model 
 }
 
 
-def attach_trainer(module, device: str) -> None:
+def attach_trainer(module, device: str, logging_step: bool = False) -> None:
     """Give ``module`` what its ``update`` reads from Lightning (``self.optimizers()``, ``manual_backward``,
     ``global_step``) without ``fit``: a bare Trainer whose strategy is connected to the module and holds the
-    module's own ``configure_optimizers()`` (wrapped as a LightningOptimizer, as ``fit`` would)."""
+    module's own ``configure_optimizers()`` (wrapped as a LightningOptimizer, as ``fit`` would).
+
+    ``logging_step``: also put the Trainer in its training stage and mark the module as inside ``training_step``,
+    so ``self.log`` / ``log_dict`` write into the fit loop's result collection (as in ``fit``) instead of raising."""
     from lightning.pytorch import Trainer
 
     log = logging.getLogger("lightning.pytorch")  # mute the "GPU available" / tip lines of a throwaway Trainer
@@ -264,6 +275,9 @@ def attach_trainer(module, device: str) -> None:
     trainer.strategy.connect(module)
     module.trainer = trainer
     trainer.strategy.optimizers = [module.configure_optimizers()]
+    if logging_step:
+        trainer.training = True
+        module._current_fx_name = "training_step"
 
 
 class ActorCritic:
@@ -296,6 +310,115 @@ class ActorCritic:
         t = self.module._last_timings
         return {"generate": (t["generate"], rollout_phase.peak_mib), "reward": (t["reward"], None),
                 "score": (t["score"], None), "update": (update.seconds, update.peak_mib)}
+
+
+# ---------------------------------------------------------------------------------------------- preference
+def preference_kwargs(model: str, args, num_agents: int) -> dict:
+    """``workload_kwargs`` for MADPO / MARLHF: K_c = ``--candidates`` joint candidates per prompt instead of K
+    samples, and ``letter_reward`` as the oracle (``brevity_reward`` is 0 for nearly every 32-token sample, so the
+    candidates would tie and no pair would form; ``letter_reward`` is a share of letters, distinct per sample)."""
+    kwargs = workload_kwargs(model, args, num_agents)
+    kwargs.pop("num_generations")
+    kwargs.update(reward_func=letter_reward, preference_num_candidates=args.candidates,
+                  preference_pairs_per_sample=args.pairs_per_sample)
+    return kwargs
+
+
+def add_pair_rates(result: dict, counts: list[dict[str, tuple[int, int]]]) -> None:
+    """Fill pairs, pairs/s, tokens and tokens/s of each phase from the per-round (pairs, tokens) counts (median)."""
+    for name, phase in result["phases"].items():
+        pairs = statistics.median(c[name][0] for c in counts)
+        tokens = statistics.median(c[name][1] for c in counts)
+        phase.update(pairs=pairs, pairs_all=[c[name][0] for c in counts], pairs_per_s=pairs / phase["seconds"],
+                     tokens=tokens, tokens_per_s=tokens / phase["seconds"])
+
+
+class PairCollection:
+    """``MADPO`` on the preference workload; ``once()`` collects pairs and runs one update on a pair batch.
+
+    collect: ``collect_pairs(items)`` — K_c candidates per agent per prompt (one batched ``generate`` per agent),
+    the oracle reward of every joint candidate, pair selection (``reward_gap``, ``--pairs-per-sample`` per prompt);
+    tokens = the N·M·K_c·T generated tokens. update: the module's real ``training_step`` on the first
+    ``--pair-batch`` pairs (per agent one forward over winner and loser rows, ``madpo_loss``, one ``manual_backward``,
+    one AdamW step, ``self.log_dict``); tokens = the N·2·P·T completion tokens scored.
+    """
+
+    impl = "madpo"
+
+    def __init__(self, model: str, args, num_agents: int):
+        torch.manual_seed(0)
+        self.model, self.num_agents, self.args = model, num_agents, args
+        self.module = MADPO(**preference_kwargs(model, args, num_agents),
+                            train_batch_size=args.pair_batch).to(args.device)
+        attach_trainer(self.module, args.device, logging_step=True)
+        self.items = workload_items(args)
+        self.params = n_params(self.module.agents[0])
+        self.counts: list[dict[str, tuple[int, int]]] = []
+        self.generate_seconds: list[float] = []
+        self.batch: list = []
+        engine, rollout = self.module.engine, self.module.engine.rollout
+
+        def timed_rollout(*a, **kw):  # keep the engine's own generate / reward split of the collection
+            out = rollout(*a, **kw)
+            self.generate_seconds.append(out.timings["generate"])
+            return out
+
+        engine.rollout = timed_rollout
+
+    def once(self) -> dict[str, tuple[float, float]]:
+        args, device = self.args, self.args.device
+        with Phase(device) as collect:
+            pairs = self.module.collect_pairs(self.items)
+        lengths = {len(ids) for p in pairs for ids in (*p.winner_ids, *p.loser_ids)}
+        assert pairs and lengths == {args.tokens}, f"{len(pairs)} pairs, completion lengths {lengths}"
+        self.batch = batch = pairs[: args.pair_batch]  # fewer when candidates tied (the pair count shows it)
+        with Phase(device) as update:
+            self.module.training_step(batch, 0)
+        generated = self.num_agents * args.prompts * args.candidates * args.tokens
+        self.counts.append({"collect pairs": (len(pairs), generated),
+                            "update": (len(batch), self.num_agents * 2 * len(batch) * args.tokens)})
+        return {"collect pairs": (collect.seconds, collect.peak_mib), "update": (update.seconds, update.peak_mib)}
+
+    def annotate(self, result: dict) -> None:
+        add_pair_rates(result, self.counts[1:])  # drop the warm-up round
+        result["phases"]["collect pairs"]["generate_seconds"] = statistics.median(self.generate_seconds[1:])
+
+
+class RewardModelUpdate:
+    """``MARLHF(rl_algorithm="magrpo")`` in its reward-model stage; ``once()`` runs one real ``reward_model_step``
+    (winner and loser joint texts through the joint reward model, Bradley–Terry loss, ``manual_backward``, one AdamW
+    step) on the pair batch that ``source`` (a ``PairCollection`` measured just before it) last updated on.
+    tokens = the tokens of the 2·P re-tokenized joint texts (counted outside the timed block)."""
+
+    impl = "marlhf-rm"
+
+    def __init__(self, source: PairCollection):
+        torch.manual_seed(0)
+        model, args = source.model, source.args
+        self.source, self.model, self.num_agents, self.args = source, model, source.num_agents, args
+        self.module = MARLHF(rl_algorithm="magrpo", reward_model_name=model, num_generations=args.k,
+                             reward_train_batch_size=args.pair_batch,
+                             **preference_kwargs(model, args, source.num_agents)).to(args.device)
+        attach_trainer(self.module, args.device, logging_step=True)
+        self.module.on_train_epoch_start()  # epoch 0: the reward-model stage (reward model trainable)
+        self.params = n_params(self.module.reward_model)  # the reward model's backbone + head
+        self.counts: list[dict[str, tuple[int, int]]] = []
+
+    def once(self) -> dict[str, tuple[float, float]]:
+        from comlrl_lightning.agents.reward_model import joint_texts
+
+        pairs, rm = self.source.batch, self.module.reward_model
+        prompts = [[p.prompts[i] for p in pairs] for i in range(self.num_agents)]
+        texts = [text for side in ("winner_completions", "loser_completions") for text in joint_texts(
+            prompts, [[getattr(p, side)[i] for p in pairs] for i in range(self.num_agents)])]
+        tokens = int(rm.tokenize(texts)["attention_mask"].sum())
+        with Phase(self.args.device) as update:
+            self.module.reward_model_step(pairs)
+        self.counts.append({"reward-model update": (len(pairs), tokens)})
+        return {"reward-model update": (update.seconds, update.peak_mib)}
+
+    def annotate(self, result: dict) -> None:
+        add_pair_rates(result, self.counts[1:])  # drop the warm-up round
 
 
 # ---------------------------------------------------------------------------------------------- per-sample
@@ -390,8 +513,15 @@ def measure(runners: list, args) -> list[dict]:
     for _ in range(args.repeats):
         for runner, out in zip(runners, runs):
             out.append(runner.once())
-    return [{"impl": r.impl, "model": r.model, "num_agents": r.num_agents, "params_per_agent": r.params,
-             "phases": summarize(out, workload_tokens(args, r.num_agents, r.impl))} for r, out in zip(runners, runs)]
+    results = []
+    for r, out in zip(runners, runs):
+        tokens = {} if hasattr(r, "annotate") else workload_tokens(args, r.num_agents, r.impl)
+        result = {"impl": r.impl, "model": r.model, "num_agents": r.num_agents, "params_per_agent": r.params,
+                  "phases": summarize(out, tokens)}
+        if hasattr(r, "annotate"):  # preference runners count their own pairs and tokens per round
+            r.annotate(result)
+        results.append(result)
+    return results
 
 
 # ---------------------------------------------------------------------------------------------- trl
@@ -530,6 +660,8 @@ def step_seconds(result: dict) -> float:
 
 def print_table(results: list[dict]) -> None:
     header = f"{'model':<8} {'impl':<11} {'N':>2} {'phase':<19} {'seconds':>9} {'tokens/s':>10} {'peak MiB':>9}"
+    pairs = any("pairs_per_s" in p for r in results if "error" not in r for p in r["phases"].values())
+    header += f" {'pairs/s':>8}" if pairs else ""  # preference rows only
     print(header)
     print("-" * len(header))
     for r in results:
@@ -538,7 +670,8 @@ def print_table(results: list[dict]) -> None:
             continue
         for name, p in r["phases"].items():
             print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {name:<19} {p['seconds']:>9.4f} "
-                  f"{fmt(p['tokens_per_s'], '>10.0f')} {fmt(p['peak_mib'], '>9.1f')}")
+                  f"{fmt(p['tokens_per_s'], '>10.0f')} {fmt(p['peak_mib'], '>9.1f')}"
+                  + (f" {fmt(p.get('pairs_per_s'), '>8.1f')}" if pairs else ""))
         if r["impl"] in STEP_ROWS:
             label = STEP_ROWS[r["impl"]][0]
             print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {label:<19} {step_seconds(r):>9.4f}")
@@ -579,6 +712,19 @@ def comparisons(results: list[dict], args) -> dict:
                 out[f"{model}/step_{r['impl']}_over_magrpo"] = step
                 parts.append(f"{r['impl']} {update:.2f} / {step:.2f}")
             print(f"{model}: actor-critic / MAGRPO (ours), update / whole step: {'; '.join(parts)}")
+        madpo, rm = by.get(("madpo", model, args.agents)), by.get(("marlhf-rm", model, args.agents))
+        if madpo and rm:
+            c, u, r = madpo["phases"]["collect pairs"], madpo["phases"]["update"], rm["phases"]["reward-model update"]
+            out.update({f"{model}/collect_pairs_per_s": c["pairs_per_s"],
+                        f"{model}/collect_tokens_per_s": c["tokens_per_s"],
+                        f"{model}/madpo_update_pairs_per_s": u["pairs_per_s"],
+                        f"{model}/rm_update_pairs_per_s": r["pairs_per_s"],
+                        f"{model}/rm_update_over_madpo_update": r["seconds"] / u["seconds"]})
+            print(f"{model}: preference (K_c={args.candidates}, M={args.prompts}): collect {c['pairs']:g} pairs in "
+                  f"{c['seconds']:.3f}s ({c['pairs_per_s']:.0f} pairs/s, {c['tokens_per_s']:.0f} generated tok/s, "
+                  f"generate {c['generate_seconds']:.3f}s); MADPO update on {u['pairs']:g} pairs {u['seconds']:.3f}s "
+                  f"({u['pairs_per_s']:.0f} pairs/s); reward-model update {r['seconds']:.3f}s ({r['pairs_per_s']:.0f} "
+                  f"pairs/s, {r['seconds'] / u['seconds']:.2f}x the MADPO update)")
     key = "tiny-5m/update_ours_over_per_sample"
     if key in out:
         workload = (args.agents, args.k, args.tokens) == (2, 4, 32)
@@ -605,7 +751,9 @@ def parse_args(argv=None):
     p.add_argument("--agents", type=int, default=2, help="N agents (default 2)")
     p.add_argument("--k", type=int, default=4, help="K samples per prompt (default 4)")
     p.add_argument("--tokens", type=int, default=32, help="T new tokens per sample, forced (default 32)")
-    p.add_argument("--prompts", type=int, default=1, help="M prompts per update (default 1)")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="M prompts per update (default 1; with --preference, enough prompts for one pair batch: "
+                        "ceil(pair-batch / pairs-per-sample), 2 by default)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats after one warm-up; median (default 3)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=1,
@@ -616,11 +764,23 @@ def parse_args(argv=None):
                    help="also time IAC (separate critics and value heads on the actors) and MAAC updates")
     p.add_argument("--critic-type", choices=("v", "q"), default="v",
                    help="critic_type of the actor-critic modules (default v, the modules' default)")
+    p.add_argument("--preference", action="store_true",
+                   help="also time MADPO pair collection and update and a MARLHF reward-model update")
+    p.add_argument("--candidates", type=int, default=8,
+                   help="K_c joint candidates per prompt for --preference (default 8)")
+    p.add_argument("--pairs-per-sample", type=int, default=4,
+                   help="preference pairs kept per prompt for --preference (default 4)")
+    p.add_argument("--pair-batch", type=int, default=8,
+                   help="pairs per MADPO / reward-model update for --preference (default 8)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     if args.k < 2:
         p.error("--k must be >= 2 (group baseline)")
+    if args.candidates < 2 or args.pairs_per_sample < 1 or args.pair_batch < 1:
+        p.error("--candidates must be >= 2, --pairs-per-sample and --pair-batch >= 1")
+    if args.prompts is None:
+        args.prompts = -(-args.pair_batch // args.pairs_per_sample) if args.preference else 1
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
     return args
@@ -635,6 +795,9 @@ def main(argv=None) -> dict:
     info = machine(args)
     print(f"workload: N={args.agents} agents x M={args.prompts} prompt(s) x K={args.k} samples x T={args.tokens} "
           f"tokens; median of {args.repeats} after 1 warm-up")
+    if args.preference:
+        print(f"preference: K_c={args.candidates} candidates per prompt (oracle letter_reward), "
+              f"{args.pairs_per_sample} pairs kept per prompt, {args.pair_batch} pairs per update")
     print(f"machine: {info['cpu_count']} CPUs, torch {info['torch']} ({info['torch_threads']} threads), "
           f"device {args.device}, load average {info['load_average_1_5_15']}")
     load, threads = info["load_average_1_5_15"], torch.get_num_threads()
@@ -649,6 +812,9 @@ def main(argv=None) -> dict:
             runners.append(PerSampleBaseline(model, args, args.agents))
         if args.actor_critic:
             runners.extend(ActorCritic(variant, model, args, args.agents) for variant in AC_VARIANTS)
+        if args.preference:
+            pairs = PairCollection(model, args, args.agents)
+            runners.extend([pairs, RewardModelUpdate(pairs)])  # in this order: the second uses the first's batch
         if args.trl and args.agents != 1:
             runners.append(Ours(model, args, 1))  # trl's side of the comparison is single-agent
         results.extend(measure(runners, args))
