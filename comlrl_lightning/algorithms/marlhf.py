@@ -237,6 +237,11 @@ class MARLHF(MultiAgentModule):
         finally:
             self._set_reward(current)
 
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        # A resumed run gets no on_train_epoch_start for the epoch it resumes in (Lightning 2.x): enter its stage here.
+        self.on_train_epoch_start()
+
     def on_train_epoch_start(self) -> None:
         learning = self.in_reward_model_stage
         self.reward_model.train(learning).requires_grad_(learning and not self.reward_model.freeze_backbone)

@@ -30,6 +30,8 @@ class EvaluationCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self.eval_interval == 0 or batch_idx % self.eval_interval != 0:
             return
+        if getattr(pl_module, "in_reward_model_stage", False):  # MARLHF evaluates in its RL stage (REFERENCE §7.3)
+            return
         datamodule = trainer.datamodule
         items = datamodule.eval_items(self.eval_num_samples) if hasattr(datamodule, "eval_items") else []
         if not items:

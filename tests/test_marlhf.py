@@ -1,0 +1,416 @@
+"""MARLHF end to end on tiny models: the two stages (reward model, then RL on it) for every backend, which reward
+scores what, env_step accounting, validation, export, resume and the CLI config (REFERENCE §5.5, A.3, C)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from comlrl_lightning import IAC, MAAC, MAGRPO, MAREINFORCE, MARLHF, MARLOO, MAReMax, PreferenceDataModule
+from comlrl_lightning.agents import JointRewardModel
+from comlrl_lightning.agents.reward_model import joint_texts
+from comlrl_lightning.agents.factories import MODEL_FACTORIES
+from comlrl_lightning.envs import toy
+from test_magrpo import ITEMS, column, params_of, read_metrics
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "marlhf.yaml"
+
+# rl_algorithm -> (backend class, MAGRPO-family advantage_mode or None for actor-critic)
+BACKENDS = {
+    "magrpo": (MAGRPO, "mean"),
+    "mareinforce": (MAREINFORCE, "raw"),
+    "mareforce": (MAREINFORCE, "raw"),  # CoMLRL's alias
+    "marloo": (MARLOO, "rloo"),
+    "maremax": (MAReMax, "max"),
+    "iac": (IAC, None),
+    "maac": (MAAC, None),
+}
+
+
+def make_marlhf(rl_algorithm="magrpo", **overrides):
+    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.letter_reward, rl_algorithm=rl_algorithm,
+                  preference_num_candidates=4, preference_pairs_per_sample=2, reward_model_name="tiny",
+                  reward_train_batch_size=2, reward_num_train_epochs=2, num_generations=2, max_new_tokens=6,
+                  temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-3, reward_learning_rate=1e-3,
+                  rollout_buffer_size=2, eval_interval=2, eval_num_samples=2, log_completions=False)
+    kwargs.update(overrides)
+    seed_everything(0)  # the reward model's (and critics') fresh heads draw from the global RNG
+    return MARLHF(**kwargs)
+
+
+def fit_marlhf(module, tmp_path, max_epochs=2, callbacks=(), ckpt_path=None, name="run", items=ITEMS[:4]):
+    seed_everything(0)
+    checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)
+    trainer = Trainer(max_epochs=max_epochs, logger=CSVLogger(tmp_path, name=name), enable_checkpointing=checkpointing,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu", devices=1)
+    data = PreferenceDataModule(dataset=items, eval_dataset=ITEMS[:2], prompts_per_step=2, eval_batch_size=2,
+                                show_progress=False)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return trainer, data
+
+
+def count_calls(module, name):
+    """Replace ``module.<name>`` by a wrapper that records the epoch of every call."""
+    calls = []
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(module.current_epoch)
+        return original(*args, **kwargs)
+
+    setattr(module, name, wrapper)
+    return calls
+
+
+def current_reward(module):
+    """The reward caller the backend's training rollouts use now (MAGRPO family: the engine's; AC: its own)."""
+    return module.engine.reward if hasattr(module, "engine") else module.reward
+
+
+class StageProbe(Callback):
+    """Snapshots of the reward model and the agents at epoch boundaries, the reward caller in use at every training
+    batch, and env_step at the end of each epoch."""
+
+    def __init__(self):
+        self.rm, self.agents, self.env_step = {}, {}, {}
+        self.rewards: list[tuple[int, object]] = []
+
+    def _snap(self, when, trainer, module):
+        self.rm[(when, trainer.current_epoch)] = params_of(module.reward_model)
+        self.agents[(when, trainer.current_epoch)] = [p.detach().clone() for p in module.agents.parameters()]
+
+    def on_train_epoch_start(self, trainer, module):
+        self._snap("start", trainer, module)
+
+    def on_train_epoch_end(self, trainer, module):
+        self._snap("end", trainer, module)
+        self.env_step[trainer.current_epoch] = module.env_step
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.rewards.append((trainer.current_epoch, current_reward(module)))
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# ----------------------------------------------------------------------------------------------- stages
+@pytest.mark.parametrize("algo", list(BACKENDS))
+def test_two_stages_for_every_backend(algo, tmp_path):
+    backend, mode = BACKENDS[algo]
+    module = make_marlhf(algo)
+    assert type(module).__name__ == f"MARLHF[{backend.__name__}]"
+    assert isinstance(module, MARLHF) and isinstance(module, backend)
+    assert type(module) is type(make_marlhf(algo.upper()))  # one generated class per backend, case-insensitive
+    if mode is not None:
+        assert module.advantage_mode == mode
+
+    collects = count_calls(module, "collect_pairs")
+    rm_steps = count_calls(module, "reward_model_step")
+    rl_updates = count_calls(module, "update")
+    probe = StageProbe()
+    trainer, data = fit_marlhf(module, tmp_path, callbacks=[probe])
+
+    assert collects == [0, 0]  # 4 tasks, 2 per collection call, all in epoch 0
+    pairs = data.pairs
+    assert pairs and all(p.winner_reward > p.loser_reward for p in pairs)
+    expected_rm = math.ceil(len(pairs) * 2 / 2)  # pairs x reward_num_train_epochs / reward_train_batch_size
+    assert rm_steps == [0] * expected_rm
+    assert rl_updates and set(rl_updates) == {1}
+    assert trainer.global_step == len(rm_steps) + len(rl_updates)
+
+    # reward model: learns in epoch 0, frozen in the RL epoch; agents: the other way round
+    assert not same(probe.rm[("start", 0)], probe.rm[("end", 0)])
+    assert same(probe.rm[("end", 0)], params_of(module.reward_model))
+    assert same(probe.agents[("start", 0)], probe.agents[("end", 0)])
+    assert not same(probe.agents[("start", 1)], [p.detach() for p in module.agents.parameters()])
+    assert not any(p.requires_grad for p in module.reward_model.parameters())
+    # the task reward ranks pairs in epoch 0; the learned reward scores the rollouts of epoch 1
+    assert {e for e, r in probe.rewards if r is module.task_reward} == {0}
+    assert {e for e, r in probe.rewards if r is module.learned_reward} == {1}
+
+    rows = read_metrics(trainer)
+    rm_rows = [r for r in rows if r.get("reward_model/loss")]
+    assert len(rm_rows) == expected_rm and {r["epoch"] for r in rm_rows} == {"0"}
+    for key in ("reward_model/accuracy", "reward_model/margin_mean", "reward_model/num_pairs"):
+        assert len(column(rows, key)) == expected_rm, key
+    assert sum(column(rows, "reward_model/num_pairs")) == 2 * len(pairs)  # every pair once per RM epoch
+    assert all(0.0 <= a <= 1.0 for a in column(rows, "reward_model/accuracy"))
+    rl_rows = [r for r in rows if r.get("loss")]
+    assert rl_rows and {r["epoch"] for r in rl_rows} == {"1"}
+    for key in ("rollout/turn_1/reward_mean", "turn_1/reward_mean", "agent_0/grad_norm", "agent_1/grad_norm"):
+        assert column(rows, key), key
+    evals = column(rows, "eval/turn_1/reward_mean")
+    assert evals and all(0.0 <= v <= 1.0 for v in evals)  # the letter reward's range
+
+
+def test_env_step_does_not_advance_during_the_reward_model_stage(tmp_path):
+    module = make_marlhf("magrpo")
+    probe = StageProbe()
+    trainer, _ = fit_marlhf(module, tmp_path, callbacks=[probe])
+    assert probe.env_step[0] == 0
+    assert module.env_step == probe.env_step[1] == 4 * 2  # RL epoch: 4 tasks x K=2 aligned joint actions
+    rows = read_metrics(trainer)
+    assert {float(r["env_step"]) for r in rows if r.get("reward_model/loss")} == {0.0}
+    rl_env_steps = [float(r["env_step"]) for r in rows if r.get("loss")]
+    assert rl_env_steps == [4.0, 8.0]
+
+
+# ----------------------------------------------------------------------------------------------- rewards
+@pytest.mark.parametrize("algo", ["magrpo", "iac", "maac"])
+def test_rl_stage_uses_raw_reward_model_scores_and_evaluation_the_task_reward(algo, tmp_path):
+    state = {"eval": False, "batch": None}
+    task_calls, rm_calls = [], []
+    module = None
+
+    def task_reward(*agent_completions):
+        task_calls.append((module.current_epoch, state["eval"]))
+        return toy.letter_reward(*agent_completions)
+
+    module = make_marlhf(algo, reward_func=task_reward, reward_processor=lambda r: r + 100.0,
+                         log_completions=True)
+
+    evaluation_record = module.evaluation_record
+
+    def spy_evaluation(items):
+        state["eval"] = True
+        try:
+            return evaluation_record(items)
+        finally:
+            state["eval"] = False
+
+    module.evaluation_record = spy_evaluation
+    score_joint = module.reward_model.score_joint
+
+    def spy_score(*args, **kwargs):
+        scores = score_joint(*args, **kwargs)
+        rm_calls.append({"epoch": module.current_epoch, "eval": state["eval"], "batch": state["batch"],
+                         "grad": torch.is_grad_enabled(), "training": module.reward_model.training,
+                         "scores": scores.detach().float().tolist()})
+        return scores
+
+    module.reward_model.score_joint = spy_score
+
+    class Batches(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            state["batch"] = (trainer.current_epoch, batch_idx)
+
+    trainer, data = fit_marlhf(module, tmp_path, callbacks=[Batches()])
+
+    # the task reward: the oracle of pair collection (epoch 0) and every evaluation, never an RL-stage rollout
+    assert (0, False) in task_calls
+    assert (1, True) in task_calls
+    assert (1, False) not in task_calls
+    # pairs are ranked by the processed task reward
+    for p in data.pairs:
+        assert 100.0 <= p.loser_reward < p.winner_reward <= 101.0
+        assert all(0.0 <= r <= 1.0 for r in p.raw_rewards)
+    evals = column(read_metrics(trainer), "eval/turn_1/reward_mean")
+    assert evals and all(100.0 <= v <= 101.0 for v in evals)  # task reward (with its processor)
+
+    # the reward model: trained in epoch 0 (with grad), scoring the RL rollouts in epoch 1 (no grad, eval mode)
+    assert all(c["grad"] and c["training"] and not c["eval"] for c in rm_calls if c["epoch"] == 0)
+    rl_calls = [c for c in rm_calls if c["epoch"] == 1]
+    assert rl_calls and all(not c["grad"] and not c["training"] and not c["eval"] for c in rl_calls)
+    assert not any(c["eval"] for c in rm_calls)  # evaluation never asks the reward model
+
+    # the rollout rewards of the RL stage are the raw scores: no reward_processor (+100) on them
+    rows = read_metrics(trainer)
+    logged = [float(r["rollout/turn_1/reward_mean"]) for r in rows if r.get("rollout/turn_1/reward_mean")]
+    batches = sorted({c["batch"] for c in rl_calls})
+    assert len(logged) == len(batches) == 2
+    for value, batch in zip(logged, batches):
+        scores = [s for c in rl_calls if c["batch"] == batch for s in c["scores"]]
+        assert len(scores) == 2 * 2  # 2 tasks x K=2 joint actions
+        assert all(abs(s) < 50 for s in scores)
+        assert value == pytest.approx(sum(scores) / len(scores), abs=1e-5)
+
+    # completions log: pair records (oracle rewards) in epoch 0, rollouts with raw RM scores afterwards
+    lines = (Path(trainer.logger.log_dir) / "completions.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    rm_records = [r for r in records if r["step"] <= len(data.pairs)]  # one RM update per pair (2 epochs / 2)
+    rl_records = [r for r in records if r["step"] > len(data.pairs)]
+    assert rm_records and all(100.0 <= x <= 101.0 for r in rm_records for x in _flat(r["rewards"]))
+    assert rl_records and all(abs(x) < 50 for r in rl_records for x in _flat(r["rewards"]))
+
+
+def _flat(values):
+    for v in values:
+        if isinstance(v, list):
+            yield from _flat(v)
+        else:
+            yield v
+
+
+# ----------------------------------------------------------------------------------------------- validation
+@pytest.fixture(scope="module")
+def tiny_model():
+    return MODEL_FACTORIES["tiny"]()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"rl_algorithm": "ppo"}, "rl_algorithm must be one of: magrpo, mareinforce, maremax, marloo, maac, iac"),
+    ({"num_generations": 1}, "num_generations must be >= 2 for MAGRPO-family MARLHF backends."),
+    ({"num_generations": 0, "rl_algorithm": "iac"}, "num_generations must be >= 1."),
+    ({"reward_learning_rate": 0}, "reward_learning_rate must be > 0."),
+    ({"reward_num_train_epochs": 0}, "reward_num_train_epochs must be >= 1."),
+    ({"reward_train_batch_size": 0}, "reward_train_batch_size must be >= 1."),
+    ({"reward_max_length": 0}, "reward_max_length must be >= 1 or null."),
+    ({"critic_learning_rate": 0}, "critic_learning_rate must be > 0 or null."),
+    ({"critic_type": "w", "rl_algorithm": "maac"}, "critic_type must be one of: v, q."),
+    ({"value_loss_coef": 0}, "value_loss_coef must be > 0."),
+    ({"value_clip_range": 0}, "value_clip_range must be > 0 or null."),
+    ({"num_turns": 2}, "MARLHF currently supports num_turns=1 only."),
+    ({"joint_mode": "cross"}, "MARLHF preference generation currently supports aligned joint_mode only."),
+    ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2."),
+    ({"reward_func": None}, "reward_func must be a callable"),
+    ({"agents": "objects", "reward_model_name": None},
+     "reward_model_name must be provided when agent models are objects."),
+    ({"agents": "objects", "rl_algorithm": "maac"},
+     "critic_model_name must be provided for MARLHF with MAAC/IAC when agent models are objects."),
+    ({"agents": "objects", "rl_algorithm": "iac"},
+     "critic_model_name must be provided for MARLHF with MAAC/IAC when agent models are objects."),
+])
+def test_invalid_config_fails_before_loading_models(overrides, message, monkeypatch, tiny_model):
+    model, tok = tiny_model
+    if overrides.get("agents") == "objects":
+        overrides = {**overrides, "agents": [model, model], "tokenizers": tok}
+
+    def no_loading(**kwargs):
+        raise AssertionError("a model was loaded before validation")
+
+    monkeypatch.setitem(MODEL_FACTORIES, "tiny", no_loading)
+    with pytest.raises(AssertionError, match="a model was loaded"):  # control: the patch is effective
+        make_marlhf()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_marlhf(**overrides)
+
+
+def test_model_objects_with_named_reward_and_critic_models(tiny_model):
+    model, tok = tiny_model
+    module = make_marlhf("iac", agents=[model, model], tokenizers=tok, reward_model_name="tiny",
+                         use_separate_critic=False)  # the value head sits on the actor: no critic source needed
+    assert isinstance(module, IAC) and module.reward_model.backbone is not model
+    module = make_marlhf("maac", agents=[model, model], tokenizers=tok, reward_model_name="tiny",
+                         critic_model_name="tiny")
+    assert isinstance(module, MAAC) and module.reward_model.backbone is not model
+
+
+# ----------------------------------------------------------------------------------------------- export
+@pytest.mark.parametrize("algo", ["magrpo", "maac"])
+def test_save_pretrained_writes_agents_and_a_reloadable_reward_model(algo, tmp_path):
+    module = make_marlhf(algo)
+    fit_marlhf(module, tmp_path)
+    out = tmp_path / "export"
+    module.save_pretrained(out)
+    for name in ("agent_0", "agent_1", "reward_model"):
+        assert (out / name / "config.json").is_file(), name
+    if algo == "maac":
+        assert (out / "critic").is_dir()
+
+    # The exported tokenizer is checked by test_reloaded_tiny_tokenizer_splits_digits_like_the_original (joint
+    # texts always hold digits: "Agent 1 prompt:"); here the weights: same ids in, same scores out.
+    reloaded = JointRewardModel.from_pretrained(out / "reward_model", tokenizer=module.reward_model.tokenizer).eval()
+    assert reloaded.max_length == module.reward_model.max_length
+    prompts = [["Write about topic 0.", "Write about topic 1."], ["Close topic 0.", "Close topic 1."]]
+    responses = [["the sea", "eerie eel"], ["a cat", "deep green"]]
+    module.reward_model.eval()
+    with torch.no_grad():
+        expected = module.reward_model.score_joint(prompts, responses)
+        torch.testing.assert_close(reloaded.score_joint(prompts, responses), expected, atol=1e-5, rtol=0)
+        inputs = module.reward_model.tokenize(["Joint multi-agent response", "the sea and the eel"])
+        torch.testing.assert_close(reloaded(**inputs), module.reward_model(**inputs), atol=1e-5, rtol=0)
+    torch.testing.assert_close(reloaded.reward_head.weight, module.reward_model.reward_head.weight)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "transformers 5 reloads an exported tiny tokenizer as Qwen2Tokenizer (config.json says qwen2), whose "
+    "pre-tokenizer splits every digit, unlike the in-memory tiny BPE: 'Agent 1' is 'Ġ1' before export and "
+    "'Ġ','1' after, so a reloaded reward model (or agent) scores texts with digits differently"))
+def test_reloaded_tiny_tokenizer_splits_digits_like_the_original(tmp_path):
+    rm = JointRewardModel.from_pretrained("tiny")
+    rm.save_pretrained(tmp_path / "rm")
+    reloaded = JointRewardModel.from_pretrained(tmp_path / "rm")
+    text = joint_texts([["Write about topic 10."], ["Close topic 10."]], [["the sea"], ["a cat"]])[0]
+    assert reloaded.tokenizer(text).input_ids == rm.tokenizer(text).input_ids
+
+
+# ----------------------------------------------------------------------------------------------- resume
+@pytest.mark.parametrize("algo", ["magrpo", "iac"])
+def test_resume_in_the_rl_stage_neither_recollects_nor_retrains(algo, tmp_path):
+    def run(ckpt_path=None, callbacks=(), name="run"):
+        module = make_marlhf(algo)
+        counts = {hook: count_calls(module, hook) for hook in ("collect_pairs", "reward_model_step", "update")}
+        trainer, data = fit_marlhf(module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name)
+        return module, trainer, data, counts
+
+    ckpt_dir = tmp_path / "ckpt"
+    full, full_trainer, full_data, counts = run(
+        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1)])
+    rm_updates = len(counts["reward_model_step"])
+    assert counts["collect_pairs"] and rm_updates and counts["update"]
+
+    def step_of(path):
+        return int(re.search(r"step=(\d+)", path.name).group(1))
+
+    rl_ckpts = sorted(ckpt_dir.glob("epoch=1-step=*.ckpt"), key=step_of)
+    assert rl_ckpts and step_of(rl_ckpts[0]) > rm_updates  # written after an RL update
+    boundary = ckpt_dir / f"epoch=0-step={rm_updates}.ckpt"  # written by the last reward-model update
+    assert boundary.is_file()
+    for ckpt in (rl_ckpts[0], boundary):
+        probe = StageProbe()
+        resumed, trainer, data, calls = run(ckpt_path=str(ckpt), callbacks=[probe], name=ckpt.stem)
+        assert calls["collect_pairs"] == [] and calls["reward_model_step"] == []
+        # a resumed run gets no on_train_epoch_start for its first epoch: the RL stage must be entered anyway
+        assert probe.rewards and all(e == 1 and r is resumed.learned_reward for e, r in probe.rewards)
+        assert not any(p.requires_grad for p in resumed.reward_model.parameters())
+        assert set(calls["update"]) == {1}
+        assert trainer.global_step == full_trainer.global_step
+        assert resumed.env_step == full.env_step
+        assert len(data.pairs) == len(full_data.pairs)  # the pairs travel with the checkpoint
+        assert same(params_of(resumed.reward_model), params_of(full.reward_model))
+        for a, b in zip(resumed.agents.parameters(), full.agents.parameters()):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+needs_config = pytest.mark.skipif(not CONFIG.is_file(), reason="configs/marlhf.yaml has not been written yet")
+
+
+@needs_config
+def test_cli_prints_the_marlhf_config(tmp_path, monkeypatch, capsys):
+    from comlrl_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONFIG), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "comlrl_lightning.MARLHF" in printed and "rl_algorithm: magrpo" in printed
+    assert "PreferenceDataModule" in printed
+
+
+@needs_config
+def test_cli_fits_the_marlhf_config_with_tiny_models(tmp_path, monkeypatch):
+    from comlrl_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(CONFIG), "--trainer.enable_progress_bar=false",
+          "--model.init_args.agents=tiny", "--model.init_args.reward_model_name=tiny",
+          "--model.init_args.use_chat_template=false", "--model.init_args.max_new_tokens=4",
+          "--model.init_args.preference_num_candidates=3", "--model.init_args.num_generations=2",
+          "--model.init_args.eval_interval=2", "--model.init_args.eval_num_samples=2",
+          "--data.init_args.max_train_items=2", "--data.init_args.show_progress=false"])
+    metrics = next(tmp_path.glob("outputs/marlhf/*/metrics.csv"))
+    rows = list(csv.DictReader(metrics.open()))
+    assert column(rows, "reward_model/loss") and column(rows, "loss") and column(rows, "eval/turn_1/reward_mean")
