@@ -199,7 +199,8 @@ class MARLHF(MultiAgentModule):
             use_chat_template=use_chat_template, generation_batch_size=generation_batch_size,
             generation_kwargs=generation_kwargs)
         self.reward_model = JointRewardModel.from_pretrained(
-            reward_model_name or agent_source, freeze_backbone=reward_freeze_backbone, max_length=reward_max_length)
+            reward_model_name or agent_source, freeze_backbone=reward_freeze_backbone, max_length=reward_max_length
+        ).train()  # from_pretrained returns eval mode; epoch 0 trains it
         self.learned_reward = RewardCaller(RewardModelReward(self.reward_model, formatters=formatters_))
         self.last_pair_batch: list[PreferencePair] = []
 
