@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from comlrl_lightning.agents import CausalLMWithValueHead, load_agents, resolve_devices
-from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams
+from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams
 from comlrl_lightning.core.advantages import critic_advantages, expand_rewards, suffix_returns, td_targets
 from comlrl_lightning.core.losses import (
     LOSS_AGGREGATIONS,
@@ -230,10 +230,7 @@ class IAC(MultiAgentModule):
     def _validate(self, cfg: dict[str, Any]) -> None:
         """REFERENCE §4.1–4.2, §4.4 and appendix C; raised before any model loads."""
         name = self.algorithm_name
-        reward_func = cfg["reward_func"]
-        if reward_func is None or not callable(reward_func):
-            raise ValueError("reward_func must be a callable (give its import path in YAML).")
-        checks = [
+        check_config([
             (cfg["num_generations"] >= 1, "num_generations must be >= 1."),
             (cfg["num_turns"] >= 1, "num_turns must be >= 1."),
             (cfg["num_turns"] == 1 or cfg["num_generations"] == 1,
@@ -243,9 +240,6 @@ class IAC(MultiAgentModule):
             (cfg["critic_type"] in CRITIC_TYPES, "critic_type must be one of: 'v', 'q'."),
             (cfg["rollout_buffer_size"] >= 1, "rollout_buffer_size must be >= 1."),
             (cfg["train_batch_size"] >= 1, "train_batch_size must be >= 1."),
-            (cfg["micro_batch_size"] is None or cfg["micro_batch_size"] >= 1, "micro_batch_size must be >= 1 or null."),
-            (cfg["eval_interval"] >= 0, "eval_interval must be >= 0."),
-            (cfg["eval_num_samples"] >= 0, "eval_num_samples must be >= 0."),
             (0.0 <= cfg["discount"] <= 1.0, "discount must be in [0, 1]."),
             (cfg["value_loss_coef"] > 0, "value_loss_coef must be > 0."),
             (cfg["value_clip_range"] is None or cfg["value_clip_range"] > 0, "value_clip_range must be > 0 or null."),
@@ -254,10 +248,8 @@ class IAC(MultiAgentModule):
             (cfg["reference_kl_coef"] >= 0, "reference_kl_coef must be >= 0."),
             (cfg["loss_aggregation"] in LOSS_AGGREGATIONS,
              f"loss_aggregation must be one of: {', '.join(LOSS_AGGREGATIONS)}."),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        ], reward_func=cfg["reward_func"], eval_interval=cfg["eval_interval"],
+            eval_num_samples=cfg["eval_num_samples"], micro_batch_size=cfg["micro_batch_size"])
         for key in ("critic_value_head_hidden_dim", "value_head_hidden_dim"):
             if cfg[key] is not None and cfg[key] < 0:
                 raise ValueError(f"{key} must be >= 0 or null.")

@@ -312,3 +312,24 @@ def plain_hparams(local_vars: dict[str, Any]) -> dict[str, Any]:
                                                               (value.values() if isinstance(value, dict) else value)):
             out[key] = value
     return out
+
+
+def check_config(checks: Sequence[tuple[bool, str]], *, reward_func: Any, eval_interval: int = 0,
+                 eval_num_samples: int = 0, eval_logger: Any = None, eval_aggregator: Any = None,
+                 micro_batch_size: int | None = None) -> None:
+    """Raise ``ValueError`` for the first broken rule — the ones every algorithm shares, then ``checks``
+    (``(ok, message)`` pairs whose message names the field and the allowed values). Called before models load."""
+    if reward_func is None or not callable(reward_func):
+        raise ValueError("reward_func must be a callable (give its import path in YAML, e.g. "
+                         "reward_func: comlrl_lightning.envs.toy.story_reward).")
+    shared = [
+        (micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null."),
+        (eval_interval >= 0, "eval_interval must be >= 0."),
+        (eval_num_samples >= 0, "eval_num_samples must be >= 0."),
+        ((eval_logger is None) == (eval_aggregator is None),
+         "eval_logger and eval_aggregator must be given together (one without the other would be ignored)."),
+    ]
+    for ok, message in [*shared, *checks]:
+        if not ok:
+            raise ValueError(message)
+

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams
+from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.rollout.preferences import collect_preference_pairs
@@ -90,15 +90,11 @@ class MADPO(MultiAgentModule):
                                 preference_pairs_per_sample=preference_pairs_per_sample,
                                 pair_selection=pair_selection, eval_interval=eval_interval,
                                 eval_num_samples=eval_num_samples, eval_logger=eval_logger,
-                                eval_aggregator=eval_aggregator)
-        for ok, message in [
+                                eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size, checks=[
             (dpo_beta > 0, "dpo_beta must be > 0."),
             (environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1."),
             (train_batch_size >= 1, "train_batch_size must be >= 1."),
-            (micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null."),
-        ]:
-            if not ok:
-                raise ValueError(message)
+        ])
         validate_generation_kwargs(generation_kwargs)
         sampling = SamplingConfig(max_new_tokens, temperature, top_p, top_k)
         super().__init__(agents, num_agents, tokenizers, model_config, agent_learning_rate, weight_decay,
@@ -199,11 +195,9 @@ class MADPO(MultiAgentModule):
 
 def check_preference_config(name: str, *, reward_func, num_turns, joint_mode, preference_num_candidates,
                             preference_pairs_per_sample, pair_selection, eval_interval, eval_num_samples,
-                            eval_logger, eval_aggregator) -> None:
-    """REFERENCE §5.2 / appendix C rules shared by MADPO and MARLHF; raised before any model loads."""
-    if reward_func is None or not callable(reward_func):
-        raise ValueError("reward_func must be a callable (the preference oracle; give its import path in YAML).")
-    checks = [
+                            eval_logger, eval_aggregator, micro_batch_size=None, checks=()) -> None:
+    """REFERENCE §5.2 / appendix C rules shared by MADPO and MARLHF (plus ``checks``); raised before models load."""
+    check_config([
         (num_turns == 1, f"{name} currently supports num_turns=1 only."),
         (normalize_joint_mode(joint_mode) == "aligned",
          f"{name} preference generation currently supports aligned joint_mode only."),
@@ -213,11 +207,6 @@ def check_preference_config(name: str, *, reward_func, num_turns, joint_mode, pr
         (pair_selection in PAIR_SELECTIONS, f"pair_selection must be one of: {', '.join(PAIR_SELECTIONS)}."),
         (pair_selection != "all" or preference_pairs_per_sample is None,
          "preference_pairs_per_sample must be null when pair_selection='all'."),
-        (eval_interval >= 0, "eval_interval must be >= 0."),
-        (eval_num_samples >= 0, "eval_num_samples must be >= 0."),
-        ((eval_logger is None) == (eval_aggregator is None),
-         "eval_logger and eval_aggregator must be given together (one without the other would be ignored)."),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
+        *checks,
+    ], reward_func=reward_func, eval_interval=eval_interval, eval_num_samples=eval_num_samples,
+        eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size)

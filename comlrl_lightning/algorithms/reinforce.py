@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
-from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams
+from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams
 from comlrl_lightning.core.advantages import ADVANTAGE_MODES, compute_advantages
 from comlrl_lightning.core.losses import (
     KL_ESTIMATORS,
@@ -373,18 +373,12 @@ def _validate_config(*, reward_func, num_generations, num_turns, external_transi
                      discount, reference_kl_coef, reference_kl_estimator, reference_kl_placement, eval_interval,
                      eval_num_samples, eval_logger, eval_aggregator, algorithm):
     """CoMLRL's MAGRPOConfig rules (REFERENCE §3.1, appendix C) plus ours; raised before any model loads."""
-    if reward_func is None or not callable(reward_func):
-        raise ValueError("reward_func must be a callable (give its import path in YAML, e.g. "
-                         "reward_func: comlrl_lightning.envs.toy.story_reward).")
-    checks = [
+    check_config([
         (num_generations >= 2, "num_generations must be >= 2 (group baseline requires multiple samples)."),
         (num_turns >= 1, "num_turns must be >= 1."),
         (rollout_buffer_size >= 1, "rollout_buffer_size must be >= 1."),
         (train_batch_size >= 1, "train_batch_size must be >= 1."),
-        (micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null."),
         (generation_batch_size is None or generation_batch_size >= 1, "generation_batch_size must be >= 1 or null."),
-        (eval_interval >= 0, "eval_interval must be >= 0."),
-        (eval_num_samples >= 0, "eval_num_samples must be >= 0."),
         (0.0 <= discount <= 1.0, "discount must be in [0, 1]."),
         (reference_kl_coef >= 0, "reference_kl_coef must be >= 0."),
         (advantage_mode in ADVANTAGE_MODES, f"advantage_mode must be one of: {', '.join(ADVANTAGE_MODES)}."),
@@ -394,9 +388,5 @@ def _validate_config(*, reward_func, num_generations, num_turns, external_transi
         (reference_kl_placement in KL_PLACEMENTS,
          f"reference_kl_placement must be one of: {', '.join(KL_PLACEMENTS)}."),
         (num_turns == 1 or external_transition is not None, f"Multi-turn {algorithm} requires an external_transition."),
-        ((eval_logger is None) == (eval_aggregator is None),
-         "eval_logger and eval_aggregator must be given together (one without the other would be ignored)."),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
+    ], reward_func=reward_func, eval_interval=eval_interval, eval_num_samples=eval_num_samples,
+        eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size)
