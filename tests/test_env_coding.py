@@ -242,21 +242,22 @@ def _with_aux_call(code: str, entry: str) -> str | None:
 @needs_data
 @needs_sandbox
 def test_reference_solutions_pass_mbpp():
-    items, mains = [], []
-    for item in C.mbpp_tasks(str(MBPP_FILE)):
-        if len(items) == 20:
-            break
-        if not C.is_single_function(item["code"]):
-            continue
-        main = _with_aux_call(item["code"], item["entry_point"])
-        if main is not None:
-            items.append(item)
-            mains.append(main)
-    assert len(items) == 20
-    rows = C.CodingReward(workers=4).breakdown(["def aux():\n    return None"] * 20, mains, items)
-    for item, b in zip(items, rows):
+    """Every MBPP (sanitized, test split) reference solution passes all its tests: as the main agent's completion
+    (with ``aux`` called) it scores the maximum 4.5; the few references that are more than one function (not a
+    valid single-function completion) run as the same program directly in the sandbox and pass every test."""
+    items = C.mbpp_tasks(str(MBPP_FILE))
+    single = [it for it in items if C.is_single_function(it["code"])]
+    multi = [it for it in items if not C.is_single_function(it["code"])]
+    mains = [_with_aux_call(it["code"], it["entry_point"]) for it in single]
+    assert len(items) == 257 and all(m is not None for m in mains)
+    reward = C.CodingReward(workers=2)
+    rows = reward.breakdown(["def aux():\n    return None"] * len(single), mains, single)
+    for item, b in zip(single, rows):
         assert b["level_3"] == 1.0, (item["task_id"], b["errors"])
         assert b["total"] == pytest.approx(4.5), item["task_id"]
+    jobs = [(C.build_program("def aux():\n    return None", it["code"], it), C.item_tests(it)) for it in multi]
+    for item, res in zip(multi, reward.run(jobs)):
+        assert res.total > 0 and res.passed == res.total, (item["task_id"], res.errors)
 
 
 # ------------------------------------------------------------------------------------------ transitions

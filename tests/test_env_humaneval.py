@@ -10,11 +10,10 @@ Prompts with more top-level code than one function (helpers the tests call, e.g.
 for exactly one function — so for those the same program (``build_program``) is run directly in the sandbox;
 they are listed in ``NOT_ONE_FUNCTION``.
 
-No problem needs an operation the sandbox blocks. Six problems have one assert each that depends on its
-context inside ``check`` (a loop variable or a local computed there); ``extract_test_asserts`` lifts asserts out
-of ``check`` one by one, so exactly that assert fails with ``NameError`` (listed in ``CONTEXT_ASSERTS``: a
-limitation of the assert extraction, not of the solutions or the sandbox); all their other asserts must pass,
-and HumanEval's own ``check(candidate)`` (loops included) must pass in the sandbox for them.
+No problem needs an operation the sandbox blocks. Six problems have checks that depend on their context inside
+``check`` (a loop variable or a local computed there, ``CONTEXT_DEPENDENT``); ``extract_test_asserts`` keeps such a
+loop as one test and prepends the assignments it needs, so they pass like the rest, and HumanEval's own
+``check(candidate)`` passes in the sandbox for them too.
 """
 
 from __future__ import annotations
@@ -37,13 +36,13 @@ AUX = "def aux():\n    return None"
 # Prompt + canonical solution is not a single function (helpers or a module constant; checked below).
 NOT_ONE_FUNCTION = {"HumanEval/10", "HumanEval/32", "HumanEval/38", "HumanEval/50", "HumanEval/64"}
 # task id -> number of asserts that use a variable of check()'s body (they fail with NameError once extracted)
-CONTEXT_ASSERTS = {
-    "HumanEval/32": 1,  # for _ in range(100): coeffs = ...; solution = candidate(coeffs); assert |poly(...)| < 1e-4
-    "HumanEval/38": 1,  # for _ in range(100): str = ...; encoded_str = encode_cyclic(str); assert ...
-    "HumanEval/44": 1,  # for x in range(2, 8): assert candidate(x, x + 1) == str(x)
-    "HumanEval/50": 1,  # as HumanEval/38 with encode_shift
-    "HumanEval/53": 1,  # for i in range(100): x, y = random.randint(...); assert candidate(x, y) == x + y
-    "HumanEval/151": 1,  # lst = list(range(-99, 100, 2)); odd_sum = ...; assert candidate(lst) == odd_sum
+CONTEXT_DEPENDENT = {
+    "HumanEval/32",  # for _ in range(100): coeffs = ...; solution = candidate(coeffs); assert |poly(...)| < 1e-4
+    "HumanEval/38",  # for _ in range(100): str = ...; encoded_str = encode_cyclic(str); assert ...
+    "HumanEval/44",  # for x in range(2, 8): assert candidate(x, x + 1) == str(x)
+    "HumanEval/50",  # as HumanEval/38 with encode_shift
+    "HumanEval/53",  # for i in range(100): x, y = random.randint(...); assert candidate(x, y) == x + y
+    "HumanEval/151",  # lst = list(range(-99, 100, 2)); odd_sum = ...; assert candidate(lst) == odd_sum
 }
 
 
@@ -77,35 +76,26 @@ def test_canonical_solutions_pass_all_humaneval(problems):
     multi = [it for it in problems if it["task_id"] in NOT_ONE_FUNCTION]
     mains = [_main_with_aux_call(it) for it in single]
     rows = reward.breakdown([AUX] * len(single), mains, single)
-    failures = {}
-    for it, b in zip(single, rows):
-        n_context = CONTEXT_ASSERTS.get(it["task_id"], 0)
-        expected_passed = b["total_tests"] - n_context
-        ok = (b["format_ok"] and b["total_tests"] > 0 and b["passed"] == expected_passed
-              and b["errors"].count("NameError") == n_context and len(b["errors"]) == n_context)
-        if not ok:
-            failures[it["task_id"]] = (b["pass_ratio"], b["errors"][:3])
+    failures = {it["task_id"]: (b["pass_ratio"], b["errors"][:3]) for it, b in zip(single, rows)
+                if not (b["format_ok"] and b["total_tests"] > 0 and b["passed"] == b["total_tests"])}
     assert not failures, failures
-    clean = [b for it, b in zip(single, rows) if it["task_id"] not in CONTEXT_ASSERTS]
-    assert len(clean) == 164 - len(NOT_ONE_FUNCTION) - len(set(CONTEXT_ASSERTS) - NOT_ONE_FUNCTION)
-    assert all(b["level_3"] == 1.0 for b in clean)
+    assert len(rows) == 164 - len(NOT_ONE_FUNCTION)
+    assert all(b["level_3"] == 1.0 for b in rows)
     # aux called and main not a wrapper → both bonuses: 0.4 + 0.6 + 0.5 + 1.0 + 1.0 + 1.0 = 4.5
-    assert all(b["total"] == pytest.approx(4.5) for b in clean)
+    assert all(b["total"] == pytest.approx(4.5) for b in rows)
 
     jobs = [(C.build_program(AUX, _main_with_aux_call(it), it), C.item_tests(it)) for it in multi]
     for it, res in zip(multi, reward.run(jobs)):
-        n_context = CONTEXT_ASSERTS.get(it["task_id"], 0)
-        assert res.total > 0 and res.passed == res.total - n_context, (it["task_id"], res.errors)
-        assert res.errors == ["NameError"] * n_context, it["task_id"]
+        assert res.total > 0 and res.passed == res.total and not res.errors, (it["task_id"], res.errors)
 
 
 def test_context_dependent_problems_pass_the_original_check(problems):
     by_id = {it["task_id"]: it for it in problems}
     jobs = []
-    for tid in CONTEXT_ASSERTS:
+    for tid in sorted(CONTEXT_DEPENDENT):
         it = by_id[tid]
         program = C.build_program(AUX, _main_with_aux_call(it), it) + "\n" + it["test"] + "\n"
         jobs.append((program, [f"check({it['entry_point']})"]))
     results = C.CodingReward(timeout_per_test=10.0, workers=2).run(jobs)
-    for tid, res in zip(CONTEXT_ASSERTS, results):
+    for tid, res in zip(sorted(CONTEXT_DEPENDENT), results):
         assert res.total == 1 and res.passed == 1, (tid, res.errors)

@@ -383,8 +383,10 @@ class _Rename(ast.NodeTransformer):
 
 
 def extract_test_asserts(test: str | Sequence[str] | None, entry_point: str | None = None) -> list[str]:
-    """Assert statements of an item's tests: a list of assert strings is returned as is; test code has its
-    top-level asserts and those inside ``check(candidate)`` extracted, ``candidate`` renamed to the entry point."""
+    """The tests of an item, one string per scored check: a list of assert strings is returned as is; test code
+    gives one test per statement that contains an assert — at top level and inside ``check(candidate)``, with
+    ``candidate`` renamed to the entry point. A loop of asserts is one test, and the statements before a test
+    that assert nothing (``lst = ...``) are prepended to it, so checks that use local values still run."""
     if not test:
         return []
     if not isinstance(test, str):
@@ -392,18 +394,24 @@ def extract_test_asserts(test: str | Sequence[str] | None, entry_point: str | No
     tree = _parse(test)
     if tree is None:
         return [ln.strip() for ln in test.splitlines() if ln.strip().startswith("assert")]
-    asserts: list[str] = []
+    tests: list[str] = []
     for node in tree.body:
         if isinstance(node, ast.Assert):
-            asserts.append(ast.unparse(node))
+            tests.append(ast.unparse(node))
         elif isinstance(node, ast.FunctionDef):
             params = [a.arg for a in node.args.args]
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Assert):
-                    if params and entry_point:
-                        sub = _Rename(params[0], entry_point).visit(sub)
-                    asserts.append(ast.unparse(sub))
-    return asserts
+            rename = _Rename(params[0], entry_point) if params and entry_point else None
+            prelude: list[str] = []
+            for stmt in node.body:
+                if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                    continue  # docstring
+                code = ast.unparse(rename.visit(stmt) if rename else stmt)
+                if any(isinstance(sub, ast.Assert) for sub in ast.walk(stmt)):
+                    tests.append("\n".join([*prelude, code]))
+                    prelude = []
+                else:
+                    prelude.append(code)
+    return tests
 
 
 def extract_test_imports(test: str | Sequence[str] | None) -> list[str]:
