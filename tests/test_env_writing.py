@@ -246,6 +246,26 @@ def test_magrpo_fit_on_real_tldr_items(tmp_path):
     assert any(r.get("eval/turn_1/avg_total_reward") for r in rows)
 
 
+@needs_data
+def test_magrpo_fit_on_real_arxiv_items(tmp_path):
+    seed_everything(0)
+    items = w.arxiv_tasks(str(ARXIV_FILE), limit=2)
+    for item in items:  # keep the abstracts short so the tiny model runs fast
+        item["prompt"] = item["prompt"][:300]
+    module = MAGRPO(agents="tiny", num_agents=2, reward_func=w.arxiv_reward,
+                    formatters=[w.arxiv_background_prompt, w.arxiv_method_prompt], use_chat_template=False,
+                    num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None,
+                    eval_interval=1, eval_num_samples=1, eval_logger=w.arxiv_eval_logger,
+                    eval_aggregator=w.writing_eval_aggregator, log_completions=False)
+    trainer = Trainer(max_steps=1, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                      accelerator="cpu", devices=1)
+    trainer.fit(module, datamodule=TaskDataModule(dataset=items, eval_dataset=items[:1], prompts_per_step=2))
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
+        columns = set(next(csv.DictReader(f)))
+    assert "turn_1/reward_mean" in columns and "eval/turn_1/avg_total_reward" in columns
+
+
 @pytest.mark.parametrize("name", ["writing_tldr_magrpo.yaml", "writing_arxiv_magrpo.yaml"])
 def test_writing_configs_parse(name, capsys):
     from comlrl_lightning.cli import main
