@@ -199,3 +199,10 @@ def test_run_many_parallel_and_ordered():
     assert [r.passed for r in results] == [2, 1, 1, 1]  # order preserved
     assert 1.9 <= elapsed < 3.8  # 2 waves of 1 s, not 4 s serial and not 1 s fully parallel
     assert run_many([]) == []
+
+
+def test_files_in_the_working_directory_can_be_created_and_removed():
+    """Relative paths resolve against the sandbox's own directory (dir_fd = AT_FDCWD), so cleanup works."""
+    res = run_tests("import os", ['open("c.txt", "w").close()\nos.remove("c.txt")\nassert not os.path.exists("c.txt")'],
+                    timeout_per_test=5)
+    assert (res.passed, res.errors) == (1, [])

@@ -190,7 +190,7 @@ def _main():
         if isinstance(path, int):
             return None  # an already-open fd: it was checked when opened
         path = os.fsdecode(path)
-        if dir_fd is not None and not os.path.isabs(path):
+        if dir_fd is not None and dir_fd >= 0 and not os.path.isabs(path):  # AT_FDCWD (< 0) = the cwd
             base = os.readlink("/proc/self/fd/%d" % dir_fd)
             path = os.path.join(base, path)
         return os.path.realpath(path)
