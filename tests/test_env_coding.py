@@ -242,14 +242,14 @@ def _with_aux_call(code: str, entry: str) -> str | None:
 @needs_data
 @needs_sandbox
 def test_reference_solutions_pass_mbpp():
-    """Every MBPP (sanitized, test split) reference solution passes all its tests: as the main agent's completion
+    """Every MBPP (sanitized, all 427 problems) reference solution passes all its tests: as the main agent's completion
     (with ``aux`` called) it scores the maximum 4.5; the few references that are more than one function (not a
     valid single-function completion) run as the same program directly in the sandbox and pass every test."""
-    items = C.mbpp_tasks(str(MBPP_FILE))
+    items = C.mbpp_tasks(str(MBPP_FILE), split=None)
     single = [it for it in items if C.is_single_function(it["code"])]
     multi = [it for it in items if not C.is_single_function(it["code"])]
     mains = [_with_aux_call(it["code"], it["entry_point"]) for it in single]
-    assert len(items) == 257 and all(m is not None for m in mains)
+    assert len(items) == 427 and all(m is not None for m in mains)
     reward = C.CodingReward(workers=2)
     rows = reward.breakdown(["def aux():\n    return None"] * len(single), mains, single)
     for item, b in zip(single, rows):
