@@ -1,0 +1,294 @@
+"""Preference replay buffer and iterative pair selection (REFERENCE §5.6, §5.11, §5.12, appendix E.5, E.7).
+
+Pure torch + stdlib. Records and files are those of ``comlrl_lightning.core.pairs`` (``save_pairs`` /
+``load_pairs``); this module adds the per-round shard index, the replay weights and the sampling rule.
+
+Shards. Each training round ν (1-based ``iteration``) writes ``<dir>/iteration_{ν:04d}.json`` =
+``{"iteration": ν, "num_pairs": n, "pairs": [records]}`` atomically, also when n = 0; only non-empty rounds are
+registered as shards (oldest first, newest last).
+
+Weights over the K eligible shards, listed oldest -> newest (index j = 0..K-1, age a = K-1-j, a = 0 newest):
+    current       newest only: w = [0, ..., 0, 1]           (training uses the in-memory pairs, no sampling)
+    nearest_k     eligible = last k shards: w_j = 1/min(k, K) for the last min(k, K), 0 for older ones
+    all_history   w_j = 1/K
+    lambda_decay  w_a = (1-λ) λ^a / Σ_b (1-λ) λ^b = λ^a / Σ_b λ^b   (λ ∈ [0, 1]; 0^0 = 1)
+                  λ = 1 -> 1/K each; λ = 0 -> newest only; K = 3, λ = 0.8 -> [0.262, 0.328, 0.410]  (E.5)
+
+Sampling (historical modes), S draws:
+    S = sample_size  if set  else |current pairs|  if > 0  else |newest shard|  if any  else 0
+    shard of each draw ~ Categorical(w)              (``rng.choices``), giving counts c_j, Σ_j c_j = S
+    c_j <= n_j: c_j records without replacement      (``rng.sample``)
+    c_j >  n_j: ⌊c_j/n_j⌋ whole shuffled copies, then c_j mod n_j without replacement ("nested copies"),
+                so every record of shard j appears ⌊c_j/n_j⌋ or ⌈c_j/n_j⌉ times
+    concatenate (shards oldest -> newest) and shuffle once more.
+
+Iterative selection (``select_comparison_pairs``): comparison k pairs current[k] with comparator[k] for
+k < min(K_c, K_cmp); gap_k = r^cur_k - r^cmp_k; gap > 0 current wins, gap < 0 comparator wins, gap = 0 dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair, load_pairs, save_pairs
+
+REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
+# Every accepted spelling (lower-cased, stripped) -> canonical mode (REFERENCE §5.6).
+REPLAY_MODE_ALIASES: dict[str, str] = {
+    "current": "current",
+    "latest": "current",
+    "new": "current",
+    "nearest_k": "nearest_k",
+    "recent_k": "nearest_k",
+    "last_k": "nearest_k",
+    "k": "nearest_k",
+    "all_history": "all_history",
+    "lambda_decay": "lambda_decay",
+    "lambda": "lambda_decay",
+    "td_lambda": "lambda_decay",
+    "td-lambda": "lambda_decay",
+}
+ITERATIVE_PAIR_SELECTIONS = (*PAIR_SELECTIONS, "comparator_reward")
+_SHARD_NAME = "iteration_{:04d}.json"
+
+
+def normalize_replay_mode(value: str) -> str:
+    """Canonical ``preference_replay_mode`` for ``value`` (case-insensitive, aliases of §5.6)."""
+    key = str(value).strip().lower()
+    if key not in REPLAY_MODE_ALIASES:
+        raise ValueError(
+            "preference_replay_mode must be one of: current, nearest_k, all_history, lambda_decay "
+            f"(aliases: latest, new, recent_k, last_k, k, lambda, td_lambda, td-lambda). (got {value!r})"
+        )
+    return REPLAY_MODE_ALIASES[key]
+
+
+def replay_weights(num_shards: int, mode: str, k: int | None = None, lam: float | None = None) -> list[float]:
+    """Normalised dataset weights of ``num_shards`` shards, oldest -> newest (see the module docstring).
+
+    Args:
+        num_shards: K, number of non-empty shards (>= 0; K = 0 gives []).
+        mode: replay mode or alias (``normalize_replay_mode``).
+        k: ``preference_replay_k``; required (>= 1) for ``nearest_k``; k > K keeps all K shards.
+        lam: ``preference_replay_lambda``; required, in [0, 1], for ``lambda_decay``.
+    Returns:
+        [K] python floats summing to 1 (empty list for K = 0).
+    """
+    mode = normalize_replay_mode(mode)
+    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 0:
+        raise ValueError(f"num_shards must be an int >= 0. (got {num_shards!r})")
+    if mode == "nearest_k" and (k is None or isinstance(k, bool) or int(k) != k or k < 1):
+        raise ValueError(
+            f"preference_replay_k must be an int >= 1 when preference_replay_mode='nearest_k'. (got {k!r})"
+        )
+    if mode == "lambda_decay" and (lam is None or not 0.0 <= float(lam) <= 1.0):
+        raise ValueError(
+            f"preference_replay_lambda must be in [0, 1] when preference_replay_mode='lambda_decay'. (got {lam!r})"
+        )
+    K = num_shards
+    if K == 0:
+        return []
+    if mode == "current":
+        return [0.0] * (K - 1) + [1.0]
+    if mode == "nearest_k":
+        m = min(int(k), K)
+        return [0.0] * (K - m) + [1.0 / m] * m
+    if mode == "all_history":
+        return [1.0 / K] * K
+    # lambda_decay: the common factor (1 - λ) cancels; λ^a keeps λ = 1 (uniform) and λ = 0 (0^0 = 1) exact.
+    lam = float(lam)
+    raw = [lam ** (K - 1 - j) for j in range(K)]  # oldest (a = K-1) ... newest (a = 0)
+    total = sum(raw)
+    return [r / total for r in raw]
+
+
+@dataclass
+class ReplayShard:
+    """One non-empty round's replay file: ``iteration`` (1-based round), ``path``, ``num_pairs`` (> 0)."""
+
+    iteration: int
+    path: str
+    num_pairs: int
+
+
+class ReplayIndex:
+    """The shard list of one trainer run (newest last) plus file writing and §5.12 sampling.
+
+    Checkpoint it with ``state_dict()`` / ``load_state_dict()`` (plain dicts/lists/ints/strs).
+    """
+
+    def __init__(self, shards: Sequence[ReplayShard] | None = None) -> None:
+        self.shards: list[ReplayShard] = list(shards or [])
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"shards": [asdict(shard) for shard in self.shards]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping) or not isinstance(state.get("shards"), (list, tuple)):
+            raise ValueError("replay index state must be a mapping with a 'shards' list.")
+        self.shards = [
+            ReplayShard(iteration=int(s["iteration"]), path=str(s["path"]), num_pairs=int(s["num_pairs"]))
+            for s in state["shards"]
+        ]
+
+    def add(self, iteration: int, pairs: Sequence[PreferencePair], directory: str | os.PathLike) -> Path:
+        """Write round ``iteration``'s pairs to ``directory/iteration_{iteration:04d}.json`` (atomic, via
+        ``save_pairs(..., metadata={"iteration": iteration})``), also when empty; register it iff non-empty.
+
+        Re-adding an iteration replaces its earlier shard (e.g. a round re-run after a resume).
+        """
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+            raise ValueError(f"iteration must be an int >= 0. (got {iteration!r})")
+        path = save_pairs(pairs, Path(directory) / _SHARD_NAME.format(iteration), metadata={"iteration": iteration})
+        self.shards = [shard for shard in self.shards if shard.iteration != iteration]
+        if len(pairs) > 0:
+            self.shards.append(ReplayShard(iteration=iteration, path=str(path), num_pairs=len(pairs)))
+        return path
+
+    def eligible(self, mode: str, k: int | None = None) -> list[ReplayShard]:
+        """Shards a mode may draw from: ``current`` the newest, ``nearest_k`` the last k, else all."""
+        mode = normalize_replay_mode(mode)
+        if mode == "current":
+            return self.shards[-1:]
+        if mode == "nearest_k":
+            replay_weights(1, mode, k=k)  # validates k
+            return self.shards[-int(k) :]
+        return list(self.shards)
+
+    def sample(
+        self,
+        mode: str,
+        current_pairs: Sequence[PreferencePair],
+        sample_size: int | None = None,
+        k: int | None = None,
+        lam: float | None = None,
+        rng: random.Random | None = None,
+    ) -> list[PreferencePair]:
+        """Training pairs of this round (REFERENCE §5.12; algorithm in the module docstring).
+
+        ``current`` returns ``list(current_pairs)`` (the same objects, no file reads). Historical modes draw S
+        records from the eligible shards' files; loaded pairs have empty token tensors (re-tokenise from text).
+        ``rng`` defaults to the ``random`` module's global generator.
+        """
+        mode = normalize_replay_mode(mode)
+        if mode == "current":
+            return list(current_pairs)
+        if sample_size is not None and (
+            isinstance(sample_size, bool) or int(sample_size) != sample_size or sample_size < 1
+        ):
+            raise ValueError(f"preference_replay_sample_size must be an int >= 1 or null. (got {sample_size!r})")
+        rng = rng if rng is not None else random  # the module-level functions share the global Random
+        shards = self.eligible(mode, k)
+        weights = replay_weights(len(shards), mode, k=k, lam=lam)
+        if sample_size is not None:
+            S = int(sample_size)
+        elif len(current_pairs) > 0:
+            S = len(current_pairs)
+        elif self.shards:
+            S = self.shards[-1].num_pairs
+        else:
+            S = 0
+        if S == 0 or not shards:
+            return []
+
+        draws = rng.choices(range(len(shards)), weights=weights, k=S)
+        counts = [0] * len(shards)
+        for j in draws:
+            counts[j] += 1
+        out: list[PreferencePair] = []
+        for shard, c in zip(shards, counts):
+            if c == 0:
+                continue
+            records = load_pairs(shard.path)
+            size = len(records)
+            if size != shard.num_pairs:
+                raise ValueError(f"{shard.path}: replay index says num_pairs={shard.num_pairs}, file holds {size}.")
+            remaining = c
+            while remaining >= size:  # nested copies: whole shuffled passes over the shard
+                copy = list(records)
+                rng.shuffle(copy)
+                out.extend(copy)
+                remaining -= size
+            if remaining:
+                out.extend(rng.sample(records, remaining))
+        rng.shuffle(out)
+        return out
+
+
+def select_comparison_pairs(
+    current_scores: Sequence[float] | Tensor,
+    comparator_scores: Sequence[float] | Tensor,
+    selection: str = "comparator_reward",
+    limit: int | None = 4,
+    generator: torch.Generator | None = None,
+) -> list[tuple[int, bool]]:
+    """Iterative pair selection (REFERENCE §5.11): compare current[k] with comparator[k], k < min(K_c, K_cmp).
+
+    gap_k = r^cur_k - r^cmp_k (processed scores); gap_k = 0 dropped; current_wins = gap_k > 0. Order:
+        reward_gap         |gap_k| descending (stable: ties keep k order)
+        random             uniform shuffle (``torch.randperm`` with ``generator``)
+        all                k ascending (``limit`` must be None)
+        comparator_reward  (r^cmp_k, |gap_k|) descending (stable)
+    then the first ``limit`` (None = all). E.7: current [3, 1, 2], comparator [1, 2, 2], comparator_reward,
+    limit 2 -> [(1, False), (0, True)].
+
+    Returns:
+        list of (k, current_wins) with python int / bool.
+    """
+    selection = str(selection).lower()
+    if selection not in ITERATIVE_PAIR_SELECTIONS:
+        raise ValueError(
+            f"pair_selection must be one of: reward_gap, all, random, comparator_reward. (got {selection!r})"
+        )
+    if limit is not None and limit < 1:
+        raise ValueError(f"preference_pairs_per_sample must be >= 1 or null. (got {limit!r})")
+    if selection == "all" and limit is not None:
+        raise ValueError(f"preference_pairs_per_sample must be null when pair_selection='all'. (got {limit!r})")
+
+    def as_scores(values: Sequence[float] | Tensor, name: str) -> Tensor:
+        s = torch.as_tensor(values).detach().to("cpu", torch.float64)  # [K]
+        if s.dim() != 1:
+            raise ValueError(f"{name} must be 1-D [K] (got shape {tuple(s.shape)}).")
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError(f"{name} must be finite (got {s.tolist()}).")
+        return s
+
+    cur = as_scores(current_scores, "current_scores")
+    cmp = as_scores(comparator_scores, "comparator_scores")
+    n = min(cur.numel(), cmp.numel())
+    cur_list, cmp_list = cur[:n].tolist(), cmp[:n].tolist()
+    # (k, gap, comparator score) for every non-tied comparison, k ascending
+    cands = [(i, c - m, m) for i, (c, m) in enumerate(zip(cur_list, cmp_list)) if c != m]
+    if not cands:
+        return []
+    if selection == "reward_gap":
+        cands = sorted(cands, key=lambda t: -abs(t[1]))
+    elif selection == "comparator_reward":
+        cands = sorted(cands, key=lambda t: (-t[2], -abs(t[1])))
+    elif selection == "random":
+        cands = [cands[j] for j in torch.randperm(len(cands), generator=generator).tolist()]
+    if limit is not None:
+        cands = cands[:limit]
+    return [(int(i), bool(gap > 0)) for i, gap, _ in cands]
+
+
+__all__ = [
+    "ITERATIVE_PAIR_SELECTIONS",
+    "REPLAY_MODES",
+    "REPLAY_MODE_ALIASES",
+    "ReplayIndex",
+    "ReplayShard",
+    "normalize_replay_mode",
+    "replay_weights",
+    "select_comparison_pairs",
+]
