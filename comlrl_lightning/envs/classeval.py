@@ -12,8 +12,8 @@ agent sees the full skeleton and is told which methods it owns and which its tea
 
 Merger (:func:`merge_class`): the class is rebuilt as ``imports + class_constructor`` followed by, for every
 method, the owner's implementation when the owner's completion defines it (top level or inside any class; markdown
-fences stripped; completions that do not parse are salvaged ``def`` block by ``def`` block), else a stub raising
-``NotImplementedError``. Methods a completion defines but does not own are ignored; top-level imports of the
+fences stripped; completions that do not parse are salvaged ``def`` block by ``def`` block), else a placeholder
+that raises ``RuntimeError`` (so the tests of a method nobody wrote fail). Methods a completion defines but does not own are ignored; top-level imports of the
 completions are kept. A definition whose body is only a docstring / ``pass`` / ``...`` / ``raise
 NotImplementedError`` does not count as implemented.
 
@@ -50,7 +50,7 @@ from comlrl_lightning.envs.coding import _load_rows, strip_markdown
 CLASSEVAL_HUB_ID = "FudanSELab/ClassEval"
 EVAL_HEAD = 16  # default eval set: the first EVAL_HEAD (stdlib-only) items, training: the rest
 REWARD_MIN, REWARD_MAX = -0.2, 6.0
-_STUB = "raise NotImplementedError('method not implemented')"
+_STUB = "raise RuntimeError('method not implemented by its agent')"
 
 # ------------------------------------------------------------------------------------------------ loading
 
