@@ -45,7 +45,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from comlrl_lightning.envs.coding import _load_rows, strip_markdown
+from comlrl_lightning.envs.coding import _load_rows, all_passed, per_turn_means, strip_markdown
 
 CLASSEVAL_HUB_ID = "FudanSELab/ClassEval"
 EVAL_HEAD = 16  # default eval set: the first EVAL_HEAD (stdlib-only) items, training: the rest
@@ -512,18 +512,10 @@ def classeval_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[st
 def classeval_eval_aggregator(metrics: Sequence[Mapping[str, Any]], num_turns: int | None = None) -> dict[str, float]:
     """Per turn means: ``turn_t/pass_rate``, ``turn_t/all_passed_rate``, ``turn_t/syntax_rate``,
     ``turn_t/cooperation_rate`` and ``turn_t/avg_total_reward``."""
-    if num_turns is None:
-        num_turns = max((len(m.get("turns", [])) for m in metrics), default=0)
-    out: dict[str, float] = {}
-    for t in range(num_turns):
-        rows = [m["turns"][t] for m in metrics if len(m.get("turns", [])) > t]
-        if not rows:
-            continue
-        mean = lambda f: float(sum(f(r) for r in rows) / len(rows))  # noqa: E731
-        p = f"turn_{t + 1}/"
-        out[p + "pass_rate"] = mean(lambda r: r["pass_ratio"])
-        out[p + "all_passed_rate"] = mean(lambda r: float(r["total_tests"] > 0 and r["passed"] == r["total_tests"]))
-        out[p + "syntax_rate"] = mean(lambda r: float(r["level_syntax"] > 0))
-        out[p + "cooperation_rate"] = mean(lambda r: float(r["contributed"]))
-        out[p + "avg_total_reward"] = mean(lambda r: r["total"])
-    return out
+    return per_turn_means(metrics, num_turns, {
+        "pass_rate": lambda r: r["pass_ratio"],
+        "all_passed_rate": all_passed,
+        "syntax_rate": lambda r: float(r["level_syntax"] > 0),
+        "cooperation_rate": lambda r: float(r["contributed"]),
+        "avg_total_reward": lambda r: r["total"],
+    })

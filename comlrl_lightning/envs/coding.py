@@ -773,26 +773,37 @@ def coding_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]
     return out
 
 
-def coding_eval_aggregator(metrics: Sequence[Mapping[str, Any]], num_turns: int | None = None) -> dict[str, float]:
-    """Means over samples, per turn: ``turn_t/pass_rate`` (mean pass ratio), ``turn_t/syntax_rate``,
-    ``turn_t/avg_level_{1,2,3}_reward``, ``turn_t/avg_bonus_reward``, ``turn_t/avg_total_reward``,
-    ``turn_t/aux_usage_rate`` and ``turn_t/all_passed_rate``; a turn no sample reached is left out."""
+def per_turn_means(metrics: Sequence[Mapping[str, Any]], num_turns: int | None,
+                   columns: Mapping[str, Callable[[Mapping[str, Any]], float]]) -> dict[str, float]:
+    """``turn_t/<name>`` = mean of ``column(row)`` over the samples that reached turn t (eval-logger rows are
+    ``{"turns": [row_turn_1, ...]}``); a turn no sample reached is left out."""
     if num_turns is None:
         num_turns = max((len(m.get("turns", [])) for m in metrics), default=0)
     out: dict[str, float] = {}
     for t in range(num_turns):
         rows = [m["turns"][t] for m in metrics if len(m.get("turns", [])) > t]
-        if not rows:
-            continue
-        mean = lambda f: float(sum(f(r) for r in rows) / len(rows))  # noqa: E731
-        p = f"turn_{t + 1}/"
-        out[p + "pass_rate"] = mean(lambda r: r["pass_ratio"])
-        out[p + "all_passed_rate"] = mean(lambda r: float(r["total_tests"] > 0 and r["passed"] == r["total_tests"]))
-        out[p + "syntax_rate"] = mean(lambda r: float(r["syntax_ok"]))
-        out[p + "avg_level_1_reward"] = mean(lambda r: r["level_1"])
-        out[p + "avg_level_2_reward"] = mean(lambda r: r["level_2"])
-        out[p + "avg_level_3_reward"] = mean(lambda r: r["level_3"])
-        out[p + "avg_bonus_reward"] = mean(lambda r: r["bonus"])
-        out[p + "avg_total_reward"] = mean(lambda r: r["total"])
-        out[p + "aux_usage_rate"] = mean(lambda r: float(r["aux_called"]))
+        for name, column in columns.items() if rows else ():
+            out[f"turn_{t + 1}/{name}"] = float(sum(column(r) for r in rows) / len(rows))
     return out
+
+
+def all_passed(row: Mapping[str, Any]) -> float:
+    """1.0 when the row ran at least one test and passed all of them."""
+    return float(row["total_tests"] > 0 and row["passed"] == row["total_tests"])
+
+
+def coding_eval_aggregator(metrics: Sequence[Mapping[str, Any]], num_turns: int | None = None) -> dict[str, float]:
+    """Means over samples, per turn: ``turn_t/pass_rate`` (mean pass ratio), ``turn_t/syntax_rate``,
+    ``turn_t/avg_level_{1,2,3}_reward``, ``turn_t/avg_bonus_reward``, ``turn_t/avg_total_reward``,
+    ``turn_t/aux_usage_rate`` and ``turn_t/all_passed_rate``; a turn no sample reached is left out."""
+    return per_turn_means(metrics, num_turns, {
+        "pass_rate": lambda r: r["pass_ratio"],
+        "all_passed_rate": all_passed,
+        "syntax_rate": lambda r: float(r["syntax_ok"]),
+        "avg_level_1_reward": lambda r: r["level_1"],
+        "avg_level_2_reward": lambda r: r["level_2"],
+        "avg_level_3_reward": lambda r: r["level_3"],
+        "avg_bonus_reward": lambda r: r["bonus"],
+        "avg_total_reward": lambda r: r["total"],
+        "aux_usage_rate": lambda r: float(r["aux_called"]),
+    })
