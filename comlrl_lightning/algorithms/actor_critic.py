@@ -53,7 +53,6 @@ from comlrl_lightning.rollout.sampling import (
     build_scoring_inputs,
     collate_rows,
     sample_completions,
-    select_rows,
     token_logprobs,
     validate_generation_kwargs,
 )

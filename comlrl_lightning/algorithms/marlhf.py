@@ -28,7 +28,6 @@ import functools
 import time
 from typing import Any, Callable, Sequence
 
-import torch
 
 from comlrl_lightning.agents import JointRewardModel, RewardModelReward
 from comlrl_lightning.algorithms.actor_critic import CRITIC_TYPES, IAC, MAAC

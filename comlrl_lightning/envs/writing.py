@@ -48,14 +48,14 @@ shared offline copies under ``../shared/data`` when they exist (or ``$COMLRL_WRI
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from comlrl_lightning.envs.loading import load_rows
 
 # ------------------------------------------------------------------------------------------------ data
 TLDR_HUB_ID = "trl-lib/tldr"
@@ -77,37 +77,6 @@ def local_arxiv_file() -> Path:
     return shared_data_dir() / "arxiv_abstract" / "scitldr_abstracts.jsonl.gz"
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _load_raw(path_or_id: str, split: str, limit: int | None) -> list[dict[str, Any]]:
-    path = Path(path_or_id).expanduser()
-    if path.exists():
-        if not path.name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")):
-            raise ValueError(f"{path_or_id!r}: expected a .jsonl or .jsonl.gz file.")
-        rows = _read_jsonl(path)
-        return rows if limit is None else rows[:limit]
-    if path.suffix in (".gz", ".jsonl", ".json") or os.sep in path_or_id and path_or_id.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"dataset file {path_or_id!r} does not exist.")
-    import datasets
-
-    try:
-        data = datasets.load_dataset(path_or_id, split=split)
-    except Exception as err:  # offline hub lookups raise ConnectionError/OSError/ValueError/... by version
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-        hint = " The machine is offline (HF_HUB_OFFLINE=1)." if offline else ""
-        raise FileNotFoundError(
-            f"dataset {path_or_id!r} (split {split!r}) could not be loaded: {err}.{hint} Pass a local .jsonl or "
-            f".jsonl.gz file path instead (e.g. --data.init_args.dataset ../shared/data/...)."
-        ) from err
-    if limit is not None:
-        data = data.select(range(min(limit, len(data))))
-    return [dict(row) for row in data]
-
-
 def tldr_tasks(path_or_id: str = TLDR_HUB_ID, split: str = "train", limit: int | None = None) -> list[dict]:
     """TL;DR items: the original fields plus ``prompt`` (the post text, ``SUBREDDIT/TITLE/POST ... TL;DR:``).
 
@@ -115,7 +84,7 @@ def tldr_tasks(path_or_id: str = TLDR_HUB_ID, split: str = "train", limit: int |
     ``limit``: keep only the first ``limit`` items.
     """
     items = []
-    for row in _load_raw(path_or_id, split, limit):
+    for row in load_rows(path_or_id, split, limit=limit):
         post = row.get("prompt") or row.get("post") or row.get("content")
         if post is None:
             raise KeyError(f"TL;DR item without a 'prompt'/'post' field (fields: {sorted(row)}).")
@@ -129,7 +98,7 @@ def arxiv_tasks(path_or_id: str = ARXIV_HUB_ID, split: str = "train", limit: int
     ``path_or_id``: a local ``.jsonl``/``.jsonl.gz`` file (``split`` is then ignored) or a hub dataset id.
     """
     items = []
-    for row in _load_raw(path_or_id, split, limit):
+    for row in load_rows(path_or_id, split, limit=limit):
         abstract = row.get("abstract_text") or row.get("abstract") or row.get("prompt")
         if abstract is None:
             raise KeyError(f"arXiv item without an 'abstract_text' field (fields: {sorted(row)}).")
