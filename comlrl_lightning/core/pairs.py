@@ -170,20 +170,12 @@ class PreferencePair:
         )
 
 
-def save_pairs(
-    pairs: Sequence[PreferencePair], path: str | os.PathLike, metadata: Mapping[str, Any] | None = None
-) -> Path:
-    """Write ``{**metadata, "num_pairs": n, "pairs": [records]}`` as UTF-8 JSON, atomically.
-
-    The file is written to a temporary sibling and moved into place with ``os.replace``, so a reader (or a
-    crash) never sees a half-written file. ``metadata`` adds leading keys, e.g. ``{"iteration": 3}`` for the
-    replay shards of REFERENCE §5.12. Parent directories are created. Returns the path.
-    """
+def write_json_atomic(payload: Any, path: str | os.PathLike) -> Path:
+    """Write ``payload`` as UTF-8 JSON (``ensure_ascii=False``) to ``path`` atomically: a temporary sibling is
+    written, flushed and moved into place with ``os.replace``, so a reader (or a crash) never sees a half-written
+    file. Parent directories are created. Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload: dict[str, Any] = dict(metadata or {})
-    payload["num_pairs"] = len(pairs)
-    payload["pairs"] = [pair.to_record() for pair in pairs]
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -196,6 +188,19 @@ def save_pairs(
             os.unlink(tmp_name)
         raise
     return path
+
+
+def save_pairs(
+    pairs: Sequence[PreferencePair], path: str | os.PathLike, metadata: Mapping[str, Any] | None = None
+) -> Path:
+    """Write ``{**metadata, "num_pairs": n, "pairs": [records]}`` with ``write_json_atomic``.
+
+    ``metadata`` adds leading keys, e.g. ``{"iteration": 3}`` for the replay shards of REFERENCE §5.12.
+    """
+    payload: dict[str, Any] = dict(metadata or {})
+    payload["num_pairs"] = len(pairs)
+    payload["pairs"] = [pair.to_record() for pair in pairs]
+    return write_json_atomic(payload, path)
 
 
 def load_pairs(path: str | os.PathLike) -> list[PreferencePair]:
@@ -212,4 +217,5 @@ def load_pairs(path: str | os.PathLike) -> list[PreferencePair]:
     return pairs
 
 
-__all__ = ["PAIR_SELECTIONS", "RECORD_KEYS", "PreferencePair", "load_pairs", "save_pairs", "select_pairs"]
+__all__ = ["PAIR_SELECTIONS", "RECORD_KEYS", "PreferencePair", "load_pairs", "save_pairs", "select_pairs",
+           "write_json_atomic"]
