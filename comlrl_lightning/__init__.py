@@ -9,8 +9,10 @@ from comlrl_lightning.algorithms import (  # noqa: E402
     IAC,
     MAAC,
     MADPO,
+    MADPOIter,
     MAGRPO,
     MARLHF,
+    MARLHFIter,
     MAREINFORCE,
     MARLOO,
     MAReMax,
@@ -18,4 +20,4 @@ from comlrl_lightning.algorithms import (  # noqa: E402
 )
 from comlrl_lightning.data import PreferenceDataModule, TaskDataModule  # noqa: E402
 
-__all__ = ["IAC", "MAAC", "MADPO", "MAGRPO", "MARLHF", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "PreferenceDataModule", "TaskDataModule", "__version__"]
+__all__ = ["IAC", "MAAC", "MADPO", "MADPOIter", "MAGRPO", "MARLHF", "MARLHFIter", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "PreferenceDataModule", "TaskDataModule", "__version__"]

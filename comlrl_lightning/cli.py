@@ -11,10 +11,26 @@ from __future__ import annotations
 import os
 import sys
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from comlrl_lightning.algorithms import MultiAgentModule
 from comlrl_lightning.data import TaskDataModule
+
+
+SECRET_KEYS = ("comparator_api_key",)  # literal credentials: never written to the run's config.yaml
+
+
+class SecretSafeSaveConfig(SaveConfigCallback):
+    """Writes the run's ``config.yaml`` like Lightning does, with credential fields replaced by ``<redacted>``
+    (give keys through ``comparator_api_key_env`` to keep them out of configs altogether)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        config = self.config.clone()
+        for key in list(config.keys()):
+            if key.rsplit(".", 1)[-1] in SECRET_KEYS and config[key] is not None:
+                config[key] = "<redacted>"
+        self.config = config
+        super().setup(trainer, pl_module, stage)
 
 
 class ComlrlCLI(LightningCLI):
@@ -38,6 +54,7 @@ def main(args: list[str] | None = None, run: bool = True) -> ComlrlCLI:
         subclass_mode_data=True,
         args=args,
         run=run,
+        save_config_callback=SecretSafeSaveConfig,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
     )

@@ -24,8 +24,10 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams
+from comlrl_lightning.algorithms.iterative import ITERATIVE_DEFAULTS, IterativePreference, check_iterative_config
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
+from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
 from comlrl_lightning.rollout.preferences import collect_preference_pairs
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters
 from comlrl_lightning.rollout.sampling import SamplingConfig, collate_rows, token_logprobs, validate_generation_kwargs
@@ -46,6 +48,7 @@ class MADPO(MultiAgentModule):
     """
 
     algorithm_name = "MADPO"
+    pair_selections = PAIR_SELECTIONS
 
     def __init__(
         self,
@@ -90,7 +93,8 @@ class MADPO(MultiAgentModule):
                                 preference_pairs_per_sample=preference_pairs_per_sample,
                                 pair_selection=pair_selection, eval_interval=eval_interval,
                                 eval_num_samples=eval_num_samples, eval_logger=eval_logger,
-                                eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size, checks=[
+                                eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size,
+                                selections=self.pair_selections, checks=[
             (dpo_beta > 0, "dpo_beta must be > 0."),
             (environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1."),
             (train_batch_size >= 1, "train_batch_size must be >= 1."),
@@ -134,6 +138,11 @@ class MADPO(MultiAgentModule):
     def pair_batch_size(self) -> int:
         """Pairs per update (what PreferenceDataModule batches by)."""
         return self.train_batch_size
+
+    @property
+    def collection_engine(self) -> RolloutEngine:
+        """Formatters, sampling and task reward of pair collection."""
+        return self.engine
 
     def policy_models(self) -> list[torch.nn.Module]:
         return [self.policy_model(i) for i in range(self.num_agents)]
@@ -195,7 +204,8 @@ class MADPO(MultiAgentModule):
 
 def check_preference_config(name: str, *, reward_func, num_turns, joint_mode, preference_num_candidates,
                             preference_pairs_per_sample, pair_selection, eval_interval, eval_num_samples,
-                            eval_logger, eval_aggregator, micro_batch_size=None, checks=()) -> None:
+                            eval_logger, eval_aggregator, micro_batch_size=None, selections=PAIR_SELECTIONS,
+                            checks=()) -> None:
     """REFERENCE §5.2 / appendix C rules shared by MADPO and MARLHF (plus ``checks``); raised before models load."""
     check_config([
         (num_turns == 1, f"{name} currently supports num_turns=1 only."),
@@ -204,9 +214,95 @@ def check_preference_config(name: str, *, reward_func, num_turns, joint_mode, pr
         (preference_num_candidates >= 2, "preference_num_candidates must be >= 2."),
         (preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
          "preference_pairs_per_sample must be >= 1 or null."),
-        (pair_selection in PAIR_SELECTIONS, f"pair_selection must be one of: {', '.join(PAIR_SELECTIONS)}."),
+        (pair_selection in selections, f"pair_selection must be one of: {', '.join(selections)}."),
         (pair_selection != "all" or preference_pairs_per_sample is None,
          "preference_pairs_per_sample must be null when pair_selection='all'."),
         *checks,
     ], reward_func=reward_func, eval_interval=eval_interval, eval_num_samples=eval_num_samples,
         eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size)
+
+
+class MADPOIter(IterativePreference, MADPO):
+    """Iterative MADPO (REFERENCE §5.6–5.14): ``num_iterations`` rounds of collect (current agents vs a comparator)
+    → replay shard → ``num_train_epochs`` DPO passes over the round's replayed pairs. One round is one Lightning
+    epoch (``trainer.max_epochs`` is set to ``num_iterations``). The round machinery, comparators and replay are
+    in ``algorithms/iterative.py``; the DPO update is MADPO's.
+
+    Fields beyond MADPO's: ``num_iterations``, ``num_train_epochs`` (DPO passes per round), the replay fields
+    (``preference_replay_mode`` current | nearest_k | all_history | lambda_decay, ``preference_replay_k``,
+    ``preference_replay_lambda``, ``preference_replay_sample_size``, ``preference_replay_dir``),
+    ``log_reward_distribution``, ``policy_checkpoint_dir``, and the comparator fields (``comparator_policy``
+    current | current_copy | model | history | api, ``comparator_generation_mode``,
+    ``comparator_centralized_agent_index``, ``comparator_model_name`` / ``comparator_agents``,
+    ``comparator_devices``, ``comparator_num_candidates``, ``comparator_history_k``, ``comparator_api_*``,
+    ``centralized_comparator_adapter``). ``pair_selection`` adds ``comparator_reward`` (the default).
+    """
+
+    algorithm_name = "MADPOIter"
+    pair_selections = ITERATIVE_PAIR_SELECTIONS
+    epochs_per_iteration = 1
+
+    def __init__(
+        self,
+        num_iterations: int = 6,
+        num_train_epochs: int = 1,
+        preference_num_candidates: int = 20,
+        preference_pairs_per_sample: int | None = 4,
+        pair_selection: str = "comparator_reward",
+        preference_replay_mode: str = "current",
+        preference_replay_k: int | None = None,
+        preference_replay_lambda: float | None = None,
+        preference_replay_sample_size: int | None = None,
+        preference_replay_dir: str | None = None,
+        log_reward_distribution: bool = False,
+        policy_checkpoint_dir: str | None = None,
+        comparator_policy: str = "current",
+        comparator_generation_mode: str = "decentralized",
+        comparator_centralized_agent_index: int = 0,
+        comparator_model_name: str | None = None,
+        comparator_agents: list[Any] | None = None,
+        comparator_devices: str | list[str] | None = None,
+        comparator_num_candidates: int | None = None,
+        comparator_history_k: int | None = None,
+        comparator_api_url: str | None = None,
+        comparator_api_format: str = "generic",
+        comparator_api_model: str | None = None,
+        comparator_api_max_n_per_request: int | None = None,
+        comparator_api_timeout: float = 120.0,
+        comparator_api_headers: dict[str, str] | None = None,
+        comparator_api_key: str | None = None,
+        comparator_api_key_env: str | None = None,
+        comparator_api_key_header: str = "Authorization",
+        comparator_api_key_prefix: str | None = "Bearer",
+        comparator_api_response_field: str = "completions",
+        comparator_api_extra_body: dict[str, Any] | None = None,
+        comparator_api_max_retries: int = 3,
+        comparator_api_backoff_s: float = 1.0,
+        comparator_api_max_concurrency: int = 4,
+        centralized_comparator_adapter: Any = None,
+        **kwargs: Any,
+    ):
+        """``kwargs``: every MADPO field (agents, reward_func, dpo_beta, train_batch_size, ...)."""
+        fields = {k: v for k, v in locals().items() if k in ITERATIVE_DEFAULTS}
+        cfg = check_iterative_config(fields, num_agents=_team_size(kwargs), reward_func=kwargs.get("reward_func"))
+        if num_train_epochs < 1:
+            raise ValueError("num_train_epochs must be >= 1.")
+        super().__init__(preference_num_candidates=preference_num_candidates,
+                         preference_pairs_per_sample=preference_pairs_per_sample,
+                         pair_selection=pair_selection, **kwargs)
+        self.num_train_epochs = num_train_epochs
+        self.hparams.update(num_train_epochs=num_train_epochs)
+        self.init_iterative(cfg)
+
+    @property
+    def pair_passes(self) -> int:
+        """DPO passes over the round's pairs, served in one epoch."""
+        return self.num_train_epochs
+
+
+def _team_size(kwargs: Mapping[str, Any]) -> int:
+    """The number of agents the module will have (for checks that run before models load)."""
+    agents = kwargs.get("agents", "tiny")
+    if kwargs.get("num_agents") is not None:
+        return int(kwargs["num_agents"])
+    return len(agents) if isinstance(agents, (list, tuple)) else 2

@@ -32,10 +32,12 @@ from typing import Any, Callable, Sequence
 from comlrl_lightning.agents import JointRewardModel, RewardModelReward
 from comlrl_lightning.algorithms.actor_critic import CRITIC_TYPES, IAC, MAAC
 from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams
-from comlrl_lightning.algorithms.madpo import check_preference_config
+from comlrl_lightning.algorithms.iterative import ITERATIVE_DEFAULTS, IterativePreference, check_iterative_config
+from comlrl_lightning.algorithms.madpo import _team_size, check_preference_config
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
-from comlrl_lightning.core.pairs import PreferencePair
+from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
+from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
 from comlrl_lightning.rollout.preferences import collect_preference_pairs
 from comlrl_lightning.rollout.rewards import RewardCaller
 from comlrl_lightning.rollout.sampling import SamplingConfig
@@ -58,6 +60,7 @@ class MARLHF(MultiAgentModule):
     """
 
     algorithm_name = "MARLHF"
+    pair_selections = PAIR_SELECTIONS
 
     def __init__(
         self,
@@ -124,7 +127,7 @@ class MARLHF(MultiAgentModule):
         if rl_algorithm not in BACKENDS:
             raise ValueError(f"rl_algorithm must be one of: {', '.join(RL_ALGORITHMS)} (got {rl_algorithm!r}).")
         # Become MARLHF[backend]: MARLHF's stages in front of the backend's RL (see the module docstring).
-        self.__class__ = _with_backend(BACKENDS[rl_algorithm])
+        self.__class__ = _with_backend(getattr(type(self), "_host", type(self)), BACKENDS[rl_algorithm])
         pair_selection = str(pair_selection).lower()
         actor_critic = rl_algorithm in ("iac", "maac")
         check_preference_config(self.algorithm_name, reward_func=reward_func, num_turns=num_turns,
@@ -132,7 +135,7 @@ class MARLHF(MultiAgentModule):
                                 preference_pairs_per_sample=preference_pairs_per_sample,
                                 pair_selection=pair_selection, eval_interval=eval_interval,
                                 eval_num_samples=eval_num_samples, eval_logger=eval_logger,
-                                eval_aggregator=eval_aggregator)
+                                eval_aggregator=eval_aggregator, selections=self.pair_selections)
         checks = [
             (actor_critic or num_generations >= 2, "num_generations must be >= 2 for MAGRPO-family MARLHF backends."),
             (num_generations >= 1, "num_generations must be >= 1."),
@@ -215,6 +218,11 @@ class MARLHF(MultiAgentModule):
     @property
     def pair_passes(self) -> int:
         return self.reward_num_train_epochs
+
+    @property
+    def collection_engine(self) -> RolloutEngine:
+        """Formatters, sampling and task reward of pair collection."""
+        return self.pair_engine
 
     def collect_pairs(self, items) -> list[PreferencePair]:
         return collect_preference_pairs(self.pair_engine, [self.policy_model(i) for i in range(self.num_agents)],
@@ -309,7 +317,121 @@ class MARLHF(MultiAgentModule):
 
 
 @functools.lru_cache(maxsize=None)
-def _with_backend(backend: type[MultiAgentModule]) -> type[MARLHF]:
-    """``MARLHF[backend]``: MARLHF's stages in front of the backend's RL (MRO: MARLHF, backend, base)."""
-    name = f"MARLHF[{backend.__name__}]"
-    return type(name, (MARLHF, backend), {"_backend": backend, "__module__": __name__, "__qualname__": name})
+def _with_backend(host: type[MARLHF], backend: type[MultiAgentModule]) -> type[MARLHF]:
+    """``MARLHF[backend]`` (or ``MARLHFIter[backend]``): the host's stages in front of the backend's RL
+    (MRO: host, backend, base)."""
+    name = f"{host.__name__}[{backend.__name__}]"
+    return type(name, (host, backend), {"_backend": backend, "_host": host, "__module__": host.__module__,
+                                        "__qualname__": name})
+
+
+SCORING_REWARDS = {**{a: "task" for a in ("task", "oracle", "environment", "env")},
+                   **{a: "reward_model" for a in ("reward_model", "model", "learned")}}
+
+
+class MARLHFIter(IterativePreference, MARLHF):
+    """Iterative MARLHF (REFERENCE §5.7, appendix A.3): ``num_iterations`` rounds of collect (current agents vs a
+    comparator) → replay shard → a *fresh* reward model trained on the round's replayed pairs → ``num_train_epochs``
+    RL epochs over the task set on it. A round is ``1 + num_train_epochs`` Lightning epochs (the first trains the
+    reward model); ``trainer.max_epochs`` is set to ``num_iterations × (1 + num_train_epochs)``.
+
+    Fields: MARLHF's, the iterative ones of ``MADPOIter``, and ``preference_scoring_reward``: ``task`` (aliases
+    oracle, environment, env) scores comparisons with the task reward; ``reward_model`` (model, learned) with the
+    previous round's reward model (the task reward in round 1). Evaluation always uses the task reward.
+    """
+
+    algorithm_name = "MARLHFIter"
+    pair_selections = ITERATIVE_PAIR_SELECTIONS
+    keep_comparator_loaded = False  # free 'model' comparators after each collection: the RL stage needs the memory
+
+    def __init__(
+        self,
+        num_iterations: int = 6,
+        num_train_epochs: int = 2,
+        reward_num_train_epochs: int = 2,
+        preference_scoring_reward: str = "task",
+        preference_num_candidates: int = 20,
+        preference_pairs_per_sample: int | None = 4,
+        pair_selection: str = "comparator_reward",
+        preference_replay_mode: str = "current",
+        preference_replay_k: int | None = None,
+        preference_replay_lambda: float | None = None,
+        preference_replay_sample_size: int | None = None,
+        preference_replay_dir: str | None = None,
+        log_reward_distribution: bool = False,
+        policy_checkpoint_dir: str | None = None,
+        comparator_policy: str = "current",
+        comparator_generation_mode: str = "decentralized",
+        comparator_centralized_agent_index: int = 0,
+        comparator_model_name: str | None = None,
+        comparator_agents: list[Any] | None = None,
+        comparator_devices: str | list[str] | None = None,
+        comparator_num_candidates: int | None = None,
+        comparator_history_k: int | None = None,
+        comparator_api_url: str | None = None,
+        comparator_api_format: str = "generic",
+        comparator_api_model: str | None = None,
+        comparator_api_max_n_per_request: int | None = None,
+        comparator_api_timeout: float = 120.0,
+        comparator_api_headers: dict[str, str] | None = None,
+        comparator_api_key: str | None = None,
+        comparator_api_key_env: str | None = None,
+        comparator_api_key_header: str = "Authorization",
+        comparator_api_key_prefix: str | None = "Bearer",
+        comparator_api_response_field: str = "completions",
+        comparator_api_extra_body: dict[str, Any] | None = None,
+        comparator_api_max_retries: int = 3,
+        comparator_api_backoff_s: float = 1.0,
+        comparator_api_max_concurrency: int = 4,
+        centralized_comparator_adapter: Any = None,
+        **kwargs: Any,
+    ):
+        """``kwargs``: every MARLHF field (agents, reward_func, rl_algorithm, reward_model_name, ...)."""
+        fields = {k: v for k, v in locals().items() if k in ITERATIVE_DEFAULTS}
+        cfg = check_iterative_config(fields, num_agents=_team_size(kwargs), reward_func=kwargs.get("reward_func"))
+        scoring = str(preference_scoring_reward).strip().lower()
+        if scoring not in SCORING_REWARDS:
+            raise ValueError(f"preference_scoring_reward must be one of: task, reward_model. "
+                             f"(got {preference_scoring_reward!r})")
+        if num_train_epochs < 1:
+            raise ValueError("num_train_epochs must be >= 1.")
+        super().__init__(preference_num_candidates=preference_num_candidates,
+                         preference_pairs_per_sample=preference_pairs_per_sample, pair_selection=pair_selection,
+                         reward_num_train_epochs=reward_num_train_epochs, **kwargs)
+        self.num_train_epochs, self.preference_scoring_reward = num_train_epochs, SCORING_REWARDS[scoring]
+        self.epochs_per_iteration = 1 + num_train_epochs
+        self.hparams.update(num_train_epochs=num_train_epochs, preference_scoring_reward=self.preference_scoring_reward)
+        self.init_iterative(cfg)
+        # Each round's reward model starts from the same initial weights (CoMLRL re-loads it from its source).
+        self._initial_reward_state = {k: v.detach().clone() for k, v in self.reward_model.state_dict().items()}
+        self._reward_model_round = -1  # the round whose pairs trained the current reward model
+
+    @property
+    def in_reward_model_stage(self) -> bool:
+        return self.current_epoch % self.epochs_per_iteration == 0
+
+    def oracle(self) -> RewardCaller:
+        if self.preference_scoring_reward == "reward_model" and self._reward_model_round >= 0:
+            return self.learned_reward  # raw reward-model scores: no reward_processor
+        return super().oracle()
+
+    def on_train_epoch_start(self) -> None:
+        if self.in_reward_model_stage and self._reward_model_round != self.iteration:
+            self.reset_reward_model()
+            self._reward_model_round = self.iteration
+        super().on_train_epoch_start()
+
+    def reset_reward_model(self) -> None:
+        """A fresh reward model for this round: initial weights and no optimizer state."""
+        self.reward_model.load_state_dict(self._initial_reward_state)
+        optimizer = self.optimizers(use_pl_optimizer=False)
+        for param in self.reward_model.parameters():
+            optimizer.state.pop(param, None)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["comlrl_lightning"]["reward_model_round"] = self._reward_model_round
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._reward_model_round = int(checkpoint.get("comlrl_lightning", {}).get("reward_model_round", -1))

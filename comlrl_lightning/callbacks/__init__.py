@@ -2,6 +2,7 @@
 
 from comlrl_lightning.callbacks.completions import CompletionsLogger
 from comlrl_lightning.callbacks.evaluation import EvaluationCallback
+from comlrl_lightning.callbacks.policy_checkpoints import PolicyCheckpoints
 from comlrl_lightning.callbacks.reference import ReferenceModels
 
-__all__ = ["CompletionsLogger", "EvaluationCallback", "ReferenceModels"]
+__all__ = ["CompletionsLogger", "EvaluationCallback", "PolicyCheckpoints", "ReferenceModels"]

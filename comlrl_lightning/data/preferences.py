@@ -6,9 +6,13 @@ the pairs in shuffled batches of the module's ``train_batch_size``. Lightning bu
 so the pairs are collected once and every epoch is one pass over them (``reload_dataloaders_every_n_epochs=1``
 would recollect each epoch: the iterative variants' rounds).
 
-The collected pairs are part of the data module's state: a checkpoint holds them (prompts, texts, scores and the
-sampled token ids) and a resumed run trains on the same pairs instead of sampling new ones. ``pairs_file``
-writes them as JSON (REFERENCE §5.1 records) for inspection or reuse.
+Iterative modules (MADPOIter, MARLHFIter) make every round a reload: ``collect_round`` collects the round's pairs
+(current vs comparator), writes them as the round's replay shard ``iteration_XXXX.json``, registers the shard in
+the replay index and serves the pairs the module's replay mode chooses (REFERENCE §5.12).
+
+The served pairs and the replay index are part of the data module's state: a checkpoint holds them (prompts,
+texts, scores and token ids) and a resumed run trains on the same pairs instead of sampling new ones.
+``pairs_file`` writes the collected pairs of a non-iterative run as JSON (REFERENCE §5.1 records).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from comlrl_lightning.core.pairs import PreferencePair, save_pairs
+from comlrl_lightning.core.replay import ReplayIndex
 from comlrl_lightning.data.tasks import EpochSampler, ResumableDataLoader, TaskDataModule, _as_list, _Items
 
 log = logging.getLogger(__name__)
@@ -37,22 +42,24 @@ class PreferenceDataModule(TaskDataModule):
         self.pairs_file = pairs_file
         self.show_progress = show_progress
         self.pairs: list[PreferencePair] | None = None
+        self.replay = ReplayIndex()  # iterative modules: one shard per non-empty round of this run
         self._restored = False  # pairs came from a checkpoint and no loader has served them yet
 
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
         module = self.trainer.lightning_module if self.trainer is not None else None
-        if module is not None and hasattr(module, "in_reward_model_stage"):
-            # Two-stage modules (MARLHF) switch from pairs to tasks after epoch 0: rebuild the loader each epoch.
+        if module is not None and (hasattr(module, "in_reward_model_stage") or getattr(module, "iterative", False)):
+            # Two-stage modules (MARLHF) switch between pairs and tasks, iterative ones recollect every round:
+            # rebuild the loader each epoch.
             self.trainer.reload_dataloaders_every_n_epochs = 1
 
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
+        restored, self._restored = self._restored, False
         if not getattr(module, "in_reward_model_stage", True):
             return super().train_dataloader()  # MARLHF's RL stage: task items
-        restored, self._restored = self._restored, False
         if self.pairs is None or not restored:  # every (re)load collects afresh, except right after a restore
-            self.pairs = self.collect(module)
+            self.pairs = self.collect_round(module) if getattr(module, "iterative", False) else self.collect(module)
         if not self.pairs:
             log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.",
                         getattr(module, "algorithm_name", type(module).__name__))
@@ -63,10 +70,23 @@ class PreferenceDataModule(TaskDataModule):
         return ResumableDataLoader(_Items(served), seed=self.seed, batch_size=module.pair_batch_size,
                                    sampler=sampler, collate_fn=_as_list, num_workers=0)
 
-    def collect(self, module) -> list[PreferencePair]:
+    def collect_round(self, module) -> list[PreferencePair]:
+        """One round of an iterative module: collect, write and register the shard, choose the training pairs."""
+        iteration = module.iteration
+        module.start_round(iteration)
+        try:
+            fresh = self.collect(module, desc=f"round {iteration + 1}/{module.num_iterations}: collecting pairs")
+        finally:
+            module.end_round()
+        self.replay.add(iteration + 1, fresh, module.run_dir("preference_replay", module.preference_replay_dir))
+        train = module.replay_pairs(self.replay, fresh)
+        module.log_round(iteration, fresh, train, self.replay)
+        return train
+
+    def collect(self, module, desc: str = "collecting preference pairs") -> list[PreferencePair]:
         items = self.train_items
         pairs: list[PreferencePair] = []
-        bar = tqdm(total=len(items), desc="collecting preference pairs", unit="task",
+        bar = tqdm(total=len(items), desc=desc, unit="task",
                    disable=not self.show_progress or not rank_zero_only.rank == 0)
         for start in range(0, len(items), self.prompts_per_step):
             chunk = [items[i] for i in range(start, min(start + self.prompts_per_step, len(items)))]
@@ -75,16 +95,19 @@ class PreferenceDataModule(TaskDataModule):
             bar.set_postfix(pairs=len(pairs))
         bar.close()
         log.info("collected %d preference pairs from %d tasks", len(pairs), len(items))
-        if self.pairs_file:
+        if self.pairs_file and not getattr(module, "iterative", False):
             save_pairs(pairs, self.pairs_file)
         return pairs
 
     def state_dict(self) -> dict[str, Any]:
         if self.pairs is None:
             return {}
-        return {"pairs": [{**p.to_record(), **{f: list(getattr(p, f)) for f in _TENSOR_FIELDS}} for p in self.pairs]}
+        return {"pairs": [{**p.to_record(), **{f: list(getattr(p, f)) for f in _TENSOR_FIELDS}} for p in self.pairs],
+                "replay": self.replay.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "replay" in state_dict:
+            self.replay.load_state_dict(state_dict["replay"])
         if "pairs" in state_dict:
             self.pairs = []
             for record in state_dict["pairs"]:

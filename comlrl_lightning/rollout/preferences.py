@@ -41,3 +41,28 @@ def collect_preference_pairs(
                 loser_ids=[a.completion_ids[l][a.completion_mask[l]] for a in node.agents],
             ))
     return pairs
+
+
+def tokenize_pairs(pairs: Sequence[PreferencePair], tokenizers: Sequence[Any], model_input) -> None:
+    """Set each pair's token ids from its text (pairs that met a comparator, or were read from a replay file).
+
+    Per agent, one tokenizer call for all prompts and one for all completions. The prompt is what the model
+    reads (``model_input(tokenizer, prompt)``: the chat template when it is on); a completion known only as text
+    is scored as its tokens followed by EOS, as if the model had written it and stopped.
+    """
+    if not pairs:
+        return
+    for pair in pairs:
+        pair.prompt_ids, pair.winner_ids, pair.loser_ids = [], [], []
+    for i, tokenizer in enumerate(tokenizers[: pairs[0].num_agents]):
+        def encode(texts: list[str]) -> list[list[int]]:
+            return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+        prompts = encode([model_input(tokenizer, p.prompts[i]) for p in pairs])
+        winners = encode([p.winner_completions[i] for p in pairs])
+        losers = encode([p.loser_completions[i] for p in pairs])
+        eos = [tokenizer.eos_token_id]
+        for pair, prompt, winner, loser in zip(pairs, prompts, winners, losers):
+            pair.prompt_ids.append(torch.tensor(prompt, dtype=torch.long))
+            pair.winner_ids.append(torch.tensor(winner + eos, dtype=torch.long))
+            pair.loser_ids.append(torch.tensor(loser + eos, dtype=torch.long))

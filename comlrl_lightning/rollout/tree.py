@@ -192,7 +192,7 @@ class RolloutEngine:
         prompts = [[self._format(i, p) for p in frontier] for i in range(N)]  # [N][M]
 
         tic = time.perf_counter()
-        samples = self._sample_all(models, tokenizers, prompts, K)
+        samples = self.sample(models, tokenizers, prompts, K)
         timings["generate"] += time.perf_counter() - tic
 
         tic = time.perf_counter()
@@ -238,22 +238,29 @@ class RolloutEngine:
         external = None if pending.external_prompts is None else pending.external_prompts[agent]
         return format_prompt(self.formatters[agent], pending.item, external, self.external_prompt_passthrough)
 
-    def _model_input(self, tokenizer, prompt: str) -> str:
+    def first_prompts(self, items: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+        """[N][M] formatted first-turn prompts of each agent for ``items``."""
+        return [[format_prompt(self.formatters[i], item, None, self.external_prompt_passthrough) for item in items]
+                for i in range(self.num_agents)]
+
+    def model_input(self, tokenizer, prompt: str) -> str:
+        """What the model reads for a formatted prompt (the chat template applied when it is on)."""
         if not self.use_chat_template:
             return prompt
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
 
-    def _sample_all(self, models, tokenizers, prompts, K) -> list[Completions]:
+    def sample(self, models, tokenizers, prompts: Sequence[Sequence[str]], K: int) -> list[Completions]:
+        """K samples per prompt: ``models[j]`` answers ``prompts[j]`` (one batched generate per model)."""
         def sample(i: int) -> Completions:
-            inputs = [self._model_input(tokenizers[i], p) for p in prompts[i]]
+            inputs = [self.model_input(tokenizers[i], p) for p in prompts[i]]
             return sample_completions(models[i], tokenizers[i], inputs, K, self.sampling,
                                       self.generation_batch_size, self.generation_kwargs)
 
-        if self.parallel_agents and self.num_agents > 1:  # agents on distinct devices sample concurrently
-            with ThreadPoolExecutor(max_workers=self.num_agents) as pool:
-                return list(pool.map(sample, range(self.num_agents)))
-        return [sample(i) for i in range(self.num_agents)]
+        if self.parallel_agents and len(prompts) > 1:  # agents on distinct devices sample concurrently
+            with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+                return list(pool.map(sample, range(len(prompts))))
+        return [sample(i) for i in range(len(prompts))]
 
     def _children(self, node: Node, pending: _Pending) -> list[_Pending]:
         N = self.num_agents
