@@ -6,6 +6,7 @@
 __version__ = "0.1.0"
 
 from comlrl_lightning.algorithms import (  # noqa: E402
+    CentralizedMAGRPO,
     IAC,
     MAAC,
     MADPO,
@@ -20,4 +21,4 @@ from comlrl_lightning.algorithms import (  # noqa: E402
 )
 from comlrl_lightning.data import PreferenceDataModule, TaskDataModule  # noqa: E402
 
-__all__ = ["IAC", "MAAC", "MADPO", "MADPOIter", "MAGRPO", "MARLHF", "MARLHFIter", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "PreferenceDataModule", "TaskDataModule", "__version__"]
+__all__ = ["CentralizedMAGRPO", "IAC", "MAAC", "MADPO", "MADPOIter", "MAGRPO", "MARLHF", "MARLHFIter", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "PreferenceDataModule", "TaskDataModule", "__version__"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +34,8 @@ from comlrl_lightning.agents import (
 )
 from comlrl_lightning.agents.loading import validate_agent_sources
 from comlrl_lightning.core.advantages import suffix_returns
+from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
+from comlrl_lightning.rollout.rewards import build_formatters
 from comlrl_lightning.rollout.sampling import ScoringInputs, select_rows, token_logprobs
 
 
@@ -107,6 +110,7 @@ class MultiAgentModule(LightningModule):
         self.agents = nn.ModuleList(models).train()  # from_pretrained returns eval mode; CoMLRL trains in train mode
         self.env_step = 0
         self.reference = None  # set by the ReferenceModels callback when the reference-KL penalty is on
+        self.collaboration: CentralizedCollaboration | None = None  # one joint actor for all roles (centralized)
         self._eval_records: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ agents
@@ -224,6 +228,8 @@ class MultiAgentModule(LightningModule):
         if self.eval_logger is not None and self.eval_aggregator is not None:
             items = [it for r in records for it in r["items"]]
             completions = [[c for r in records for c in r["completions"][i]] for i in range(self.num_agents)]
+            if self.collaboration is not None:  # the user's logger sees each role's part of the joint answer
+                completions = self.collaboration.split_turns(completions[0], items)
             per_sample = call_filtered(self.eval_logger, agent_completions_turns=completions, batch_items=items,
                                         prompts=[p for r in records for p in r["prompts"]],
                                         test_cases=[it.get("test", "") for it in items],
@@ -266,6 +272,44 @@ class MultiAgentModule(LightningModule):
         if rng:
             _set_rng_state(rng)
             self._rng_to_restore = None
+
+
+COLLABORATION_MODES = ("decentralized", "centralized")
+
+
+@dataclass
+class Team:
+    """What the module is built from: the actors it trains and the formatters/reward they are scored with."""
+
+    agents: Any
+    num_agents: int | None
+    tokenizers: Any
+    formatters: Any
+    reward_func: Any
+    collaboration: CentralizedCollaboration | None = None
+
+
+def team_for(collaboration_mode: str, agents: Any, num_agents: int | None, tokenizers: Any, formatters: Any,
+             reward_func: Any, adapter: Any = None) -> Team:
+    """``decentralized``: N agents, as given. ``centralized`` (REFERENCE §5.15): ONE actor writes a joint answer for
+    the ``num_agents`` roles; its formatter is the adapter's joint prompt and its reward splits the answer and calls
+    the user's N-role reward (``rollout.centralized.CentralizedCollaboration``)."""
+    mode = str(collaboration_mode).strip().lower()
+    if mode not in COLLABORATION_MODES:
+        raise ValueError(f"collaboration_mode must be decentralized or centralized. (got {collaboration_mode!r})")
+    if mode == "decentralized":
+        return Team(agents, num_agents, tokenizers, formatters, reward_func)
+    actors = list(agents) if isinstance(agents, (list, tuple)) else [agents]
+    if len(actors) != 1:
+        raise ValueError(f"Centralized collaboration requires exactly one actor model (got {len(actors)}).")
+    if isinstance(tokenizers, (list, tuple)) and len(tokenizers) != 1:
+        raise ValueError(f"Centralized collaboration requires one actor tokenizer (got {len(tokenizers)}).")
+    if not callable(reward_func):
+        raise ValueError("reward_func must be a callable.")
+    num_roles = 2 if num_agents is None else int(num_agents)
+    collaboration = CentralizedCollaboration(check_adapter(adapter or TaggedCentralizedAdapter()),
+                                             build_formatters(formatters, num_roles), reward_func, num_roles)
+    return Team(actors, 1, tokenizers, [collaboration.formatter], collaboration, collaboration)
 
 
 def _rng_state() -> dict[str, Any]:

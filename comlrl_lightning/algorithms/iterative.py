@@ -86,7 +86,8 @@ ITERATIVE_DEFAULTS: dict[str, Any] = dict(
 SECRET_FIELDS = ("comparator_api_key",)  # never saved as a hyper-parameter, logged or written to a config
 
 
-def check_iterative_config(cfg: Mapping[str, Any], *, num_agents: int, reward_func: Any) -> dict[str, Any]:
+def check_iterative_config(cfg: Mapping[str, Any], *, num_agents: int, reward_func: Any,
+                           collaboration_mode: str = "decentralized") -> dict[str, Any]:
     """REFERENCE §5.6 validation (messages of appendix C); returns the normalised fields. Runs before any model
     loads, so a typo fails in a second."""
     cfg = dict(cfg)
@@ -127,6 +128,10 @@ def check_iterative_config(cfg: Mapping[str, Any], *, num_agents: int, reward_fu
     if generation == "centralized":
         require(index >= 0, "comparator_centralized_agent_index must be >= 0.")
         require(index < num_agents, "comparator_centralized_agent_index must be smaller than num_agents.")
+    if str(collaboration_mode).strip().lower() == "centralized":
+        # One joint actor: its comparator answers the same joint prompt, keeping joint text.
+        require(index == 0, "Centralized collaboration has only actor index 0.")
+        cfg["comparator_generation_mode"] = "centralized"
     positive_or_none("comparator_num_candidates")
     positive_or_none("comparator_api_max_n_per_request")
     named_model = cfg["comparator_model_name"] is not None or cfg["comparator_agents"] is not None
@@ -237,6 +242,11 @@ class IterativePreference:
         if state:
             self.comparator_rng.load_state_dict(state["comparator_rng"])
             self.run_dirs.update(state["run_dirs"])
+
+    def training_step(self, batch, batch_idx: int):
+        if not batch:  # the no-op batch of an empty round (PreferenceDataModule)
+            return None
+        return super().training_step(batch, batch_idx)
 
     # ------------------------------------------------------------------ collection (called by the data module)
     def start_round(self, iteration: int) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams
+from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams, team_for
 from comlrl_lightning.algorithms.iterative import ITERATIVE_DEFAULTS, IterativePreference, check_iterative_config
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
@@ -86,6 +86,8 @@ class MADPO(MultiAgentModule):
         max_grad_norm: float | None = None,
         parallel_training: str | None = "none",
         agent_devices: str | list[str] | None = None,
+        collaboration_mode: str = "decentralized",
+        centralized_adapter: Any = None,
     ):
         pair_selection = str(pair_selection).lower()
         check_preference_config(self.algorithm_name, reward_func=reward_func, num_turns=num_turns,
@@ -101,8 +103,11 @@ class MADPO(MultiAgentModule):
         ])
         validate_generation_kwargs(generation_kwargs)
         sampling = SamplingConfig(max_new_tokens, temperature, top_p, top_k)
-        super().__init__(agents, num_agents, tokenizers, model_config, agent_learning_rate, weight_decay,
-                         max_grad_norm, parallel_training, agent_devices)
+        team = team_for(collaboration_mode, agents, num_agents, tokenizers, formatters, reward_func,
+                        centralized_adapter)
+        super().__init__(team.agents, team.num_agents, team.tokenizers, model_config, agent_learning_rate,
+                         weight_decay, max_grad_norm, parallel_training, agent_devices)
+        self.collaboration = team.collaboration
         self.save_hyperparameters(plain_hparams(locals()))
         self.preference_num_candidates = preference_num_candidates
         self.preference_pairs_per_sample = preference_pairs_per_sample
@@ -114,8 +119,8 @@ class MADPO(MultiAgentModule):
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         self.engine = RolloutEngine(
             num_agents=self.num_agents,
-            formatters=build_formatters(formatters, self.num_agents),
-            reward=RewardCaller(reward_func, reward_processor),
+            formatters=build_formatters(team.formatters, self.num_agents),
+            reward=RewardCaller(team.reward_func, reward_processor),
             sampling=sampling,
             num_generations=preference_num_candidates,
             num_turns=1,
@@ -284,7 +289,8 @@ class MADPOIter(IterativePreference, MADPO):
     ):
         """``kwargs``: every MADPO field (agents, reward_func, dpo_beta, train_batch_size, ...)."""
         fields = {k: v for k, v in locals().items() if k in ITERATIVE_DEFAULTS}
-        cfg = check_iterative_config(fields, num_agents=_team_size(kwargs), reward_func=kwargs.get("reward_func"))
+        cfg = check_iterative_config(fields, num_agents=_team_size(kwargs), reward_func=kwargs.get("reward_func"),
+                                     collaboration_mode=kwargs.get("collaboration_mode", "decentralized"))
         if num_train_epochs < 1:
             raise ValueError("num_train_epochs must be >= 1.")
         super().__init__(preference_num_candidates=preference_num_candidates,
@@ -305,4 +311,6 @@ def _team_size(kwargs: Mapping[str, Any]) -> int:
     agents = kwargs.get("agents", "tiny")
     if kwargs.get("num_agents") is not None:
         return int(kwargs["num_agents"])
+    if str(kwargs.get("collaboration_mode", "")).strip().lower() == "centralized":
+        return 2  # roles (team_for's default); the one actor is not the team size
     return len(agents) if isinstance(agents, (list, tuple)) else 2

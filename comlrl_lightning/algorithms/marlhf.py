@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from comlrl_lightning.agents import JointRewardModel, RewardModelReward
 from comlrl_lightning.algorithms.actor_critic import CRITIC_TYPES, IAC, MAAC
-from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams
+from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams, team_for
 from comlrl_lightning.algorithms.iterative import ITERATIVE_DEFAULTS, IterativePreference, check_iterative_config
 from comlrl_lightning.algorithms.madpo import _team_size, check_preference_config
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
@@ -122,6 +122,8 @@ class MARLHF(MultiAgentModule):
         max_grad_norm: float | None = None,
         parallel_training: str | None = "none",
         agent_devices: str | list[str] | None = None,
+        collaboration_mode: str = "decentralized",
+        centralized_adapter: Any = None,
     ):
         rl_algorithm = str(rl_algorithm).lower()
         if rl_algorithm not in BACKENDS:
@@ -159,8 +161,13 @@ class MARLHF(MultiAgentModule):
             raise ValueError("critic_model_name must be provided for MARLHF with MAAC/IAC when agent models are "
                              "objects.")
 
-        common = dict(agents=agents, num_agents=num_agents, tokenizers=tokenizers, model_config=model_config,
-                      reward_func=reward_func, reward_processor=reward_processor, formatters=formatters,
+        team = team_for(collaboration_mode, agents, num_agents, tokenizers, formatters, reward_func,
+                        centralized_adapter)
+        if team.collaboration is not None and actor_critic:
+            raise ValueError("Centralized collaboration supports the MAGRPO-family rl_algorithm backends only.")
+        common = dict(agents=team.agents, num_agents=team.num_agents, tokenizers=team.tokenizers,
+                      model_config=model_config, reward_func=team.reward_func, reward_processor=reward_processor,
+                      formatters=team.formatters,
                       use_chat_template=use_chat_template, num_generations=num_generations,
                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                       generation_kwargs=generation_kwargs, num_turns=1, discount=discount,
@@ -185,6 +192,7 @@ class MARLHF(MultiAgentModule):
             common.update(joint_mode="aligned", eval_logger=eval_logger, eval_aggregator=eval_aggregator)
         backend.__init__(self, **common)
         self.save_hyperparameters(plain_hparams(locals()), logger=False)
+        self.collaboration = team.collaboration
 
         self.rl_algorithm = rl_algorithm
         self.preference_pairs_per_sample, self.pair_selection = preference_pairs_per_sample, pair_selection
@@ -388,7 +396,8 @@ class MARLHFIter(IterativePreference, MARLHF):
     ):
         """``kwargs``: every MARLHF field (agents, reward_func, rl_algorithm, reward_model_name, ...)."""
         fields = {k: v for k, v in locals().items() if k in ITERATIVE_DEFAULTS}
-        cfg = check_iterative_config(fields, num_agents=_team_size(kwargs), reward_func=kwargs.get("reward_func"))
+        cfg = check_iterative_config(fields, num_agents=_team_size(kwargs), reward_func=kwargs.get("reward_func"),
+                                     collaboration_mode=kwargs.get("collaboration_mode", "decentralized"))
         scoring = str(preference_scoring_reward).strip().lower()
         if scoring not in SCORING_REWARDS:
             raise ValueError(f"preference_scoring_reward must be one of: task, reward_model. "

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
-from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams
+from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams, team_for
 from comlrl_lightning.core.advantages import ADVANTAGE_MODES, compute_advantages
 from comlrl_lightning.core.losses import (
     KL_ESTIMATORS,
@@ -133,6 +133,8 @@ class MAGRPO(MultiAgentModule):
         max_grad_norm: float | None = None,
         parallel_training: str | None = "none",
         agent_devices: str | list[str] | None = None,
+        collaboration_mode: str = "decentralized",
+        centralized_adapter: Any = None,
     ):
         advantage_mode = advantage_mode or self.default_advantage_mode
         train_batch_size = rollout_buffer_size if train_batch_size is None else train_batch_size
@@ -149,8 +151,13 @@ class MAGRPO(MultiAgentModule):
         validate_generation_kwargs(generation_kwargs)
         joint_mode = normalize_joint_mode(joint_mode)
         sampling = SamplingConfig(max_new_tokens, temperature, top_p, top_k)
-        super().__init__(agents, num_agents, tokenizers, model_config, agent_learning_rate, weight_decay,
-                         max_grad_norm, parallel_training, agent_devices)
+        team = team_for(collaboration_mode, agents, num_agents, tokenizers, formatters, reward_func,
+                        centralized_adapter)
+        if team.collaboration is not None and num_turns != 1:
+            raise ValueError(f"Centralized {self.algorithm_name} currently supports num_turns=1 only.")
+        super().__init__(team.agents, team.num_agents, team.tokenizers, model_config, agent_learning_rate,
+                         weight_decay, max_grad_norm, parallel_training, agent_devices)
+        self.collaboration = team.collaboration
         if reference_kl_enabled and reference_devices is not None:
             resolve_devices(reference_devices, self.num_agents, kind="reference_devices")  # validate 1 or N
         self.save_hyperparameters(plain_hparams(locals()))
@@ -177,8 +184,8 @@ class MAGRPO(MultiAgentModule):
         self.log_completions = log_completions
         self.engine = RolloutEngine(
             num_agents=self.num_agents,
-            formatters=build_formatters(formatters, self.num_agents),
-            reward=RewardCaller(reward_func, reward_processor),
+            formatters=build_formatters(team.formatters, self.num_agents),
+            reward=RewardCaller(team.reward_func, reward_processor),
             sampling=sampling,
             num_generations=num_generations,
             num_turns=num_turns,
@@ -390,3 +397,20 @@ def _validate_config(*, reward_func, num_generations, num_turns, external_transi
         (num_turns == 1 or external_transition is not None, f"Multi-turn {algorithm} requires an external_transition."),
     ], reward_func=reward_func, eval_interval=eval_interval, eval_num_samples=eval_num_samples,
         eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size)
+
+
+class CentralizedMAGRPO(MAGRPO):
+    """MAGRPO with ONE joint actor (REFERENCE §3.15): it reads the adapter's joint prompt (every role's prompt),
+    writes all roles' outputs in one completion, and is trained on the team reward of the split roles.
+    ``num_agents`` is the number of roles; ``agents`` one model; ``centralized_adapter`` defaults to the tagged
+    ``<agent_i>…</agent_i>`` adapter; ``max_new_tokens`` is the joint budget; single turn. The loss scores every
+    token of the joint completion (tags included); evaluation hands the user's logger per-role completions.
+    """
+
+    algorithm_name = "CentralizedMAGRPO"
+
+    def __init__(self, collaboration_mode: str = "centralized", **kwargs: Any):
+        """``kwargs``: every MAGRPO field."""
+        if str(collaboration_mode).strip().lower() != "centralized":
+            raise ValueError("CentralizedMAGRPO requires centralized collaboration (collaboration_mode='centralized').")
+        super().__init__(collaboration_mode="centralized", **kwargs)

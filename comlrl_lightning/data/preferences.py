@@ -56,10 +56,18 @@ class PreferenceDataModule(TaskDataModule):
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
         restored, self._restored = self._restored, False
-        if not getattr(module, "in_reward_model_stage", True):
+        iterative = getattr(module, "iterative", False)
+        reward_model_stage = getattr(module, "in_reward_model_stage", True)
+        if reward_model_stage and (self.pairs is None or not restored):  # each (re)load collects, except on resume
+            self.pairs = self.collect_round(module) if iterative else self.collect(module)
+        if iterative and not self.pairs:
+            # An empty round trains nothing (not even MARLHF's RL epochs) and the run goes on to the next round.
+            # Lightning ends a fit at an empty loader, so every epoch of the round gets one no-op batch instead.
+            if reward_model_stage:
+                log.warning("round %d: no pairs to train on; skipping this round's training.", module.iteration + 1)
+            return DataLoader(_Items([[]]), batch_size=None, collate_fn=_as_list)
+        if not reward_model_stage:
             return super().train_dataloader()  # MARLHF's RL stage: task items
-        if self.pairs is None or not restored:  # every (re)load collects afresh, except right after a restore
-            self.pairs = self.collect_round(module) if getattr(module, "iterative", False) else self.collect(module)
         if not self.pairs:
             log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.",
                         getattr(module, "algorithm_name", type(module).__name__))

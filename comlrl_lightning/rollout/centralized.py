@@ -183,6 +183,16 @@ class CentralizedCollaboration:
                  for t, it in zip(joint_texts, rows)]
         return [[row[i] for row in split] for i in range(self.num_roles)]
 
+    def split_turns(self, joint_turns: Sequence[Sequence[str]],
+                    items: Sequence[Mapping[str, Any]]) -> list[list[list[str]]]:
+        """``[item][turn]`` joint texts → ``[role][item][turn]`` role texts (evaluation's agent_completions_turns)."""
+        out: list[list[list[str]]] = [[] for _ in range(self.num_roles)]
+        for turns, item in zip(joint_turns, items):
+            roles = self.split_roles(list(turns), [item])
+            for i in range(self.num_roles):
+                out[i].append(roles[i])
+        return out
+
     def __call__(
         self,
         joint_completions: Sequence[str],
