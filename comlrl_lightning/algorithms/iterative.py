@@ -340,6 +340,11 @@ class IterativePreference:
         tokenize_pairs([p for p in pairs if not p.prompt_ids], self.tokenizers, self.collection_engine.model_input)
         return pairs
 
+    def finish_collection(self, iteration: int, fresh: list[PreferencePair], train: list[PreferencePair],
+                          index: ReplayIndex) -> None:
+        """Round ``iteration``'s pairs are collected and its training pairs chosen; training starts next."""
+        self.log_round(iteration, fresh, train, index)
+
     def log_round(self, iteration: int, fresh: list[PreferencePair], train: list[PreferencePair],
                   index: ReplayIndex) -> None:
         """``iter/*`` metrics (and reward distributions) of round ``iteration``, straight to the loggers."""

@@ -424,11 +424,13 @@ class MARLHFIter(IterativePreference, MARLHF):
             return self.learned_reward  # raw reward-model scores: no reward_processor
         return super().oracle()
 
-    def on_train_epoch_start(self) -> None:
-        if self.in_reward_model_stage and self._reward_model_round != self.iteration:
+    def finish_collection(self, iteration, fresh, train, index) -> None:
+        # After the collection (which may have used the previous round's reward model as its oracle), and only
+        # when there is something to train it on: an empty round keeps the previous reward model, as CoMLRL.
+        super().finish_collection(iteration, fresh, train, index)
+        if train:
             self.reset_reward_model()
-            self._reward_model_round = self.iteration
-        super().on_train_epoch_start()
+            self._reward_model_round = iteration
 
     def reset_reward_model(self) -> None:
         """A fresh reward model for this round: initial weights and no optimizer state."""

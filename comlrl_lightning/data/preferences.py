@@ -88,7 +88,7 @@ class PreferenceDataModule(TaskDataModule):
             module.end_round()
         self.replay.add(iteration + 1, fresh, module.run_dir("preference_replay", module.preference_replay_dir))
         train = module.replay_pairs(self.replay, fresh)
-        module.log_round(iteration, fresh, train, self.replay)
+        module.finish_collection(iteration, fresh, train, self.replay)
         return train
 
     def collect(self, module, desc: str = "collecting preference pairs") -> list[PreferencePair]:

@@ -50,6 +50,7 @@ def tokenize_pairs(pairs: Sequence[PreferencePair], tokenizers: Sequence[Any], m
     reads (``model_input(tokenizer, prompt)``: the chat template when it is on); a completion known only as text
     is scored as its tokens followed by EOS, as if the model had written it and stopped.
     """
+    pairs = list({id(p): p for p in pairs}.values())  # replay may draw one pair object several times
     if not pairs:
         return
     for pair in pairs:
