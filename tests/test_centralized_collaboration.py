@@ -9,11 +9,14 @@ tests live in ``test_centralized.py``.
 
 from __future__ import annotations
 
+import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.loggers import CSVLogger
 
 from comlrl_lightning import (
     MADPO,
@@ -417,3 +420,19 @@ def test_untagged_joint_completions_score_as_empty_roles():
     assert collaboration.parse_failures == 2 + 2
     assert rollout.nodes[0].rewards.tolist() == [0.0, 0.0]
     assert calls[-1] == [["", ""], ["", ""]]
+
+
+def test_parse_failure_rate_is_logged(tmp_path):
+    """Tiny models never write the tags: every joint answer of the step fails to parse (rate 1.0); with an
+    adapter that always parses, the rate is 0."""
+    def rates(module, name):
+        trainer = Trainer(max_epochs=1, logger=CSVLogger(tmp_path, name=name), enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                          log_every_n_steps=1, accelerator="cpu", devices=1)
+        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS[:2], prompts_per_step=1))
+        with open(Path(trainer.log_dir) / "metrics.csv") as handle:
+            return [float(r["collaboration/parse_failure_rate"]) for r in csv.DictReader(handle)
+                    if r.get("collaboration/parse_failure_rate")]
+
+    assert rates(build(CentralizedMAGRPO, eval_interval=0), "tagged") == [1.0, 1.0]
+    assert rates(build(CentralizedMAGRPO, eval_interval=0, centralized_adapter=HalfAdapter()), "half") == [0.0, 0.0]

@@ -572,3 +572,76 @@ def test_replay_draws_that_repeat_a_pair_keep_one_token_set_per_agent(tmp_path):
                 tokenizer(pair.winner_completions[i], add_special_tokens=False)["input_ids"] + eos
             assert pair.loser_ids[i].tolist() == \
                 tokenizer(pair.loser_completions[i], add_special_tokens=False)["input_ids"] + eos
+
+
+# ----------------------------------------------------------------------------------------------- extras
+def test_current_copy_on_other_devices_samples_a_frozen_copy_for_one_round():
+    """Devices that differ from the agents' get a frozen copy of the current weights, released after the round."""
+    from comlrl_lightning.comparators.sources import CurrentCopyComparator, IndependentRNG
+
+    module = make_iter()
+    # torch.device("cpu", 0) != torch.device("cpu"): a stand-in for "another device" on a CPU-only machine.
+    comparator = CurrentCopyComparator(module, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
+    comparator.start_round(0)
+    copies = [comparator.model_for(i)[0] for i in range(2)]
+    for i, copy_ in enumerate(copies):
+        assert copy_ is not module.policy_model(i)
+        assert not copy_.training and not any(p.requires_grad for p in copy_.parameters())
+        assert same_weights(copy_, module.policy_model(i))
+    comparator.end_round()
+    assert comparator.model_for(0)[0] is module.policy_model(0)  # released: the live agent again
+    same_device = CurrentCopyComparator(module, IndependentRNG(1), [torch.device("cpu")] * 2)
+    same_device.start_round(0)
+    assert same_device.model_for(1)[0] is module.policy_model(1)
+
+
+def test_current_copy_shares_one_copy_for_shared_weights():
+    from comlrl_lightning.comparators.sources import CurrentCopyComparator, IndependentRNG
+
+    from comlrl_lightning.agents.factories import MODEL_FACTORIES
+
+    model, tokenizer = MODEL_FACTORIES["tiny"]()
+    module = make_iter(agents=[model, model], tokenizers=tokenizer)
+    comparator = CurrentCopyComparator(module, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
+    comparator.start_round(0)
+    assert comparator.model_for(0)[0] is comparator.model_for(1)[0]
+
+
+def test_reward_distribution_charts_are_files_and_tensorboard_histograms(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    module = make_iter(num_iterations=1, log_reward_distribution=True)
+    seed_everything(0)
+    trainer = Trainer(logger=TensorBoardLogger(tmp_path, name="tb"), enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      accelerator="cpu", devices=1)
+    trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS[:2], show_progress=False))
+    directory = Path(trainer.log_dir) / "reward_distributions"
+    charts = sorted(p.name for p in directory.glob("*.svg"))
+    assert charts == [f"iteration_0001_{part}_{kind}.svg" for part in ("candidate", "selected")
+                      for kind in ("bar", "line")]
+    assert 'width="240"' in (directory / "iteration_0001_candidate_line.svg").read_text()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(trainer.log_dir), size_guidance={"histograms": 0})
+    events.Reload()
+    assert {"iter/reward_distribution/target", "iter/reward_distribution/comparator"} <= \
+        set(events.Tags()["histograms"])
+    target = events.Histograms("iter/reward_distribution/target")[0]
+    assert target.step == 1 and target.histogram_value.num == 2 * 4  # 2 items x K_c = 4 current candidates
+
+
+def test_centralized_comparator_generation_splits_joint_answers(monkeypatch):
+    """One comparator answer per candidate, written for every role, split by the adapter; unparsable answers
+    become empty roles and are counted."""
+    module = make_iter(comparator_generation_mode="centralized", comparator_centralized_agent_index=1,
+                       preference_num_candidates=2)
+    module.comparator = FakeComparator([["<agent_0>a0</agent_0><agent_1>b0</agent_1>", "no tags at all"]])
+    stub_sampling(monkeypatch, module, [["x", "y"], ["x", "y"]])
+    module.start_round(0)
+    texts = module.comparator_candidates(ITEMS[:1], module.collection_engine.first_prompts(ITEMS[:1]), 2)
+    roles, prompts, K, _ = module.comparator.calls[0]
+    assert roles == [1] and K == 2  # the centralized agent's model answers the joint prompt
+    assert "Agent 0 original prompt" in prompts[0][0] and "<agent_1>" in prompts[0][0]
+    assert texts == [["a0", ""], ["b0", ""]]
+    assert module._round_parse_failures == 1

@@ -264,6 +264,7 @@ class IterativePreference:
         self._round_raw = {"target": [], "comparator": []}
         self._round_outcomes = torch.zeros(3)
         self._round_parse_failures = 0
+        self._collaboration_failures = self.collaboration.parse_failures if self.collaboration is not None else 0
         self.comparator.start_round(iteration)
 
     def end_round(self) -> None:
@@ -363,6 +364,9 @@ class IterativePreference:
         }
         if self.centralized_comparator:
             metrics["iter/comparator_parse_failures"] = float(self._round_parse_failures)
+        if self.collaboration is not None:  # joint answers (either side) the adapter could not split
+            metrics["iter/collaboration_parse_failures"] = \
+                float(self.collaboration.parse_failures - self._collaboration_failures)
         plots = {}
         if self.log_reward_distribution:
             low, high = reward_range_of(self.collection_engine.reward.reward_func)
@@ -370,12 +374,16 @@ class IterativePreference:
                 iteration + 1, low, high, target=target, comparator=comparator,
                 selected_target=[p.target_raw_reward for p in train if p.target_raw_reward is not None],
                 selected_comparator=[p.comparator_raw_reward for p in train if p.comparator_raw_reward is not None])
-            write_json_atomic(record, self.run_dir("reward_distributions") / f"iteration_{iteration + 1:04d}.json")
+            directory = self.run_dir("reward_distributions")
+            write_json_atomic(record, directory / f"iteration_{iteration + 1:04d}.json")
             metrics.update(distribution_metrics(record, pair_count=len(train)))
-            for part, prefix in (("candidate", "iter/reward_distribution"), ("selected", "iter/selected_reward_distribution")):
+            for part, prefix in (("candidate", "iter/reward_distribution"),
+                                 ("selected", "iter/selected_reward_distribution")):
                 for kind in ("line", "bar"):
-                    plots[f"{prefix}/iteration_{iteration + 1:04d}/{kind}_plot"] = \
-                        svg_chart(record[part], record["bin_edges"], kind)
+                    svg = svg_chart(record[part], record["bin_edges"], kind)
+                    plots[f"{prefix}/iteration_{iteration + 1:04d}/{kind}_plot"] = svg
+                    # The same chart as a file, for loggers without HTML panels (CSV, TensorBoard).
+                    (directory / f"iteration_{iteration + 1:04d}_{part}_{kind}.svg").write_text(svg, encoding="utf-8")
         metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
         log.info("round %d/%d: %d new pairs (current wins %.0f, comparator wins %.0f, ties %.0f), %d to train on",
                  iteration + 1, self.num_iterations, len(fresh), wins, losses, ties, len(train))
@@ -385,6 +393,11 @@ class IterativePreference:
                 import wandb
 
                 logger.experiment.log({k: wandb.Html(v) for k, v in plots.items()}, commit=False)
+            if plots and type(logger).__name__ == "TensorBoardLogger":
+                for side, values in (("target", target), ("comparator", comparator)):
+                    if values:
+                        logger.experiment.add_histogram(f"iter/reward_distribution/{side}", torch.tensor(values),
+                                                        global_step=iteration + 1)
         self.trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
 
 

@@ -212,9 +212,13 @@ class MAGRPO(MultiAgentModule):
 
     # ================================================================== training
     def training_step(self, batch: list[Mapping[str, Any]], batch_idx: int):
+        failures = self.collaboration.parse_failures if self.collaboration is not None else 0
         rollout = self.collect_rollout(batch)
         self.buffer.extend(rollout.nodes)
         metrics = self._rollout_metrics(rollout)
+        if self.collaboration is not None:  # joint answers the adapter could not split (scored as empty roles)
+            metrics["collaboration/parse_failure_rate"] = \
+                (self.collaboration.parse_failures - failures) / max(rollout.num_joint_actions, 1)
 
         updates: list[dict[str, float]] = []
         last_batch = batch_idx + 1 >= self.trainer.num_training_batches
