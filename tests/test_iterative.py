@@ -645,3 +645,21 @@ def test_centralized_comparator_generation_splits_joint_answers(monkeypatch):
     assert "Agent 0 original prompt" in prompts[0][0] and "<agent_1>" in prompts[0][0]
     assert texts == [["a0", ""], ["b0", ""]]
     assert module._round_parse_failures == 1
+
+
+def test_each_pair_pass_is_a_permutation_of_its_own():
+    """num_train_epochs / reward_num_train_epochs passes in one epoch: every pass visits each pair once, in a
+    fresh order (not the passes' copies shuffled together, where a pair could sit twice in one batch)."""
+    from comlrl_lightning.data.tasks import EpochSampler
+
+    sampler = EpochSampler(6, shuffle=True, seed=3, passes=3)
+    order = list(sampler)
+    assert len(sampler) == len(order) == 18
+    passes = [order[i:i + 6] for i in range(0, 18, 6)]
+    assert all(sorted(p) == list(range(6)) for p in passes)
+    assert len({tuple(p) for p in passes}) > 1  # each pass has its own order
+    sampler.set_epoch(1)
+    assert list(sampler) != order  # and the next epoch another one
+    assert list(EpochSampler(4, shuffle=False, seed=0, passes=2)) == [0, 1, 2, 3, 0, 1, 2, 3]
+    resumed = EpochSampler(6, shuffle=True, seed=3, skip=8, passes=3)
+    assert list(resumed) == order[8:]  # mid-epoch resume skips across pass boundaries

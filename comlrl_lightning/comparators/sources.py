@@ -28,6 +28,7 @@ agents) and always inside the comparator's random stream; texts are returned, si
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import logging
@@ -116,15 +117,16 @@ def _frozen(model: torch.nn.Module, device: torch.device | str | None = None) ->
     return model.eval().requires_grad_(False)
 
 
-class LocalComparator:
+class LocalComparator(abc.ABC):
     """Samples with local models through the agents' rollout engine, inside the comparator's random stream.
     Subclasses say which model and tokenizer answer for a role (``model_for``)."""
 
     def __init__(self, module, rng: IndependentRNG):
         self.module, self.rng = module, rng
 
+    @abc.abstractmethod
     def model_for(self, role: int) -> tuple[torch.nn.Module, Any]:
-        raise NotImplementedError  # abstract: every concrete source below defines it
+        """The (model, tokenizer) that writes role ``role``'s comparator candidates this round."""
 
     def start_round(self, iteration: int) -> None:
         pass

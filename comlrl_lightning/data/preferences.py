@@ -71,11 +71,12 @@ class PreferenceDataModule(TaskDataModule):
         if not self.pairs:
             log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.",
                         getattr(module, "algorithm_name", type(module).__name__))
-        # ``pair_passes`` copies of the pairs in one epoch (MARLHF's reward_num_train_epochs), shuffled together.
-        served = self.pairs * getattr(module, "pair_passes", 1)
-        skip = self._resume_offset(batch_size=module.pair_batch_size, size=len(served))
-        sampler = EpochSampler(len(served), shuffle=True, seed=self.seed, skip=skip)
-        return ResumableDataLoader(_Items(served), seed=self.seed, batch_size=module.pair_batch_size,
+        # ``pair_passes`` passes over the pairs in one epoch (MARLHF's reward_num_train_epochs, MADPOIter's
+        # num_train_epochs), each in its own shuffled order.
+        passes = getattr(module, "pair_passes", 1)
+        skip = self._resume_offset(batch_size=module.pair_batch_size, size=len(self.pairs) * passes)
+        sampler = EpochSampler(len(self.pairs), shuffle=True, seed=self.seed, skip=skip, passes=passes)
+        return ResumableDataLoader(_Items(self.pairs), seed=self.seed, batch_size=module.pair_batch_size,
                                    sampler=sampler, collate_fn=_as_list, num_workers=0)
 
     def collect_round(self, module) -> list[PreferencePair]:

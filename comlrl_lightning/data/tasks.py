@@ -102,22 +102,26 @@ class EpochSampler(Sampler[int]):
     checkpointed run was instead of replaying the epoch's first items.
     """
 
-    def __init__(self, size: int, shuffle: bool, seed: int, skip: int = 0):
+    def __init__(self, size: int, shuffle: bool, seed: int, skip: int = 0, passes: int = 1):
         self.size, self.shuffle, self.seed, self.epoch, self.skip = size, shuffle, seed, 0, skip
+        self.passes = passes  # whole passes over the data in one epoch, each in its own order
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this at each epoch start
         self.epoch = epoch
 
     def __iter__(self):
-        order = list(range(self.size))
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.size, generator=generator).tolist()
+        order = []
+        for p in range(self.passes):
+            if self.shuffle:
+                generator = torch.Generator().manual_seed(self.seed + self.epoch * self.passes + p)
+                order += torch.randperm(self.size, generator=generator).tolist()
+            else:
+                order += range(self.size)
         skip, self.skip = self.skip, 0
         return iter(order[skip:])
 
     def __len__(self) -> int:
-        return self.size
+        return self.size * self.passes
 
 
 def _as_list(batch: list) -> list:
