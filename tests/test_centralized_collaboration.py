@@ -254,6 +254,9 @@ def test_evaluation_hands_the_user_logger_the_split_roles(tmp_path):
     assert len(records) == 2 and len(joint_texts) == 2
     assert [roles[0][b][0] + roles[1][b][0] for b in range(len(ITEMS))] == joint_texts
     assert logged["items"] == ITEMS
+    # the first role's prompt, as the reward sees it; not the joint prompt
+    assert logged["prompts"] == [module.collaboration.role_formatters[0](it) for it in ITEMS]
+    assert logged["prompts"] != [module.engine.formatters[0](it) for it in ITEMS]
 
     expected = toy.letter_reward([r[0] for r in roles[0]], [r[0] for r in roles[1]])
     assert metrics["eval/turn_1/reward_mean"] == pytest.approx(sum(expected) / len(expected))

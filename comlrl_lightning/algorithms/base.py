@@ -215,7 +215,9 @@ class MultiAgentModule(LightningModule):
                 for i, agent in enumerate(node.agents):
                     completions[i][b].append(agent.texts[0])
                 node, t = node.children.get(0), t + 1
-        prompts = [self.engine.formatters[0](item) for item in items]
+        # The prompt the reward sees: agent 0's (in centralized collaboration the first role's, not the joint one).
+        formatter = self.collaboration.role_formatters[0] if self.collaboration is not None else self.engine.formatters[0]
+        prompts = [formatter(item) for item in items]
         return {"rewards": rewards, "completions": completions, "items": list(items), "prompts": prompts}
 
     def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
