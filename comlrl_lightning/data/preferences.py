@@ -52,6 +52,10 @@ class PreferenceDataModule(TaskDataModule):
             # Two-stage modules (MARLHF) switch between pairs and tasks, iterative ones recollect every round:
             # rebuild the loader each epoch.
             self.trainer.reload_dataloaders_every_n_epochs = 1
+        if module is not None and getattr(module, "iterative", False) and self.pairs_file:
+            log.warning("pairs_file is not written by %s: every round's pairs are in its replay shards "
+                        "(preference_replay_dir, default <log dir>/preference_replay/iteration_XXXX.json).",
+                        module.algorithm_name)
 
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
