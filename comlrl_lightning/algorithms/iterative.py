@@ -48,41 +48,6 @@ from comlrl_lightning.rollout.rewards import RewardCaller
 
 log = logging.getLogger(__name__)
 
-# The iterative fields (REFERENCE §5.6); MADPOIter/MARLHFIter take them as keyword arguments.
-ITERATIVE_DEFAULTS: dict[str, Any] = dict(
-    num_iterations=6,
-    preference_replay_mode="current",
-    preference_replay_k=None,
-    preference_replay_lambda=None,
-    preference_replay_sample_size=None,
-    preference_replay_dir=None,
-    log_reward_distribution=False,
-    policy_checkpoint_dir=None,
-    comparator_policy="current",
-    comparator_generation_mode="decentralized",
-    comparator_centralized_agent_index=0,
-    comparator_model_name=None,
-    comparator_agents=None,
-    comparator_devices=None,
-    comparator_num_candidates=None,
-    comparator_history_k=None,
-    comparator_api_url=None,
-    comparator_api_format="generic",
-    comparator_api_model=None,
-    comparator_api_max_n_per_request=None,
-    comparator_api_timeout=120.0,
-    comparator_api_headers=None,
-    comparator_api_key=None,
-    comparator_api_key_env=None,
-    comparator_api_key_header="Authorization",
-    comparator_api_key_prefix="Bearer",
-    comparator_api_response_field="completions",
-    comparator_api_extra_body=None,
-    comparator_api_max_retries=3,
-    comparator_api_backoff_s=1.0,
-    comparator_api_max_concurrency=4,
-    centralized_comparator_adapter=None,
-)
 SECRET_FIELDS = ("comparator_api_key",)  # never saved as a hyper-parameter, logged or written to a config
 
 
@@ -167,6 +132,7 @@ def api_config(cfg: Mapping[str, Any]) -> ApiComparatorConfig:
 class IterativePreference:
     """Rounds of collect → shard → replay → train, mixed in front of MADPO / MARLHF (module docstring).
 
+    ``MADPOIter(IterativePreference, MADPO)``: this ``__init__`` takes the iterative fields and passes the rest on.
     The host provides ``collection_engine`` (the rollout engine whose formatters, sampling and task reward the
     collection uses), ``policy_model``, ``tokenizers``, ``preference_num_candidates``, ``pair_selection``,
     ``preference_pairs_per_sample`` and ``epochs_per_iteration``.
@@ -175,8 +141,49 @@ class IterativePreference:
     iterative = True
     keep_comparator_loaded = True  # MARLHFIter frees 'model' comparators after each collection (RL needs memory)
 
-    def init_iterative(self, cfg: dict[str, Any]) -> None:
-        """Store the (checked) iterative fields; called by the host's __init__ after its models loaded."""
+    def __init__(
+        self,
+        num_iterations: int = 6,
+        preference_replay_mode: str = "current",
+        preference_replay_k: int | None = None,
+        preference_replay_lambda: float | None = None,
+        preference_replay_sample_size: int | None = None,
+        preference_replay_dir: str | None = None,
+        log_reward_distribution: bool = False,
+        policy_checkpoint_dir: str | None = None,
+        comparator_policy: str = "current",
+        comparator_generation_mode: str = "decentralized",
+        comparator_centralized_agent_index: int = 0,
+        comparator_model_name: str | None = None,
+        comparator_agents: list[Any] | None = None,
+        comparator_devices: str | list[str] | None = None,
+        comparator_num_candidates: int | None = None,
+        comparator_history_k: int | None = None,
+        comparator_api_url: str | None = None,
+        comparator_api_format: str = "generic",
+        comparator_api_model: str | None = None,
+        comparator_api_max_n_per_request: int | None = None,
+        comparator_api_timeout: float = 120.0,
+        comparator_api_headers: dict[str, str] | None = None,
+        comparator_api_key: str | None = None,
+        comparator_api_key_env: str | None = None,
+        comparator_api_key_header: str = "Authorization",
+        comparator_api_key_prefix: str | None = "Bearer",
+        comparator_api_response_field: str = "completions",
+        comparator_api_extra_body: dict[str, Any] | None = None,
+        comparator_api_max_retries: int = 3,
+        comparator_api_backoff_s: float = 1.0,
+        comparator_api_max_concurrency: int = 4,
+        centralized_comparator_adapter: Any = None,
+        **kwargs: Any,
+    ):
+        """The iterative fields (REFERENCE §5.6); ``kwargs`` go to the host (MADPO or MARLHF). They are checked
+        before the host loads any model."""
+        fields = dict(locals())  # the arguments above (a comprehension would see its own locals)
+        cfg = {name: value for name, value in fields.items() if name not in ("self", "kwargs", "__class__")}
+        cfg = check_iterative_config(cfg, num_agents=team_size(kwargs), reward_func=kwargs.get("reward_func"),
+                                     collaboration_mode=kwargs.get("collaboration_mode", "decentralized"))
+        super().__init__(**kwargs)
         for name, value in cfg.items():
             if name not in SECRET_FIELDS:
                 setattr(self, name, value)
@@ -399,6 +406,16 @@ class IterativePreference:
                         logger.experiment.add_histogram(f"iter/reward_distribution/{side}", torch.tensor(values),
                                                         global_step=iteration + 1)
         self.trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+
+
+def team_size(kwargs: Mapping[str, Any]) -> int:
+    """The number of agents (roles) the host will have, for the checks that run before models load."""
+    if kwargs.get("num_agents") is not None:
+        return int(kwargs["num_agents"])
+    if str(kwargs.get("collaboration_mode", "")).strip().lower() == "centralized":
+        return 2  # roles (team_for's default); the one actor is not the team size
+    agents = kwargs.get("agents", "tiny")
+    return len(agents) if isinstance(agents, (list, tuple)) else 2
 
 
 def _mean(values: Sequence[float]) -> float:

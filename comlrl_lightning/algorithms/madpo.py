@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams, team_for
-from comlrl_lightning.algorithms.iterative import ITERATIVE_DEFAULTS, IterativePreference, check_iterative_config
+from comlrl_lightning.algorithms.iterative import IterativePreference
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
@@ -249,48 +249,13 @@ class MADPOIter(IterativePreference, MADPO):
 
     def __init__(
         self,
-        num_iterations: int = 6,
         num_train_epochs: int = 1,
         preference_num_candidates: int = 20,
         preference_pairs_per_sample: int | None = 4,
         pair_selection: str = "comparator_reward",
-        preference_replay_mode: str = "current",
-        preference_replay_k: int | None = None,
-        preference_replay_lambda: float | None = None,
-        preference_replay_sample_size: int | None = None,
-        preference_replay_dir: str | None = None,
-        log_reward_distribution: bool = False,
-        policy_checkpoint_dir: str | None = None,
-        comparator_policy: str = "current",
-        comparator_generation_mode: str = "decentralized",
-        comparator_centralized_agent_index: int = 0,
-        comparator_model_name: str | None = None,
-        comparator_agents: list[Any] | None = None,
-        comparator_devices: str | list[str] | None = None,
-        comparator_num_candidates: int | None = None,
-        comparator_history_k: int | None = None,
-        comparator_api_url: str | None = None,
-        comparator_api_format: str = "generic",
-        comparator_api_model: str | None = None,
-        comparator_api_max_n_per_request: int | None = None,
-        comparator_api_timeout: float = 120.0,
-        comparator_api_headers: dict[str, str] | None = None,
-        comparator_api_key: str | None = None,
-        comparator_api_key_env: str | None = None,
-        comparator_api_key_header: str = "Authorization",
-        comparator_api_key_prefix: str | None = "Bearer",
-        comparator_api_response_field: str = "completions",
-        comparator_api_extra_body: dict[str, Any] | None = None,
-        comparator_api_max_retries: int = 3,
-        comparator_api_backoff_s: float = 1.0,
-        comparator_api_max_concurrency: int = 4,
-        centralized_comparator_adapter: Any = None,
         **kwargs: Any,
     ):
-        """``kwargs``: every MADPO field (agents, reward_func, dpo_beta, train_batch_size, ...)."""
-        fields = {k: v for k, v in locals().items() if k in ITERATIVE_DEFAULTS}
-        cfg = check_iterative_config(fields, num_agents=_team_size(kwargs), reward_func=kwargs.get("reward_func"),
-                                     collaboration_mode=kwargs.get("collaboration_mode", "decentralized"))
+        """``kwargs``: the iterative fields (``IterativePreference``) and every MADPO field."""
         if num_train_epochs < 1:
             raise ValueError("num_train_epochs must be >= 1.")
         super().__init__(preference_num_candidates=preference_num_candidates,
@@ -298,19 +263,9 @@ class MADPOIter(IterativePreference, MADPO):
                          pair_selection=pair_selection, **kwargs)
         self.num_train_epochs = num_train_epochs
         self.hparams.update(num_train_epochs=num_train_epochs)
-        self.init_iterative(cfg)
 
     @property
     def pair_passes(self) -> int:
         """DPO passes over the round's pairs, served in one epoch."""
         return self.num_train_epochs
 
-
-def _team_size(kwargs: Mapping[str, Any]) -> int:
-    """The number of agents the module will have (for checks that run before models load)."""
-    agents = kwargs.get("agents", "tiny")
-    if kwargs.get("num_agents") is not None:
-        return int(kwargs["num_agents"])
-    if str(kwargs.get("collaboration_mode", "")).strip().lower() == "centralized":
-        return 2  # roles (team_for's default); the one actor is not the team size
-    return len(agents) if isinstance(agents, (list, tuple)) else 2

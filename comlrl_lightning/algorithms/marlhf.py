@@ -32,8 +32,8 @@ from typing import Any, Callable, Sequence
 from comlrl_lightning.agents import JointRewardModel, RewardModelReward
 from comlrl_lightning.algorithms.actor_critic import CRITIC_TYPES, IAC, MAAC
 from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams, team_for
-from comlrl_lightning.algorithms.iterative import ITERATIVE_DEFAULTS, IterativePreference, check_iterative_config
-from comlrl_lightning.algorithms.madpo import _team_size, check_preference_config
+from comlrl_lightning.algorithms.iterative import IterativePreference
+from comlrl_lightning.algorithms.madpo import check_preference_config
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
@@ -354,50 +354,15 @@ class MARLHFIter(IterativePreference, MARLHF):
 
     def __init__(
         self,
-        num_iterations: int = 6,
         num_train_epochs: int = 2,
         reward_num_train_epochs: int = 2,
         preference_scoring_reward: str = "task",
         preference_num_candidates: int = 20,
         preference_pairs_per_sample: int | None = 4,
         pair_selection: str = "comparator_reward",
-        preference_replay_mode: str = "current",
-        preference_replay_k: int | None = None,
-        preference_replay_lambda: float | None = None,
-        preference_replay_sample_size: int | None = None,
-        preference_replay_dir: str | None = None,
-        log_reward_distribution: bool = False,
-        policy_checkpoint_dir: str | None = None,
-        comparator_policy: str = "current",
-        comparator_generation_mode: str = "decentralized",
-        comparator_centralized_agent_index: int = 0,
-        comparator_model_name: str | None = None,
-        comparator_agents: list[Any] | None = None,
-        comparator_devices: str | list[str] | None = None,
-        comparator_num_candidates: int | None = None,
-        comparator_history_k: int | None = None,
-        comparator_api_url: str | None = None,
-        comparator_api_format: str = "generic",
-        comparator_api_model: str | None = None,
-        comparator_api_max_n_per_request: int | None = None,
-        comparator_api_timeout: float = 120.0,
-        comparator_api_headers: dict[str, str] | None = None,
-        comparator_api_key: str | None = None,
-        comparator_api_key_env: str | None = None,
-        comparator_api_key_header: str = "Authorization",
-        comparator_api_key_prefix: str | None = "Bearer",
-        comparator_api_response_field: str = "completions",
-        comparator_api_extra_body: dict[str, Any] | None = None,
-        comparator_api_max_retries: int = 3,
-        comparator_api_backoff_s: float = 1.0,
-        comparator_api_max_concurrency: int = 4,
-        centralized_comparator_adapter: Any = None,
         **kwargs: Any,
     ):
-        """``kwargs``: every MARLHF field (agents, reward_func, rl_algorithm, reward_model_name, ...)."""
-        fields = {k: v for k, v in locals().items() if k in ITERATIVE_DEFAULTS}
-        cfg = check_iterative_config(fields, num_agents=_team_size(kwargs), reward_func=kwargs.get("reward_func"),
-                                     collaboration_mode=kwargs.get("collaboration_mode", "decentralized"))
+        """``kwargs``: the iterative fields (``IterativePreference``) and every MARLHF field."""
         scoring = str(preference_scoring_reward).strip().lower()
         if scoring not in SCORING_REWARDS:
             raise ValueError(f"preference_scoring_reward must be one of: task, reward_model. "
@@ -410,7 +375,6 @@ class MARLHFIter(IterativePreference, MARLHF):
         self.num_train_epochs, self.preference_scoring_reward = num_train_epochs, SCORING_REWARDS[scoring]
         self.epochs_per_iteration = 1 + num_train_epochs
         self.hparams.update(num_train_epochs=num_train_epochs, preference_scoring_reward=self.preference_scoring_reward)
-        self.init_iterative(cfg)
         # Each round's reward model starts from the same initial weights (CoMLRL re-loads it from its source).
         self._initial_reward_state = {k: v.detach().clone() for k, v in self.reward_model.state_dict().items()}
         self._reward_model_round = -1  # the round whose pairs trained the current reward model
