@@ -308,9 +308,9 @@ class IterativePreference:
         self._round_outcomes += torch.stack([(gaps > 0).sum(), (gaps < 0).sum(), (gaps == 0).sum()]).float()
 
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))  # via the global RNG
+        item_means = torch.cat([cur, cmp], dim=1).mean(dim=1).tolist()  # [M] over both sides' candidates
         pairs = []
         for m in range(M):
-            item_mean = float(torch.cat([cur[m], cmp[m]]).mean())
             for k, current_wins in select_comparison_pairs(cur[m], cmp[m], self.pair_selection,
                                                            self.preference_pairs_per_sample, generator):
                 cur_side = ([t[m * K_cur + k] for t in current_texts], float(cur[m, k]), float(cur_raw[m, k]))
@@ -319,7 +319,7 @@ class IterativePreference:
                 pairs.append(PreferencePair(
                     prompts=[prompts[i][m] for i in range(N)],
                     winner_completions=winner[0], loser_completions=loser[0],
-                    winner_reward=winner[1], loser_reward=loser[1], candidate_reward_mean=item_mean,
+                    winner_reward=winner[1], loser_reward=loser[1], candidate_reward_mean=item_means[m],
                     raw_rewards=[winner[2], loser[2]],
                     target_raw_reward=cur_side[2], comparator_raw_reward=cmp_side[2],
                 ))
