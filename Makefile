@@ -1,10 +1,12 @@
 # Two commands do all the set-up on a fresh machine:
 #   make fit    -> creates .venv (CPU torch), runs the MAGRPO demo offline on the embedded SmolLM2 model
 #   make test   -> creates .venv, runs the test suite
+# Extra flags for the job: make fit ARGS="--trainer.max_steps 1 --trainer.default_root_dir /tmp/run"
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 CONFIG ?= configs/magrpo.yaml
+ARGS ?=
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
@@ -19,7 +21,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 install: $(VENV)/.installed
 
 fit: $(VENV)/.installed
-	$(PY) -m comlrl_lightning fit --config $(CONFIG)
+	$(PY) -m comlrl_lightning fit --config $(CONFIG) $(ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

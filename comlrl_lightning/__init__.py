@@ -5,6 +5,10 @@
 
 __version__ = "0.1.0"
 
+from comlrl_lightning.quiet import quiet_known_noise  # noqa: E402
+
+quiet_known_noise()
+
 from comlrl_lightning.algorithms import (  # noqa: E402
     CentralizedMAGRPO,
     IAC,

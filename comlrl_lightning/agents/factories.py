@@ -418,9 +418,13 @@ _CACHE_FORMAT = 1
 
 
 def cache_root() -> Path:
-    """Root of comlrl_lightning's model cache: ``$COMLRL_LIGHTNING_CACHE`` or ``~/.cache/comlrl_lightning``."""
+    """Root of comlrl_lightning's model cache: ``$COMLRL_LIGHTNING_CACHE``, else ``$XDG_CACHE_HOME/comlrl_lightning``,
+    else ``~/.cache/comlrl_lightning``."""
     root = os.environ.get("COMLRL_LIGHTNING_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "comlrl_lightning"
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "comlrl_lightning"
 
 
 def smollm2_cache_dir() -> Path:

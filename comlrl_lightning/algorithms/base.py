@@ -130,6 +130,11 @@ class MultiAgentModule(LightningModule):
     def agent_device(self, i: int) -> torch.device:
         return next(self.agents[i].parameters()).device
 
+    def fit_epochs(self) -> int | None:
+        """Epochs a fit must run when the algorithm fixes them (iterative rounds), else None (``trainer.max_epochs``
+        decides). The CLI uses it as the default of ``trainer.max_epochs``."""
+        return None
+
     def save_pretrained(self, output_dir: str | Path) -> None:
         """``output_dir/agent_{i}/`` with each agent's weights and tokenizer (HF format)."""
         save_agents(list(self.agents), self.tokenizers, output_dir)
@@ -142,6 +147,17 @@ class MultiAgentModule(LightningModule):
             for ids in self.agent_groups()
         ]
         return torch.optim.AdamW(groups, weight_decay=self.weight_decay, betas=(0.9, 0.999), eps=1e-8)
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback), not in Lightning's validation
+            # loop: switch the loop off for this fit (restored in teardown, so a later trainer.validate works).
+            self._limit_val_batches = self.trainer.limit_val_batches
+            self.trainer.limit_val_batches = 0
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit" and hasattr(self, "_limit_val_batches"):
+            self.trainer.limit_val_batches = self._limit_val_batches
 
     def on_fit_start(self) -> None:
         for logger in self.loggers:  # W&B charts against env_step (CoMLRL's x-axis) instead of global_step

@@ -220,10 +220,14 @@ class IterativePreference:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def fit_epochs(self) -> int:
+        """A fit is ``num_iterations`` rounds of ``epochs_per_iteration`` epochs (the CLI sets max_epochs to it)."""
+        return self.num_iterations * self.epochs_per_iteration
+
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit":
-            epochs = self.num_iterations * self.epochs_per_iteration
+            epochs = self.fit_epochs()
             if self.trainer.max_epochs not in (None, -1, 1000, epochs):
                 log.warning("%s runs num_iterations=%d rounds of %d epoch(s): trainer.max_epochs=%s is replaced by %d.",
                             self.algorithm_name, self.num_iterations, self.epochs_per_iteration,

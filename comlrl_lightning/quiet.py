@@ -1,0 +1,26 @@
+"""Messages every run would print that a user cannot act on, silenced once at import.
+
+* Lightning's advertisements for its cloud products ("Tip: ... litlogger / litmodels").
+* A deprecation inside Lightning's own pytree helper with recent torch (``isinstance(treespec, LeafSpec)``):
+  raised by Lightning's code, not ours or the user's, and harmless.
+
+Only these exact messages are filtered; every other warning is shown as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+def quiet_known_noise() -> None:
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropTips) for f in logger.filters):
+            logger.addFilter(_DropTips())
