@@ -380,7 +380,11 @@ BASE = dict(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, critic_
     (IAC, {"critic_model": None}, "Either critic_model or critics must be provided when use_separate_critic=True."),
     (MAAC, {"critic_model": None}, "Either critic_model or critics must be provided for MAAC."),
     (MAAC, {"critic_model": None, "critics": ["tiny", "tiny"]}, "critics length (2) must match 1 critic for MAAC."),
-    (IAC, {"critic_model": None, "critics": ["tiny"]}, "critics length (1) must match num_agents (2)."),
+    (IAC, {"critic_model": None, "critics": ["tiny"]}, "critics length (1) must match the number of agents (2)."),
+    (IAC, {"num_agents": None, "critic_model": None, "critics": ["tiny"] * 3},
+     "critics length (3) must match the number of agents (2)."),
+    (IAC, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices."),
+    (MAAC, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices."),
     (IAC, {"value_loss_coef": 0.0}, "value_loss_coef must be > 0."),
     (IAC, {"value_clip_range": 0.0}, "value_clip_range must be > 0 or null."),
     (IAC, {"critic_learning_rate": 0.0}, "critic_learning_rate must be > 0 or null."),
@@ -397,6 +401,21 @@ def test_bad_config_fails_before_any_model_loads(cls, overrides, message, monkey
 
     monkeypatch.setitem(MODEL_FACTORIES, "tiny", must_not_load)
     with pytest.raises(ValueError, match=re.escape(message)):
+        cls(**{**BASE, **overrides})
+
+
+@pytest.mark.parametrize("cls,overrides,message", [
+    (IAC, {"critic_model": "./no/such/critic"}, "critic_model = './no/such/critic' looks like a local path"),
+    (IAC, {"critic_model": None, "critics": ["tiny", "./no/such/critic"]},
+     "critics[1] = './no/such/critic' looks like a local path"),
+    (MAAC, {"critic_model": "./no/such/critic"}, "critic_model = './no/such/critic' looks like a local path"),
+])
+def test_a_critic_that_cannot_be_loaded_is_named_by_its_field(cls, overrides, message, monkeypatch):
+    def must_not_load(**_):
+        raise AssertionError("a model was loaded before validation finished")
+
+    monkeypatch.setitem(MODEL_FACTORIES, "tiny", must_not_load)
+    with pytest.raises(FileNotFoundError, match=re.escape(message)):
         cls(**{**BASE, **overrides})
 
 
@@ -505,3 +524,29 @@ def test_resume_restores_samples_waiting_in_the_buffer(tmp_path):
     assert resumed.env_step == full.env_step == 8
     for a, b in zip(full.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("cls", [IAC, MAAC])
+def test_agents_on_distinct_devices_sample_concurrently(cls, tmp_path, monkeypatch):
+    """parallel_training: mp with agents on two devices: their generate calls overlap in time, one thread each
+    (as the MAGRPO engine does). "cpu" and "cpu:0" stand in for two devices."""
+    import threading
+    import time
+
+    import comlrl_lightning.rollout.tree as tree
+
+    calls, original = [], tree.sample_completions
+
+    def slow_sample(*args, **kwargs):
+        start = time.monotonic()
+        time.sleep(0.2)  # long enough that sequential calls could not overlap
+        out = original(*args, **kwargs)
+        calls.append((threading.get_ident(), start, time.monotonic()))
+        return out
+
+    monkeypatch.setattr(tree, "sample_completions", slow_sample)
+    module = make_ac(cls, parallel_training="mp", agent_devices=["cpu", "cpu:0"], critic_devices=["cpu"] * 2
+                     if cls is IAC else ["cpu"])
+    fit(module, tmp_path, max_steps=1)
+    (t0, s0, e0), (t1, s1, e1) = calls[:2]
+    assert t0 != t1 and s0 < e1 and s1 < e0  # two threads, overlapping intervals

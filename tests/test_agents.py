@@ -233,6 +233,7 @@ def test_infer_model_name():
         (dict(agents=["tiny", "tiny"], num_agents=3), ValueError, "agents length (2) must match num_agents (3)."),
         (dict(agents="tiny", num_agents=0), ValueError, "num_agents must be >= 1"),
         (dict(agents="tiny", tokenizers=[None, None, None]), ValueError, "tokenizers length must match agents."),
+        (dict(agents=["tiny", None], field="critics"), ValueError, "critics entries must be non-null (critics[1]"),
         (dict(agents="tiny", tokenizers=5), TypeError, "tokenizers must be"),
         (dict(agents="./no/such/dir"), FileNotFoundError, "agents = './no/such/dir' looks like a local path"),
         (dict(agents="tiny", dtype="float99"), ValueError, "dtype must be"),
@@ -244,6 +245,7 @@ def test_errors_before_loading(no_loading, kwargs, exc, fragment):
     with pytest.raises(exc) as info:
         load_agents(**kwargs)
     assert fragment in str(info.value)
+    assert "agent_model" not in str(info.value)  # CoMLRL's name; our field is `agents`
 
 
 def test_model_object_errors(no_loading, tiny):

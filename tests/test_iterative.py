@@ -99,6 +99,9 @@ VALIDATION_CASES = [
     ({"comparator_model_name": "tiny"},
      "comparator_model_name and comparator_agents are only valid when comparator_policy='model'."),
     ({"comparator_policy": "api"}, "comparator_api_url is required when comparator_policy='api'."),
+    ({"comparator_tokenizers": "tiny"}, "comparator_tokenizers is only valid when comparator_policy='model'."),
+    ({"comparator_policy": "model", "comparator_model_name": "tiny", "comparator_tokenizers": ["tiny"] * 3},
+     "comparator_tokenizers must list 1 or num_agents (2) tokenizers (got 3)."),
     ({"pair_selection": "best_of"}, "pair_selection must be one of: .*comparator_reward"),
     ({"log_reward_distribution": True, "reward_func": lambda *completions: [0.0] * len(completions[0])},
      "reward_func.reward_range"),
@@ -120,6 +123,19 @@ def test_invalid_iterative_config_fails_before_models_load(cls, overrides, messa
         message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
     with pytest.raises(ValueError, match=pattern):
         make_iter(cls, **overrides)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"comparator_agents": ["tiny", "./no/such/comparator"]},
+     "comparator_agents[1] = './no/such/comparator' looks like a local path"),
+    ({"comparator_model_name": "./no/such/comparator"},
+     "comparator_model_name = './no/such/comparator' looks like a local path"),
+])
+def test_a_comparator_model_that_cannot_be_loaded_is_named_by_its_field(overrides, message, no_model_loads):
+    import re
+
+    with pytest.raises(FileNotFoundError, match=re.escape(message)):
+        make_iter(comparator_policy="model", **overrides)
 
 
 def test_marlhfiter_unknown_scoring_reward(no_model_loads):
@@ -369,6 +385,22 @@ def test_model_comparator_load_schedule(cls, expected_loads, tmp_path, monkeypat
     trainer, _ = fit_iter(module, tmp_path, items=ITEMS[:2])
     assert loads == [["tiny", "tiny"]] * expected_loads
     assert [r["iter/current_iteration"] for r in iter_rows(trainer)] == ["1.0", "2.0"]
+
+
+def test_model_comparator_objects_use_the_agents_tokenizers_or_comparator_tokenizers(tmp_path):
+    """comparator_agents given as loaded models: their tokenizers are the agents' (CoMLRL) unless
+    comparator_tokenizers names others; a round collects and trains with them."""
+    model, tok = MODEL_FACTORIES["tiny"](seed=3)
+    module = make_iter(comparator_policy="model", comparator_agents=[model], preference_num_candidates=2,
+                       num_iterations=1)
+    trainer, _ = fit_iter(module, tmp_path / "agents_tokenizers", items=ITEMS[:2])
+    assert trainer.global_step >= 1
+    assert [module.comparator.model_for(r)[1] for r in range(2)] == list(module.tokenizers)
+    other_tok = MODEL_FACTORIES["tiny"]()[1]
+    module = make_iter(comparator_policy="model", comparator_agents=[model, copy.deepcopy(model)],
+                       comparator_tokenizers=other_tok, preference_num_candidates=2, num_iterations=1)
+    fit_iter(module, tmp_path / "own_tokenizers", items=ITEMS[:2])
+    assert all(module.comparator.model_for(r)[1] is other_tok for r in range(2))
 
 
 # ----------------------------------------------------------------------------------------------- fits
@@ -663,3 +695,16 @@ def test_each_pair_pass_is_a_permutation_of_its_own():
     assert list(EpochSampler(4, shuffle=False, seed=0, passes=2)) == [0, 1, 2, 3, 0, 1, 2, 3]
     resumed = EpochSampler(6, shuffle=True, seed=3, skip=8, passes=3)
     assert list(resumed) == order[8:]  # mid-epoch resume skips across pass boundaries
+
+
+def test_mp_margins_are_gathered_on_the_module_device(tmp_path, monkeypatch):
+    """MADPOIter's update with parallel_training: mp, agent 1's margins on a simulated second device."""
+    from comlrl_lightning import MADPO
+    from standin_device import on_second_device
+
+    margins = MADPO.agent_margins
+    monkeypatch.setattr(MADPO, "agent_margins",
+                        lambda self, i, pairs: on_second_device(margins(self, i, pairs)) if i else margins(self, i, pairs))
+    module = make_iter(num_iterations=1, parallel_training="mp", agent_devices=["cpu", "cpu"])
+    trainer, _ = fit_iter(module, tmp_path)
+    assert trainer.global_step >= 1

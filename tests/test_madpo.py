@@ -329,3 +329,19 @@ def test_madpo_team_learns_the_letter_task(tmp_path):
     assert len(rewards) >= 6
     first, last = sum(rewards[:2]) / 2, sum(rewards[-3:]) / 3
     assert last > first + 0.04, (first, last, rewards)
+
+
+
+def test_mp_margins_are_gathered_on_the_module_device(tmp_path, monkeypatch):
+    """With parallel_training: mp each agent's margins are computed on its own device; the joint loss combines
+    them only after moving them to the module's device (agent 1 stands on a simulated second device)."""
+    from standin_device import on_second_device
+
+    margins = MADPO.agent_margins
+    monkeypatch.setattr(MADPO, "agent_margins",
+                        lambda self, i, pairs: on_second_device(margins(self, i, pairs)) if i else margins(self, i, pairs))
+    module = make_madpo(parallel_training="mp", agent_devices=["cpu", "cpu"])
+    before = params_of(module)
+    trainer, _ = fit_madpo(module, tmp_path, max_epochs=1)
+    assert trainer.global_step >= 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))

@@ -226,18 +226,21 @@ def test_evaluation_schedule_and_user_metrics(tmp_path):
         calls["shape"] = (len(agent_completions_turns), len(agent_completions_turns[0]),
                           len(agent_completions_turns[0][0]))
         calls["n_items"] = len(batch_items)
+        calls["prompts"] = prompts
         return [{"len": len(c[0])} for c in agent_completions_turns[0]]
 
     def eval_aggregator(metrics, num_turns):
         return {"turn_1/mean_len": sum(m["len"] for m in metrics) / len(metrics)}
 
     module = make_module(eval_interval=2, eval_num_samples=3, eval_logger=eval_logger,
-                         eval_aggregator=eval_aggregator)
+                         eval_aggregator=eval_aggregator,
+                         formatters=[lambda it: f"Begin {it['topic']}", lambda it: f"End {it['topic']}"])
     trainer = fit(module, tmp_path, max_steps=3, eval_items=ITEMS[:5])
     rows = read_metrics(trainer)
     assert len(column(rows, "eval/turn_1/reward_mean")) == 2  # batches 0 and 2
     assert column(rows, "eval/turn_1/mean_len")
-    assert calls == {"shape": (2, 3, 1), "n_items": 3}
+    # prompts: each item's own `prompt` field (CoMLRL's contract), not agent 0's formatted prompt
+    assert calls == {"shape": (2, 3, 1), "n_items": 3, "prompts": [it["prompt"] for it in ITEMS[:3]]}
 
 
 def test_validate_runs_whole_eval_set(tmp_path):

@@ -3,6 +3,7 @@ scores what, env_step accounting, validation, export, resume and the CLI config 
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -275,15 +276,17 @@ def tiny_model():
     ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2."),
     ({"reward_func": None}, "reward_func must be a callable"),
     ({"agents": "objects", "reward_model_name": None},
-     "reward_model_name must be provided when agent models are objects."),
+     "reward_model_name must be provided: the agents are model objects without a name"),
     ({"agents": "objects", "rl_algorithm": "maac"},
-     "critic_model_name must be provided for MARLHF with MAAC/IAC when agent models are objects."),
+     "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without a name"),
     ({"agents": "objects", "rl_algorithm": "iac"},
-     "critic_model_name must be provided for MARLHF with MAAC/IAC when agent models are objects."),
+     "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without a name"),
 ])
 def test_invalid_config_fails_before_loading_models(overrides, message, monkeypatch, tiny_model):
     model, tok = tiny_model
-    if overrides.get("agents") == "objects":
+    if overrides.get("agents") == "objects":  # built in memory: no name to load a reward model or critic from
+        model = copy.deepcopy(model)
+        model.config._name_or_path = ""
         overrides = {**overrides, "agents": [model, model], "tokenizers": tok}
 
     def no_loading(**kwargs):
@@ -294,6 +297,35 @@ def test_invalid_config_fails_before_loading_models(overrides, message, monkeypa
         make_marlhf()
     with pytest.raises(ValueError, match=re.escape(message)):
         make_marlhf(**overrides)
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"reward_model_name": "./no/such/reward_model"}, "reward_model_name"),
+    ({"rl_algorithm": "maac", "critic_model_name": "./no/such/critic"}, "critic_model_name"),
+])
+def test_a_reward_model_or_critic_that_cannot_be_loaded_is_named_by_its_field(overrides, field, monkeypatch):
+    monkeypatch.setitem(MODEL_FACTORIES, "tiny", lambda **_: pytest.fail("a model was loaded before validation"))
+    with pytest.raises(FileNotFoundError, match=f"^{field} = '"):
+        make_marlhf(**overrides)
+
+
+def test_an_unreachable_reward_model_hub_id_is_named_by_its_field():
+    with pytest.raises(OSError, match="Could not load the reward_model_name model 'no-org/no-such-reward-model'"):
+        make_marlhf(reward_model_name="no-org/no-such-reward-model")
+
+
+def test_reward_model_defaults_to_the_agents_name_for_lists_and_named_objects(monkeypatch):
+    """CoMLRL needs reward_model_name only for model objects without a name: a list of names (factory names or
+    hub ids) and objects whose config carries _name_or_path give the reward model's (and critics') backbone."""
+    loaded = []
+    factory = MODEL_FACTORIES["tiny"]
+    monkeypatch.setitem(MODEL_FACTORIES, "tiny", lambda **kw: loaded.append("tiny") or factory(**kw))
+    module = make_marlhf(agents=["tiny", "tiny"])
+    assert module.reward_model is not None and loaded.count("tiny") == 2  # the agents once, the reward model once
+    model, tok = factory()
+    model.config._name_or_path = "tiny"  # as from_pretrained("tiny-org/tiny") would record it
+    module = make_marlhf("maac", agents=[model, copy.deepcopy(model)], tokenizers=tok)
+    assert module.reward_model.backbone is not model and len(module.critics) == 1
 
 
 def test_model_objects_with_named_reward_and_critic_models(tiny_model):

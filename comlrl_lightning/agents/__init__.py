@@ -47,6 +47,7 @@ from .loading import (
     load_tokenizer,
     save_agents,
     validate_agent_sources,
+    check_model_sources,
 )
 from .value_head import ActorCriticOutput, CausalLMWithValueHead, ValueHead
 from .reward_model import JointRewardModel, RewardModelReward, joint_text, joint_texts
@@ -78,6 +79,7 @@ __all__ = [
     "load_tokenizer",
     "save_agents",
     "validate_agent_sources",
+    "check_model_sources",
     "ActorCriticOutput",
     "CausalLMWithValueHead",
     "ValueHead",

@@ -38,6 +38,7 @@ from .factories import MODEL_FACTORIES, TOKENIZER_FACTORIES
 __all__ = [
     "AgentSource",
     "validate_agent_sources",
+    "check_model_sources",
     "load_agents",
     "load_tokenizer",
     "ensure_pad_token",
@@ -107,16 +108,16 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
-def _normalize_source(entry: Any, index: int | None) -> Any:
-    where = "agents" if index is None else f"agents[{index}]"
+def _normalize_source(entry: Any, index: int | None, field: str = "agents") -> Any:
+    where = field if index is None else f"{field}[{index}]"
     if entry is None:
-        raise ValueError(f"agents entries must be non-null ({where} is None).")
+        raise ValueError(f"{field} entries must be non-null ({where} is None).")
     if isinstance(entry, os.PathLike):
         entry = os.fspath(entry)
     if isinstance(entry, str):
         text = entry.strip()
         if not text:
-            raise ValueError(f"agents entries must be non-empty strings ({where} is {entry!r}).")
+            raise ValueError(f"{field} entries must be non-empty strings ({where} is {entry!r}).")
         if text in MODEL_FACTORIES:
             return text
         if _looks_like_path(text) and not os.path.exists(os.path.expanduser(text)):
@@ -138,7 +139,18 @@ def _normalize_source(entry: Any, index: int | None) -> Any:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _normalize_tokenizer_specs(tokenizers: Any, sources: list[Any]) -> list[Any]:
+def check_model_sources(sources: Any, field: str) -> None:
+    """Check the model sources of a config field other than ``agents`` (``critics``, ``critic_model``,
+    ``reward_model_name``, ``comparator_agents`` ...) without loading anything; errors name ``field``."""
+    if isinstance(sources, (list, tuple)):
+        for i, entry in enumerate(sources):
+            _normalize_source(entry, i, field)
+    elif sources is not None:
+        _normalize_source(sources, None, field)
+
+
+def _normalize_tokenizer_specs(tokenizers: Any, sources: list[Any], field: str = "agents",
+                               tokenizer_field: str = "tokenizers") -> list[Any]:
     """One tokenizer spec per agent: a tokenizer object, a string (id/path/factory name) or None."""
     n = len(sources)
     if tokenizers is None:
@@ -146,14 +158,14 @@ def _normalize_tokenizer_specs(tokenizers: Any, sources: list[Any]) -> list[Any]
     elif isinstance(tokenizers, (str, os.PathLike)):
         text = os.fspath(tokenizers).strip()
         if not text:
-            raise ValueError("tokenizers must be a tokenizer, a name/path string, or a list of them; got ''.")
+            raise ValueError(f"{tokenizer_field} must be a tokenizer, a name/path string, or a list of them; got ''.")
         specs = [text] * n
     elif is_tokenizer_object(tokenizers):
         specs = [tokenizers] * n
     elif isinstance(tokenizers, Sequence) and not isinstance(tokenizers, (bytes, bytearray)):
         if len(tokenizers) != n:
             raise ValueError(
-                f"tokenizers length must match agents. Got {len(tokenizers)} tokenizers for {n} agents."
+                f"{tokenizer_field} length must match {field}. Got {len(tokenizers)} tokenizers for {n} models."
             )
         specs = []
         for i, tok in enumerate(tokenizers):
@@ -163,11 +175,12 @@ def _normalize_tokenizer_specs(tokenizers: Any, sources: list[Any]) -> list[Any]
                 specs.append(tok)
             else:
                 raise TypeError(
-                    f"tokenizers[{i}] must be a tokenizer, a name/path string or None; got {type(tok).__name__}."
+                    f"{tokenizer_field}[{i}] must be a tokenizer, a name/path string or None; "
+                    f"got {type(tok).__name__}."
                 )
     else:
         raise TypeError(
-            "tokenizers must be a tokenizer, a name/path string, or a list of them (one per agent); "
+            f"{tokenizer_field} must be a tokenizer, a name/path string, or a list of them (one per model); "
             f"got {type(tokenizers).__name__}."
         )
     missing = [
@@ -175,8 +188,8 @@ def _normalize_tokenizer_specs(tokenizers: Any, sources: list[Any]) -> list[Any]
     ]
     if missing:
         raise ValueError(
-            "Tokenizer(s) must be provided when agents are model objects "
-            f"(no tokenizer for agents {missing}): pass `tokenizers` (one shared or one per agent)."
+            f"Tokenizer(s) must be provided when {field} are model objects "
+            f"(no tokenizer for {field} {missing}): pass `{tokenizer_field}` (one shared or one per model)."
         )
     return specs
 
@@ -189,12 +202,15 @@ def validate_agent_sources(
     dtype: Any = None,
     model_kwargs: Mapping[str, Any] | None = None,
     special_tokens: Any = None,
+    field: str = "agents",
+    tokenizer_field: str = "tokenizers",
 ) -> list[Any]:
     """Check the ``agents`` / ``num_agents`` / ``tokenizers`` fields without loading anything.
 
     Returns the normalized per-agent sources (length = team size): factory names, paths and hub ids as
     stripped strings, model objects as given (identity kept, so a repeated object means shared weights).
-    Raises ``ValueError``/``TypeError``/``FileNotFoundError`` with a message naming the field.
+    Raises ``ValueError``/``TypeError``/``FileNotFoundError`` with a message naming the field (``field`` and
+    ``tokenizer_field``: the config fields being checked, e.g. ``critics`` and ``tokenizers``).
     The optional keywords check ``dtype``, ``model_kwargs`` (against a factory's signature) and
     ``special_tokens`` the same way :func:`load_agents` will use them.
     """
@@ -204,31 +220,31 @@ def validate_agent_sources(
         raise ValueError(f"num_agents must be >= 1 (an integer); got {num_agents!r}.")
     if agents is None or (isinstance(agents, (str, Sequence)) and len(agents) == 0):
         raise ValueError(
-            "Either agent_model or agents must be provided: set `agents` to a model name "
+            f"{field} must be provided: set `{field}` to a model name "
             f"(a factory: {_factory_names()}; a hub id; a local path) or to a list of names / model objects."
         )
     if isinstance(agents, (str, os.PathLike)):
-        source = _normalize_source(agents, None)
+        source = _normalize_source(agents, None, field)
         sources = [source] * (DEFAULT_NUM_AGENTS if num_agents is None else num_agents)
     elif is_model_object(agents):
         n = 1 if num_agents is None else num_agents
         if n != 1:
             raise ValueError(
-                f"agents is a single model object but num_agents = {n}: pass a list of models "
+                f"{field} is a single model object but num_agents = {n}: pass a list of models "
                 "(repeat the same object to share weights) or a model name string to get independent copies."
             )
         sources = [agents]
     elif isinstance(agents, Sequence) and not isinstance(agents, (bytes, bytearray)):
         entries = list(agents)
         if num_agents is not None and len(entries) != num_agents:
-            raise ValueError(f"agents length ({len(entries)}) must match num_agents ({num_agents}).")
-        sources = [_normalize_source(entry, i) for i, entry in enumerate(entries)]
+            raise ValueError(f"{field} length ({len(entries)}) must match num_agents ({num_agents}).")
+        sources = [_normalize_source(entry, i, field) for i, entry in enumerate(entries)]
     else:
         raise TypeError(
-            "agents must be a model name/path string, a loaded model, or a list of them; "
+            f"{field} must be a model name/path string, a loaded model, or a list of them; "
             f"got {type(agents).__name__}."
         )
-    _normalize_tokenizer_specs(tokenizers, sources)
+    _normalize_tokenizer_specs(tokenizers, sources, field, tokenizer_field)
     kwargs = _merge_model_kwargs(dtype, None, model_kwargs)
     for src in {s for s in sources if isinstance(s, str) and s in MODEL_FACTORIES}:
         _check_factory_kwargs(src, kwargs)
@@ -384,13 +400,13 @@ def load_tokenizer(source: str, **factory_kwargs: Any):
     return _from_pretrained(AutoTokenizer, source, "tokenizer")
 
 
-def _load_model(source: str, kwargs: dict) -> tuple[Any, Any]:
+def _load_model(source: str, kwargs: dict, field: str = "agents") -> tuple[Any, Any]:
     """(model, tokenizer-or-None) for one string source."""
     if source in MODEL_FACTORIES:
         return MODEL_FACTORIES[source](**kwargs)
     from transformers import AutoModelForCausalLM
 
-    return _from_pretrained(AutoModelForCausalLM, source, "agents model", **kwargs), None
+    return _from_pretrained(AutoModelForCausalLM, source, f"{field} model", **kwargs), None
 
 
 def ensure_pad_token(tokenizer):
@@ -479,6 +495,8 @@ def load_agents(
     attn_implementation: str | None = "sdpa",
     model_kwargs: Mapping[str, Any] | None = None,
     special_tokens: Mapping[str, Any] | Sequence[str] | None = None,
+    field: str = "agents",
+    tokenizer_field: str = "tokenizers",
 ) -> tuple[list[Any], list[Any]]:
     """Load the team: ``(models, tokenizers)``, one entry per agent (see the module docstring).
 
@@ -495,15 +513,18 @@ def load_agents(
             ``hidden_size``, ``num_layers``, ``seed``); ``torch_dtype`` is read as ``dtype``.
         special_tokens: dict for ``tokenizer.add_special_tokens`` or a list of extra special tokens;
             embeddings of agents whose tokenizer outgrows them are resized.
+        field / tokenizer_field: the config fields named in error messages (``critics``, ``reward_model_name``,
+            ``comparator_agents``, ...).
 
     Model objects are used as given (no dtype cast, no device move). Tokenizers get a pad token
     (eos when missing) and ``padding_side="left"``; every model's config and generation config get the
     tokenizer's pad/eos ids.
     """
     sources = validate_agent_sources(
-        agents, num_agents, tokenizers, dtype=dtype, model_kwargs=model_kwargs, special_tokens=special_tokens
+        agents, num_agents, tokenizers, dtype=dtype, model_kwargs=model_kwargs, special_tokens=special_tokens,
+        field=field, tokenizer_field=tokenizer_field,
     )
-    tok_specs = _normalize_tokenizer_specs(tokenizers, sources)
+    tok_specs = _normalize_tokenizer_specs(tokenizers, sources, field, tokenizer_field)
     kwargs = _merge_model_kwargs(dtype, attn_implementation, model_kwargs)
     specials = _normalize_special_tokens(special_tokens)
 
@@ -525,7 +546,7 @@ def load_agents(
             models.append(copy.deepcopy(loaded[src][0]))
             own_tokenizers.append(loaded[src][1])
         else:
-            model, tok = _load_model(src, kwargs)
+            model, tok = _load_model(src, kwargs, field)
             loaded[src] = (model, tok)
             models.append(model)
             own_tokenizers.append(tok)

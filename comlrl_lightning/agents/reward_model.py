@@ -284,7 +284,8 @@ class JointRewardModel(nn.Module):
         if isinstance(source, CausalLMWithValueHead):
             source = source.model
         models, toks = load_agents(source, num_agents=1, tokenizers=tokenizer, dtype=dtype,
-                                   attn_implementation=attn_implementation, model_kwargs=model_kwargs or None)
+                                   attn_implementation=attn_implementation, model_kwargs=model_kwargs or None,
+                                   field="reward_model_name", tokenizer_field="reward_tokenizer")
         head_state = None
         if isinstance(source, (str, os.PathLike)):
             path = Path(os.fspath(source)).expanduser()

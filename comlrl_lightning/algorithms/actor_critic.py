@@ -35,8 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from comlrl_lightning.agents import CausalLMWithValueHead, load_agents, resolve_devices
-from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams
+from comlrl_lightning.agents import CausalLMWithValueHead, check_model_sources, load_agents, resolve_devices
+from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams, team_size
 from comlrl_lightning.core.advantages import critic_advantages, expand_rewards, suffix_returns, td_targets
 from comlrl_lightning.core.losses import (
     LOSS_AGGREGATIONS,
@@ -52,10 +52,10 @@ from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     build_scoring_inputs,
     collate_rows,
-    sample_completions,
     token_logprobs,
     validate_generation_kwargs,
 )
+from comlrl_lightning.rollout.tree import sample_agents
 
 CRITIC_TYPES = ("v", "q")
 
@@ -213,7 +213,8 @@ class IAC(MultiAgentModule):
             count = 1 if self.centralized_critic else N
             sources = list(critics) if critics is not None else [critic_model] * count
             models, _ = load_agents(sources, num_agents=count, tokenizers=self.tokenizers[:1] * count
-                                    if any(not isinstance(s, str) for s in sources) else None)
+                                    if any(not isinstance(s, str) for s in sources) else None,
+                                    field="critics" if critics is not None else "critic_model")
             self.critics = nn.ModuleList([
                 CausalLMWithValueHead(m, value_head_hidden_dim=critic_value_head_hidden_dim) for m in models]).train()
             for i, critic in enumerate(self.critics):
@@ -263,11 +264,18 @@ class IAC(MultiAgentModule):
             if expected and len(cfg["critics"]) != 1:
                 raise ValueError(f"critics length ({len(cfg['critics'])}) must match 1 critic for {name}.")
         mp = str(cfg["parallel_training"] or "none").lower() == "mp"
+        if mp and cfg["agent_devices"] is None:  # the actors' devices first: the base class would say the same
+            raise ValueError("parallel_training='mp' requires explicit agent_devices.")
         if mp and separate and cfg["critic_devices"] is None:
             raise ValueError("parallel_training='mp' requires explicit critic_devices.")
-        if cfg["critics"] is not None and not self.centralized_critic and cfg["num_agents"] is not None \
-                and len(cfg["critics"]) != cfg["num_agents"]:
-            raise ValueError(f"critics length ({len(cfg['critics'])}) must match num_agents ({cfg['num_agents']}).")
+        agents = team_size(cfg)
+        if cfg["critics"] is not None and not self.centralized_critic and len(cfg["critics"]) != agents:
+            raise ValueError(f"critics length ({len(cfg['critics'])}) must match the number of agents ({agents}).")
+        if separate:
+            if cfg["critics"] is not None:
+                check_model_sources(list(cfg["critics"]), "critics")
+            else:
+                check_model_sources(cfg["critic_model"], "critic_model")
 
     # ================================================================== optimizer, devices
     def configure_optimizers(self):
@@ -328,9 +336,10 @@ class IAC(MultiAgentModule):
             prompts = [[format_prompt(self.formatters[i], items[b], external.get(b, [None] * N)[i],
                                       self.external_prompt_passthrough) for b in active] for i in range(N)]
             t0 = time.perf_counter()
-            samples = [sample_completions(
-                self.policy_model(i), self.tokenizers[i], [self._model_input(i, p) for p in prompts[i]], K, self.sampling,
-                self.generation_batch_size, self.generation_kwargs) for i in range(N)]
+            samples = sample_agents([self.policy_model(i) for i in range(N)], self.tokenizers,
+                                    [[self._model_input(i, p) for p in prompts[i]] for i in range(N)], K,
+                                    self.sampling, self.generation_batch_size, self.generation_kwargs,
+                                    concurrent=self.samples_concurrently)
             timings["generate"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             still_active = []

@@ -127,6 +127,11 @@ class MultiAgentModule(LightningModule):
         model = self.agents[i]
         return model.model if isinstance(model, CausalLMWithValueHead) else model
 
+    @property
+    def samples_concurrently(self) -> bool:
+        """Agents on distinct devices (``parallel_training: mp``) generate at the same time, one thread each."""
+        return self.parallel_training == "mp" and len(set(map(str, self.agent_devices))) > 1
+
     def agent_device(self, i: int) -> torch.device:
         return next(self.agents[i].parameters()).device
 
@@ -231,9 +236,8 @@ class MultiAgentModule(LightningModule):
                 for i, agent in enumerate(node.agents):
                     completions[i][b].append(agent.texts[0])
                 node, t = node.children.get(0), t + 1
-        # The prompt the reward sees: agent 0's (in centralized collaboration the first role's, not the joint one).
-        formatter = self.collaboration.role_formatters[0] if self.collaboration is not None else self.engine.formatters[0]
-        prompts = [formatter(item) for item in items]
+        # What the eval logger gets as ``prompts``: each item's own ``prompt`` field, as CoMLRL passes it.
+        prompts = [item.get("prompt") for item in items]
         return {"rewards": rewards, "completions": completions, "items": list(items), "prompts": prompts}
 
     def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
@@ -328,6 +332,16 @@ def team_for(collaboration_mode: str, agents: Any, num_agents: int | None, token
     collaboration = CentralizedCollaboration(check_adapter(adapter or TaggedCentralizedAdapter()),
                                              build_formatters(formatters, num_roles), reward_func, num_roles)
     return Team(actors, 1, tokenizers, [collaboration.formatter], collaboration, collaboration)
+
+
+def team_size(kwargs: Mapping[str, Any]) -> int:
+    """The number of agents (roles) the module will have, for the checks that run before models load."""
+    if kwargs.get("num_agents") is not None:
+        return int(kwargs["num_agents"])
+    if str(kwargs.get("collaboration_mode", "")).strip().lower() == "centralized":
+        return 2  # roles (team_for's default); the one actor is not the team size
+    agents = kwargs.get("agents", "tiny")
+    return len(agents) if isinstance(agents, (list, tuple)) else 2
 
 
 def _rng_state() -> dict[str, Any]:

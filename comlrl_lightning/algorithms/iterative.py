@@ -32,6 +32,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from comlrl_lightning.agents import check_model_sources
+from comlrl_lightning.algorithms.base import team_size
 from comlrl_lightning.comparators.api import ApiComparatorConfig
 from comlrl_lightning.comparators.sources import (
     IndependentRNG,
@@ -105,9 +107,18 @@ def check_iterative_config(cfg: Mapping[str, Any], *, num_agents: int, reward_fu
         agents = cfg["comparator_agents"]
         require(agents is None or (isinstance(agents, (list, tuple)) and len(agents) in (1, num_agents)),
                 f"comparator_agents must list 1 or num_agents ({num_agents}) models.")
+        check_model_sources(agents, "comparator_agents")
+        check_model_sources(cfg["comparator_model_name"], "comparator_model_name")
+        tokenizers = cfg["comparator_tokenizers"]
+        if isinstance(tokenizers, (list, tuple)):
+            require(len(tokenizers) in (1, num_agents),
+                    f"comparator_tokenizers must list 1 or num_agents ({num_agents}) tokenizers "
+                    f"(got {len(tokenizers)}).")
     else:
         require(not named_model,
                 "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.")
+        require(cfg["comparator_tokenizers"] is None,
+                "comparator_tokenizers is only valid when comparator_policy='model'.")
     if policy == "history":
         cfg["comparator_history_k"] = 1 if cfg["comparator_history_k"] is None else cfg["comparator_history_k"]
         require(cfg["comparator_history_k"] >= 1, "comparator_history_k must be >= 1.")
@@ -156,6 +167,7 @@ class IterativePreference:
         comparator_centralized_agent_index: int = 0,
         comparator_model_name: str | None = None,
         comparator_agents: list[Any] | None = None,
+        comparator_tokenizers: Any = None,
         comparator_devices: str | list[str] | None = None,
         comparator_num_candidates: int | None = None,
         comparator_history_k: int | None = None,
@@ -187,8 +199,8 @@ class IterativePreference:
         for name, value in cfg.items():
             if name not in SECRET_FIELDS:
                 setattr(self, name, value)
-        self.hparams.update({k: v for k, v in cfg.items() if k not in SECRET_FIELDS and k != "comparator_agents"
-                             and k != "centralized_comparator_adapter"})
+        self.hparams.update({k: v for k, v in cfg.items() if k not in SECRET_FIELDS and k not in
+                             ("comparator_agents", "comparator_tokenizers", "centralized_comparator_adapter")})
         self._api_config = api_config(cfg) if cfg["comparator_policy"] == "api" else None
         self.comparator_rng = IndependentRNG(seed=_comparator_seed())
         self.comparator = None  # built at the first round (needs the run directories)
@@ -267,6 +279,8 @@ class IterativePreference:
             sources = self.comparator_agents or [self.comparator_model_name]
             self.comparator = build_comparator(
                 self.comparator_policy, self, self.comparator_rng, roles=roles, model_sources=sources,
+                model_tokenizers=self.comparator_tokenizers,
+                model_field="comparator_agents" if self.comparator_agents else "comparator_model_name",
                 devices=self.comparator_devices or self.agent_devices,
                 history_dir=self.run_dir("policy_checkpoints", self.policy_checkpoint_dir) if
                 self.checkpoints_policy else None,
@@ -410,16 +424,6 @@ class IterativePreference:
                         logger.experiment.add_histogram(f"iter/reward_distribution/{side}", torch.tensor(values),
                                                         global_step=iteration + 1)
         self.trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
-
-
-def team_size(kwargs: Mapping[str, Any]) -> int:
-    """The number of agents (roles) the host will have, for the checks that run before models load."""
-    if kwargs.get("num_agents") is not None:
-        return int(kwargs["num_agents"])
-    if str(kwargs.get("collaboration_mode", "")).strip().lower() == "centralized":
-        return 2  # roles (team_for's default); the one actor is not the team size
-    agents = kwargs.get("agents", "tiny")
-    return len(agents) if isinstance(agents, (list, tuple)) else 2
 
 
 def _mean(values: Sequence[float]) -> float:

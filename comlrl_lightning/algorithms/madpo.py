@@ -128,7 +128,7 @@ class MADPO(MultiAgentModule):
             use_chat_template=use_chat_template,
             generation_batch_size=generation_batch_size,
             generation_kwargs=generation_kwargs,
-            parallel_agents=self.parallel_training == "mp" and len(set(map(str, self.agent_devices))) > 1,
+            parallel_agents=self.samples_concurrently,
         )
         self.last_batch: list[PreferencePair] = []
 
@@ -161,7 +161,9 @@ class MADPO(MultiAgentModule):
         margins = []
         for start in range(0, len(batch), step):
             chunk = batch[start : start + step]
-            chunk_margins = torch.stack([self.agent_margins(i, chunk) for i in range(self.num_agents)], dim=1)
+            # with parallel_training="mp" each agent's margins live on its own device: gather them on ours
+            chunk_margins = torch.stack([self.agent_margins(i, chunk).to(self.device) for i in range(self.num_agents)],
+                                        dim=1)
             loss, _ = madpo_loss(chunk_margins, self.dpo_beta)
             loss = loss * (len(chunk) / len(batch))  # the batch loss is a mean over its pairs
             assert_finite("MADPO loss", loss, step=self.global_step)

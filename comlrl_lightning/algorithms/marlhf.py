@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, Sequence
 
 
-from comlrl_lightning.agents import JointRewardModel, RewardModelReward
+from comlrl_lightning.agents import JointRewardModel, RewardModelReward, check_model_sources
 from comlrl_lightning.algorithms.actor_critic import CRITIC_TYPES, IAC, MAAC
 from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams, team_for
 from comlrl_lightning.algorithms.iterative import IterativePreference
@@ -153,18 +153,23 @@ class MARLHF(MultiAgentModule):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        agent_source = agents if isinstance(agents, str) else None
+        check_model_sources(reward_model_name, "reward_model_name")
+        check_model_sources(critic_model_name, "critic_model_name")
+        agent_source = backbone_source(agents)  # what the reward model (and critics) default to
         if reward_model_name is None and agent_source is None:
-            raise ValueError("reward_model_name must be provided when agent models are objects.")
+            raise ValueError("reward_model_name must be provided: the agents are model objects without a name "
+                             "(config._name_or_path) to load the reward model's backbone from.")
         needs_critic = rl_algorithm == "maac" or (rl_algorithm == "iac" and use_separate_critic)
         if needs_critic and critic_model_name is None and agent_source is None:
-            raise ValueError("critic_model_name must be provided for MARLHF with MAAC/IAC when agent models are "
-                             "objects.")
+            raise ValueError("critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model "
+                             "objects without a name (config._name_or_path) to load the critics from.")
 
         team = team_for(collaboration_mode, agents, num_agents, tokenizers, formatters, reward_func,
                         centralized_adapter)
         if team.collaboration is not None and actor_critic:
-            raise ValueError("Centralized collaboration supports the MAGRPO-family rl_algorithm backends only.")
+            raise ValueError(f"rl_algorithm={rl_algorithm!r} with collaboration_mode='centralized' is not supported: "
+                             "centralized MARLHF runs the MAGRPO-family backends (magrpo, mareinforce, marloo, "
+                             "maremax); CoMLRL's centralized IAC/MAAC backend is not built (docs/differences.md).")
         common = dict(agents=team.agents, num_agents=team.num_agents, tokenizers=team.tokenizers,
                       model_config=model_config, reward_func=team.reward_func, reward_processor=reward_processor,
                       formatters=team.formatters,
@@ -410,3 +415,17 @@ class MARLHFIter(IterativePreference, MARLHF):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         self._reward_model_round = int(checkpoint.get("comlrl_lightning", {}).get("reward_model_round", -1))
+
+
+def backbone_source(agents: Any) -> str | None:
+    """The model source a reward model or critic defaults to: the agents' name (a string, or the first string of a
+    list), else the ``config._name_or_path`` of the first agent object that has one; None when nothing is named."""
+    entries = [agents] if isinstance(agents, str) or not isinstance(agents, (list, tuple)) else list(agents)
+    for entry in entries:
+        if isinstance(entry, str):
+            return entry
+    for entry in entries:
+        name = getattr(getattr(entry, "config", None), "_name_or_path", None)
+        if name:
+            return str(name)
+    return None

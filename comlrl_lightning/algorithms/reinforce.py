@@ -197,7 +197,7 @@ class MAGRPO(MultiAgentModule):
             use_chat_template=use_chat_template,
             generation_batch_size=generation_batch_size,
             generation_kwargs=generation_kwargs,
-            parallel_agents=self.parallel_training == "mp" and len(set(map(str, self.agent_devices))) > 1,
+            parallel_agents=self.samples_concurrently,
         )
         self.buffer: list[Node] = []
         self.last_rollout: Rollout | None = None

@@ -182,20 +182,32 @@ class CurrentCopyComparator(CurrentComparator):
 
 
 class ModelComparator(LocalComparator):
-    """Frozen comparator models from ``sources`` (one per role), each with its own tokenizer, loaded at the first
-    round that needs them; kept across rounds unless ``keep_loaded`` is False (freed after each collection)."""
+    """Frozen comparator models from ``sources`` (one per role), loaded at the first round that needs them; kept
+    across rounds unless ``keep_loaded`` is False (freed after each collection). Tokenizers: ``tokenizers`` (one
+    per role) where given; else a model loaded by name brings its own and a model object uses its role's agent
+    tokenizer (as CoMLRL does)."""
 
     def __init__(self, module, rng: IndependentRNG, sources: Sequence[Any], devices: list[torch.device] | None,
-                 keep_loaded: bool = True, roles: Sequence[int] | None = None):
+                 keep_loaded: bool = True, roles: Sequence[int] | None = None, tokenizers: Sequence[Any] | None = None,
+                 field: str = "comparator_agents"):
         super().__init__(module, rng)
         self.sources, self.devices, self.keep_loaded = list(sources), devices, keep_loaded
         self.roles = list(range(len(self.sources))) if roles is None else list(roles)
+        self.tokenizers = list(tokenizers) if tokenizers is not None else None
+        self.field = field
         self.loaded: dict[int, tuple[torch.nn.Module, Any]] = {}
+
+    def tokenizer_for(self, role: int) -> Any:
+        if self.tokenizers is not None:
+            return self.tokenizers[role]
+        return None if isinstance(self.sources[role], str) else self.module.tokenizers[role]
 
     def start_round(self, iteration: int) -> None:
         if self.loaded:
             return
-        models, tokenizers = load_agents([self.sources[r] for r in self.roles], num_agents=len(self.roles))
+        models, tokenizers = load_agents([self.sources[r] for r in self.roles], num_agents=len(self.roles),
+                                         tokenizers=[self.tokenizer_for(r) for r in self.roles], field=self.field,
+                                         tokenizer_field="comparator_tokenizers")
         default_device = self.module.agent_device(0)
         for r, model, tokenizer in zip(self.roles, models, tokenizers):
             device = self.devices[r] if self.devices is not None else default_device
@@ -270,12 +282,13 @@ class ApiComparatorSource:
 
 
 def build_comparator(policy: str, module, rng: IndependentRNG, *, roles: Sequence[int],
-                     model_sources: Sequence[Any] | None = None, devices: Any = None,
+                     model_sources: Sequence[Any] | None = None, model_tokenizers: Any = None,
+                     model_field: str = "comparator_agents", devices: Any = None,
                      history_dir: Path | None = None, history_k: int = 1, keep_loaded: bool = True,
                      api_config: ApiComparatorConfig | None = None):
     """The comparator source for ``policy`` (canonical name). ``roles`` are the roles whose comparator models
     are needed (all of them, or the one centralized role); ``devices`` is ``comparator_devices`` (default: the
-    agents' devices)."""
+    agents' devices); ``model_tokenizers`` is ``comparator_tokenizers`` (one, or one per model source)."""
     resolved = resolve_devices(devices, module.num_agents, kind="comparator_devices") if devices is not None \
         else None
     if policy == "current":
@@ -286,7 +299,12 @@ def build_comparator(policy: str, module, rng: IndependentRNG, *, roles: Sequenc
         sources = list(model_sources)
         if len(sources) == 1:
             sources = sources * module.num_agents
-        return ModelComparator(module, rng, sources, resolved, keep_loaded=keep_loaded, roles=roles)
+        tokenizers = model_tokenizers
+        if tokenizers is not None:
+            tokenizers = list(tokenizers) if isinstance(tokenizers, (list, tuple)) else [tokenizers]
+            tokenizers = tokenizers * module.num_agents if len(tokenizers) == 1 else tokenizers
+        return ModelComparator(module, rng, sources, resolved, keep_loaded=keep_loaded, roles=roles,
+                               tokenizers=tokenizers, field=model_field)
     if policy == "history":
         return HistoryComparator(module, rng, history_dir, history_k, resolved, roles=roles)
     return ApiComparatorSource(api_config, module.collection_engine.sampling)

@@ -108,6 +108,21 @@ class Rollout:
         return [n for level in self.levels for n in level]
 
 
+def sample_agents(models, tokenizers, inputs: Sequence[Sequence[str]], K: int, sampling: SamplingConfig,
+                  generation_batch_size: int | None = None, generation_kwargs: Mapping[str, Any] | None = None,
+                  concurrent: bool = False) -> list[Completions]:
+    """K samples per input: ``models[j]`` answers ``inputs[j]`` with one batched generate per model; with
+    ``concurrent`` (agents on distinct devices) the models generate at the same time, one thread each."""
+    def sample(i: int) -> Completions:
+        return sample_completions(models[i], tokenizers[i], inputs[i], K, sampling, generation_batch_size,
+                                  generation_kwargs)
+
+    if concurrent and len(inputs) > 1:
+        with ThreadPoolExecutor(max_workers=len(inputs)) as pool:
+            return list(pool.map(sample, range(len(inputs))))
+    return [sample(i) for i in range(len(inputs))]
+
+
 class RolloutEngine:
     """Samples, rewards and expands rollout trees for a batch of dataset items."""
 
@@ -252,15 +267,9 @@ class RolloutEngine:
 
     def sample(self, models, tokenizers, prompts: Sequence[Sequence[str]], K: int) -> list[Completions]:
         """K samples per prompt: ``models[j]`` answers ``prompts[j]`` (one batched generate per model)."""
-        def sample(i: int) -> Completions:
-            inputs = [self.model_input(tokenizers[i], p) for p in prompts[i]]
-            return sample_completions(models[i], tokenizers[i], inputs, K, self.sampling,
-                                      self.generation_batch_size, self.generation_kwargs)
-
-        if self.parallel_agents and len(prompts) > 1:  # agents on distinct devices sample concurrently
-            with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-                return list(pool.map(sample, range(len(prompts))))
-        return [sample(i) for i in range(len(prompts))]
+        inputs = [[self.model_input(tokenizers[i], p) for p in prompts[i]] for i in range(len(prompts))]
+        return sample_agents(models, tokenizers, inputs, K, self.sampling, self.generation_batch_size,
+                             self.generation_kwargs, concurrent=self.parallel_agents)
 
     def _children(self, node: Node, pending: _Pending) -> list[_Pending]:
         N = self.num_agents
