@@ -197,6 +197,66 @@ def test_micro_batches_accumulate_to_the_same_gradient(tmp_path):
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
 
 
+def test_a_token_budget_and_one_agent_at_a_time_give_the_same_gradient(tmp_path, monkeypatch):
+    """Update memory is bounded: each agent's micro-batches are forwarded and backpropagated before the next
+    agent's, within a token budget; the gradient is that of the whole mini-batch in one forward."""
+    import comlrl_lightning.algorithms.reinforce as reinforce
+    from lightning.pytorch import Callback
+
+    grads, events = [], []
+
+    class OnBeforeStep(Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]))
+
+    for budget in (None, 12):
+        module = make_module(micro_batch_tokens=budget, loss_aggregation="token_mean", max_new_tokens=4)
+        if budget:
+            score, backward = reinforce.token_logprobs, module.manual_backward
+            agent_of = {id(module.policy_model(i)): i for i in range(module.num_agents)}
+            monkeypatch.setattr(reinforce, "token_logprobs",
+                                lambda model, inputs: (events.append(agent_of[id(model)]), score(model, inputs))[1])
+            module.manual_backward = lambda loss: (events.append("backward"), backward(loss))
+        fit(module, tmp_path, max_steps=1, callbacks=[OnBeforeStep()])
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    forwards = [e for e in events if e != "backward"]
+    assert len(forwards) > 2  # the budget split each agent's rows
+    # never two graphs alive: every forward is followed by its backward, agent 0's all before agent 1's
+    assert events == [e for f in forwards for e in (f, "backward")]
+    assert forwards == sorted(forwards)
+
+
+def test_an_update_that_cannot_fit_says_which_fields_to_change(tmp_path, monkeypatch):
+    import comlrl_lightning.algorithms.base as base
+
+    monkeypatch.setattr(base, "available_bytes", lambda device: 1024)  # 1 KB left on the device
+    module = make_module()
+    backward = []
+    module.manual_backward = backward.append
+    with pytest.raises(MemoryError, match=r"micro_batch_tokens.*micro_batch_size.*gradient_checkpointing.*max_new_tok"):
+        fit(module, tmp_path, max_steps=1)
+    assert backward == []  # refused before the first backward
+
+
+def test_gradient_checkpointing_from_model_config(tmp_path):
+    from comlrl_lightning.agents.memory import is_checkpointing
+
+    grads = []
+    from lightning.pytorch import Callback
+
+    class OnBeforeStep(Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]))
+
+    for checkpointing in (False, True):
+        module = make_module(model_config={"gradient_checkpointing": checkpointing})
+        assert all(is_checkpointing(a) == checkpointing for a in module.agents)
+        fit(module, tmp_path, max_steps=1, callbacks=[OnBeforeStep()])
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="model_config.gradient_checkpointing must be true or false"):
+        make_module(model_config={"gradient_checkpointing": "yes"})
+
+
 # ----------------------------------------------------------------------------------------------- reference KL
 @pytest.mark.parametrize("placement", ["reward", "loss"])
 def test_reference_kl(placement, tmp_path):

@@ -22,9 +22,11 @@ from comlrl_lightning.rollout.sampling import (
     collate_rows,
     completion_mask_from_ids,
     eos_token_ids,
+    micro_batches,
     sample_completions,
     select_rows,
     token_logprobs,
+    trim_prompt_padding,
 )
 from comlrl_lightning.rollout.tree import RolloutEngine, normalize_joint_mode
 
@@ -134,6 +136,34 @@ def test_build_scoring_inputs_layout():
     assert inp.position_ids[0, :4].tolist() == [0, 1, 2, 3]
     assert inp.position_ids[1, 2:].tolist() == [0, 1, 2, 3]
     assert inp.completion_mask.dtype == torch.bool
+
+
+def test_micro_batches_by_rows_and_by_token_budget():
+    # prompts of 3, 1, 2, 5 tokens; completions 2 wide: the forward of rows a..b is (b-a) × (longest prompt + 2)
+    prompts = [torch.arange(1, n + 1) for n in (3, 1, 2, 5)]
+    inp = build_scoring_inputs(prompts, torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.bool), 0)
+    assert micro_batches(inp) == [slice(0, 4)]
+    assert micro_batches(inp, max_rows=3) == [slice(0, 3), slice(3, 4)]
+    # widths 5, 3, 4, 7: [5, 3] costs 2 × 5 = 10 ≤ 10; adding 4 → 3 × 5 = 15 > 10; [4] then [7] alone (> budget)
+    assert micro_batches(inp, max_tokens=10) == [slice(0, 2), slice(2, 3), slice(3, 4)]
+    assert micro_batches(inp, max_tokens=15) == [slice(0, 3), slice(3, 4)]
+    assert micro_batches(inp, max_rows=2, max_tokens=100) == [slice(0, 2), slice(2, 4)]
+    assert micro_batches(inp, max_tokens=1) == [slice(r, r + 1) for r in range(4)]
+
+
+def test_trimming_prompt_padding_keeps_positions_and_log_probs(tiny):
+    model, tok = tiny
+    prompts = [torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([11, 12]), torch.tensor([13, 14, 15])]
+    comp = torch.tensor([[1, 2, 0], [3, 4, 5], [6, 0, 0]])
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
+    inputs = build_scoring_inputs(prompts, comp, mask, tok.pad_token_id)
+    tail = trim_prompt_padding(select_rows(inputs, slice(1, 3)))
+    assert tail.input_ids.shape[1] == 3 + 3  # the longest remaining prompt + the completion width
+    assert tail.position_ids[:, -3:].tolist() == inputs.position_ids[1:3, -3:].tolist()
+    with torch.no_grad():
+        full = token_logprobs(model.eval(), inputs)
+        torch.testing.assert_close(token_logprobs(model, tail), full[1:3], atol=1e-5, rtol=0)
+    assert trim_prompt_padding(inputs) is inputs  # nothing to drop
 
 
 class _ForceEos(LogitsProcessor):

@@ -52,7 +52,10 @@ from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     build_scoring_inputs,
     collate_rows,
+    micro_batches,
+    select_rows,
     token_logprobs,
+    trim_prompt_padding,
     validate_generation_kwargs,
 )
 from comlrl_lightning.rollout.tree import sample_agents
@@ -156,6 +159,7 @@ class IAC(MultiAgentModule):
         rollout_buffer_size: int = 8,
         train_batch_size: int | None = None,
         micro_batch_size: int | None = None,
+        micro_batch_tokens: int | None = None,
         generation_batch_size: int | None = None,
         advantage_normalization: bool = True,
         loss_aggregation: str = "seq_sum",
@@ -187,6 +191,7 @@ class IAC(MultiAgentModule):
         self.value_clip_range = None if self.use_separate_critic else value_clip_range
         self.rollout_buffer_size, self.train_batch_size = rollout_buffer_size, train_batch_size
         self.micro_batch_size, self.generation_batch_size = micro_batch_size, generation_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
         self.max_new_tokens, self.loss_aggregation = max_new_tokens, loss_aggregation
         self.advantage_normalization = advantage_normalization
         self.reference_kl_enabled, self.reference_kl_coef = reference_kl_enabled, reference_kl_coef
@@ -218,6 +223,7 @@ class IAC(MultiAgentModule):
             self.critics = nn.ModuleList([
                 CausalLMWithValueHead(m, value_head_hidden_dim=critic_value_head_hidden_dim) for m in models]).train()
             for i, critic in enumerate(self.critics):
+                self.apply_gradient_checkpointing(critic)
                 vocab = critic.model.get_input_embeddings().num_embeddings
                 if vocab < len(self.tokenizers[i if not self.centralized_critic else 0]):
                     raise ValueError(f"critic {i} has {vocab} token embeddings but the agent's tokenizer has "
@@ -249,7 +255,8 @@ class IAC(MultiAgentModule):
             (cfg["loss_aggregation"] in LOSS_AGGREGATIONS,
              f"loss_aggregation must be one of: {', '.join(LOSS_AGGREGATIONS)}."),
         ], reward_func=cfg["reward_func"], eval_interval=cfg["eval_interval"],
-            eval_num_samples=cfg["eval_num_samples"], micro_batch_size=cfg["micro_batch_size"])
+            eval_num_samples=cfg["eval_num_samples"], micro_batch_size=cfg["micro_batch_size"],
+            micro_batch_tokens=cfg["micro_batch_tokens"])
         for key in ("critic_value_head_hidden_dim", "value_head_hidden_dim"):
             if cfg[key] is not None and cfg[key] < 0:
                 raise ValueError(f"{key} must be >= 0 or null.")
@@ -492,39 +499,40 @@ class IAC(MultiAgentModule):
         optimizer = self.optimizers()
         optimizer.zero_grad()
         rows = len(steps)
-        chunk = self.micro_batch_size or rows
-        weights = [token_loss_weights(self._agent_inputs(i, steps).completion_mask, self.loss_aggregation,
-                                      self.max_new_tokens) for i in range(self.num_agents)]
+        inputs = [self._agent_inputs(i, steps) for i in range(self.num_agents)]
+        weights = [token_loss_weights(x.completion_mask, self.loss_aggregation, self.max_new_tokens) for x in inputs]
+        plans = [micro_batches(x, self.micro_batch_size, self.micro_batch_tokens) for x in inputs]
+        self.check_update_fits([(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], r)))
+                                for i in range(self.num_agents) for r in plans[i]])
         stats: dict[str, float] = defaultdict(float)
-        for start in range(0, rows, chunk):
-            part = steps[start : start + chunk]
-            share = len(part) / rows  # value losses are means over the mini-batch
-            total = 0.0
-            for i in range(self.num_agents):
-                inputs = self._agent_inputs(i, part)
-                logp = token_logprobs(self.policy_model(i), inputs)
+        for i in range(self.num_agents):  # one agent (actor and its critic) at a time: a backward per micro-batch
+            for part_rows in plans[i]:
+                part = steps[part_rows]
+                share = len(part) / rows  # value losses are means over the mini-batch
+                logp = token_logprobs(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], part_rows)))
                 device = logp.device
                 advantages = torch.tensor([s.agents[i].normalized_advantage for s in part], device=device)
-                policy, _ = policy_gradient_loss(logp, advantages, weights[i][start : start + chunk].to(device))
-                assert_finite("policy loss", policy, step=self.global_step, agent=i)
-                total = total + policy.to(self.device)
-                stats[f"agent_{i}/policy_loss"] += float(policy.detach())
+                loss, _ = policy_gradient_loss(logp, advantages, weights[i][part_rows].to(device))
+                assert_finite("policy loss", loss, step=self.global_step, agent=i)
+                stats[f"agent_{i}/policy_loss"] += float(loss.detach())
                 if not self.centralized_critic:
                     values = self.critic_values(i, part)
                     targets = torch.tensor([s.agents[i].value_target for s in part], device=values.device)
                     old = torch.tensor([s.agents[i].old_value for s in part], device=values.device)
                     vloss = value_loss(values.float(), targets, old, self.value_clip_range) * share
                     assert_finite("value loss", vloss, step=self.global_step, agent=i)
-                    total = total + self.value_loss_coef * vloss.to(self.device)
+                    loss = loss + self.value_loss_coef * vloss.to(device)
                     stats[f"agent_{i}/value_loss"] += float(vloss.detach())
-            if self.centralized_critic:  # the shared critic: once per joint mini-batch, on the team target
+                self.manual_backward(loss)
+        if self.centralized_critic:  # the shared critic: on the team target, over the whole joint mini-batch
+            for part_rows in micro_batches(inputs[0], self.micro_batch_size, self.micro_batch_tokens):
+                part = steps[part_rows]
                 values = self.critic_values(0, part)
                 targets = torch.tensor([s.joint_target for s in part], device=values.device)
-                vloss = value_loss(values.float(), targets) * share
+                vloss = value_loss(values.float(), targets) * (len(part) / rows)
                 assert_finite("value loss", vloss, step=self.global_step, agent="critic")
-                total = total + self.value_loss_coef * vloss.to(self.device)
+                self.manual_backward(self.value_loss_coef * vloss)
                 stats["critic/value_loss"] += float(vloss.detach())
-            self.manual_backward(total)
         metrics = self.clip_and_measure_gradients()
         metrics["rollout/policy_lag"] = float(self.global_step - min(s.policy_version for s in steps))
         optimizer.step()

@@ -33,6 +33,12 @@ from comlrl_lightning.agents import (
     save_agents,
 )
 from comlrl_lightning.agents.loading import validate_agent_sources
+from comlrl_lightning.agents.memory import (
+    activation_bytes,
+    available_bytes,
+    enable_checkpointing,
+    missing_state_bytes,
+)
 from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import build_formatters
@@ -49,7 +55,8 @@ class MultiAgentModule(LightningModule):
         num_agents: team size (default: ``len(agents)`` for a list, else 2).
         tokenizers: one tokenizer (shared), one per agent, a source string, or None (load with each agent).
         model_config: ``dtype`` (e.g. ``bfloat16``), ``attn_implementation`` (default ``sdpa``),
-            ``special_tokens``, ``model_kwargs`` passed to ``from_pretrained``.
+            ``special_tokens``, ``model_kwargs`` passed to ``from_pretrained``, ``gradient_checkpointing``
+            (recompute each layer in the backward: ~2.5× less activation memory for ~30% more update time).
         agent_learning_rate: AdamW learning rate, one value or one per agent.
         weight_decay: AdamW weight decay (CoMLRL uses PyTorch's default 0.01).
         max_grad_norm: clip each agent's gradient norm to this value (None: no clipping, as CoMLRL).
@@ -93,10 +100,15 @@ class MultiAgentModule(LightningModule):
         self.weight_decay = weight_decay
         self.max_grad_norm = max_grad_norm
         model_config = dict(model_config or {})
-        unknown = set(model_config) - {"dtype", "torch_dtype", "attn_implementation", "special_tokens", "model_kwargs"}
+        unknown = set(model_config) - {"dtype", "torch_dtype", "attn_implementation", "special_tokens", "model_kwargs",
+                                       "gradient_checkpointing"}
         if unknown:
             raise ValueError(f"model_config has unknown keys {sorted(unknown)}; allowed: dtype, attn_implementation, "
-                             "special_tokens, model_kwargs.")
+                             "special_tokens, model_kwargs, gradient_checkpointing.")
+        if not isinstance(model_config.get("gradient_checkpointing", False), bool):
+            raise ValueError("model_config.gradient_checkpointing must be true or false "
+                             f"(got {model_config['gradient_checkpointing']!r}).")
+        self.gradient_checkpointing = model_config.get("gradient_checkpointing", False)
         # ---- load
         models, self.tokenizers = load_agents(
             sources,
@@ -108,6 +120,8 @@ class MultiAgentModule(LightningModule):
             special_tokens=model_config.get("special_tokens"),
         )
         self.agents = nn.ModuleList(models).train()  # from_pretrained returns eval mode; CoMLRL trains in train mode
+        for model in {id(m): m for m in models}.values():
+            self.apply_gradient_checkpointing(model)
         self.env_step = 0
         self.reference = None  # set by the ReferenceModels callback when the reference-KL penalty is on
         self.collaboration: CentralizedCollaboration | None = None  # one joint actor for all roles (centralized)
@@ -126,6 +140,46 @@ class MultiAgentModule(LightningModule):
         scoring does not compute values it would throw away)."""
         model = self.agents[i]
         return model.model if isinstance(model, CausalLMWithValueHead) else model
+
+    def apply_gradient_checkpointing(self, model: nn.Module) -> None:
+        """Turn on ``model_config.gradient_checkpointing`` for a trained model (agent or critic); generation runs
+        in eval mode, where it has no effect."""
+        if self.gradient_checkpointing:
+            enable_checkpointing(model)
+
+    def check_update_fits(self, forwards: Sequence[tuple[nn.Module, ScoringInputs]]) -> None:
+        """Raise a clear ``MemoryError`` before the backward when the update's largest forward (one agent's
+        micro-batch: models are trained one after another) plus the optimizer state not allocated yet clearly
+        exceeds the memory left on the device (``agents/memory.py`` says how it is estimated)."""
+        if not forwards:
+            return
+        cost = {id(m): 0 for m, _ in forwards}
+        for model, inputs in forwards:
+            rows, width = inputs.input_ids.shape
+            need = activation_bytes(model, rows, width, inputs.completion_ids.shape[1] + 1)
+            if need is None:
+                return
+            cost[id(model)] = max(cost[id(model)], need)
+        device = self.agent_device(0)
+        available = available_bytes(device)
+        if available is None:
+            return
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        state = missing_state_bytes(trainable, self.optimizers() if self._trainer is not None else None)
+        peak = max(cost.values()) + state
+        if peak <= available:
+            return
+        rows, width = max(((i.input_ids.shape[0], i.input_ids.shape[1]) for _, i in forwards),
+                          key=lambda rw: rw[0] * rw[1])
+        gib = 2**30
+        raise MemoryError(
+            f"This update needs about {peak / gib:.1f} GB on {device} (its largest forward, {rows} rows × {width} "
+            f"tokens: {max(cost.values()) / gib:.1f} GB kept for the backward; gradients and AdamW state not yet "
+            f"allocated: {state / gib:.1f} GB) but about {available / gib:.1f} GB are available. Lower it with "
+            f"micro_batch_tokens (tokens per forward, now {getattr(self, 'micro_batch_tokens', None)}), "
+            f"micro_batch_size (rows per forward, now {getattr(self, 'micro_batch_size', None)}), "
+            f"model_config.gradient_checkpointing (now {self.gradient_checkpointing}; ~2.5x less), or shorter "
+            f"sequences (max_new_tokens, now {getattr(self, 'max_new_tokens', None)}).")
 
     @property
     def samples_concurrently(self) -> bool:
@@ -392,7 +446,7 @@ def plain_hparams(local_vars: dict[str, Any]) -> dict[str, Any]:
 
 def check_config(checks: Sequence[tuple[bool, str]], *, reward_func: Any, eval_interval: int = 0,
                  eval_num_samples: int = 0, eval_logger: Any = None, eval_aggregator: Any = None,
-                 micro_batch_size: int | None = None) -> None:
+                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None) -> None:
     """Raise ``ValueError`` for the first broken rule — the ones every algorithm shares, then ``checks``
     (``(ok, message)`` pairs whose message names the field and the allowed values). Called before models load."""
     if reward_func is None or not callable(reward_func):
@@ -400,6 +454,7 @@ def check_config(checks: Sequence[tuple[bool, str]], *, reward_func: Any, eval_i
                          "reward_func: comlrl_lightning.envs.toy.story_reward).")
     shared = [
         (micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null."),
+        (micro_batch_tokens is None or micro_batch_tokens >= 1, "micro_batch_tokens must be >= 1 or null."),
         (eval_interval >= 0, "eval_interval must be >= 0."),
         (eval_num_samples >= 0, "eval_num_samples must be >= 0."),
         ((eval_logger is None) == (eval_aggregator is None),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -44,8 +44,10 @@ from comlrl_lightning.rollout.sampling import (
     SamplingConfig,
     ScoringInputs,
     collate_rows,
+    micro_batches,
     select_rows,
     token_logprobs,
+    trim_prompt_padding,
     validate_generation_kwargs,
 )
 from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine, normalize_joint_mode
@@ -78,7 +80,8 @@ class MAGRPO(MultiAgentModule):
     ``generation_kwargs``. Tree: ``num_turns``, ``joint_mode`` (``aligned`` | ``cross``; ``align``/``crossed``
     are aliases), ``discount`` (applied, default 1.0), ``early_termination_threshold`` (None = never).
     Updates: ``rollout_buffer_size`` and ``train_batch_size`` (nodes), ``micro_batch_size`` (rows per forward;
-    gradient accumulation), ``generation_batch_size`` (prompts per ``generate``), ``advantage_normalization``,
+    gradient accumulation), ``micro_batch_tokens`` (at most that many tokens per forward: bounds update memory
+    for long prompts), ``generation_batch_size`` (prompts per ``generate``), ``advantage_normalization``,
     ``loss_aggregation`` (``seq_sum`` | ``token_mean`` | ``seq_mean_token_mean`` | ``dr_grpo``).
     Reference KL: ``reference_kl_enabled``, ``reference_kl_coef`` (β), ``reference_kl_estimator`` (k1|k2|k3),
     ``reference_kl_placement`` (``reward``: on returns before the baseline; ``loss``: per-token term),
@@ -114,6 +117,7 @@ class MAGRPO(MultiAgentModule):
         rollout_buffer_size: int = 2,
         train_batch_size: int | None = None,
         micro_batch_size: int | None = None,
+        micro_batch_tokens: int | None = None,
         generation_batch_size: int | None = None,
         advantage_mode: str | None = None,
         advantage_normalization: bool = True,
@@ -142,7 +146,8 @@ class MAGRPO(MultiAgentModule):
             reward_func=reward_func, num_generations=num_generations, num_turns=num_turns,
             external_transition=external_transition, rollout_buffer_size=rollout_buffer_size,
             train_batch_size=train_batch_size, micro_batch_size=micro_batch_size,
-            generation_batch_size=generation_batch_size, advantage_mode=advantage_mode,
+            micro_batch_tokens=micro_batch_tokens, generation_batch_size=generation_batch_size,
+            advantage_mode=advantage_mode,
             loss_aggregation=loss_aggregation, discount=discount, reference_kl_coef=reference_kl_coef,
             reference_kl_estimator=reference_kl_estimator, reference_kl_placement=reference_kl_placement,
             eval_interval=eval_interval, eval_num_samples=eval_num_samples, eval_logger=eval_logger,
@@ -167,6 +172,7 @@ class MAGRPO(MultiAgentModule):
         self.rollout_buffer_size = rollout_buffer_size
         self.train_batch_size = train_batch_size
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
         self.max_new_tokens = max_new_tokens
         self.advantage_mode = advantage_mode
         self.advantage_normalization = advantage_normalization
@@ -255,14 +261,15 @@ class MAGRPO(MultiAgentModule):
         optimizer = self.optimizers()
         optimizer.zero_grad()
         batches = [self.policy_batch(nodes, i) for i in range(self.num_agents)]
-        rows = batches[0].advantages.shape[0]
-        step = self.micro_batch_size or rows
+        # Micro-batches (rows, or a token budget), without the prompt padding none of their rows needs.
+        chunks = [[self.micro_batch(batch, rows) for rows in micro_batches(batch.inputs, self.micro_batch_size,
+                                                                            self.micro_batch_tokens)]
+                  for batch in batches]
+        self.check_update_fits([(self.policy_model(i), c.inputs) for i, agent in enumerate(chunks) for c in agent])
         diagnostics: dict[str, list[Tensor]] = defaultdict(list)
         kl_coef = self.reference_kl_coef if self.reference_kl_placement == "loss" else 0.0
-        for start in range(0, rows, step):
-            total = 0.0
-            for i, batch in enumerate(batches):
-                chunk = batch.rows(slice(start, start + step))
+        for i, agent in enumerate(chunks):  # one agent's graph at a time: a backward per micro-batch
+            for chunk in agent:
                 logp = token_logprobs(self.policy_model(i), chunk.inputs)
                 device = logp.device
                 token_kl = None
@@ -272,9 +279,8 @@ class MAGRPO(MultiAgentModule):
                 loss, diag = policy_gradient_loss(logp, chunk.advantages.to(device), chunk.weights.to(device),
                                                   token_kl, kl_coef)
                 assert_finite("policy loss", loss, step=self.global_step, agent=i)
-                total = total + loss.to(self.device)
+                self.manual_backward(loss)
                 diagnostics[f"agent_{i}/loss"].append(loss.detach())
-            self.manual_backward(total)
         metrics = self.clip_and_measure_gradients()
         # Updates done before this one minus updates done at sampling: 0 = sampled by the weights being updated.
         metrics["rollout/policy_lag"] = float(self.global_step - min(n.policy_version for n in nodes))
@@ -288,6 +294,11 @@ class MAGRPO(MultiAgentModule):
         metrics[f"turn_{turn + 1}/expected_return"] = sum(n.mean_return for n in nodes) / len(nodes)
         metrics["timing_s/update"] = time.perf_counter() - tic
         return metrics
+
+    @staticmethod
+    def micro_batch(batch: PolicyBatch, rows: slice) -> PolicyBatch:
+        chunk = batch.rows(rows)
+        return replace(chunk, inputs=trim_prompt_padding(chunk.inputs))
 
     def policy_batch(self, nodes: list[Node], agent: int) -> PolicyBatch:
         """Agent ``agent``'s rows of a mini-batch with group advantages computed per node (over its K)."""
@@ -380,7 +391,8 @@ class MAReMax(MAGRPO):
 
 
 def _validate_config(*, reward_func, num_generations, num_turns, external_transition, rollout_buffer_size,
-                     train_batch_size, micro_batch_size, generation_batch_size, advantage_mode, loss_aggregation,
+                     train_batch_size, micro_batch_size, micro_batch_tokens, generation_batch_size, advantage_mode,
+                     loss_aggregation,
                      discount, reference_kl_coef, reference_kl_estimator, reference_kl_placement, eval_interval,
                      eval_num_samples, eval_logger, eval_aggregator, algorithm):
     """CoMLRL's MAGRPOConfig rules (REFERENCE §3.1, appendix C) plus ours; raised before any model loads."""
@@ -400,7 +412,8 @@ def _validate_config(*, reward_func, num_generations, num_turns, external_transi
          f"reference_kl_placement must be one of: {', '.join(KL_PLACEMENTS)}."),
         (num_turns == 1 or external_transition is not None, f"Multi-turn {algorithm} requires an external_transition."),
     ], reward_func=reward_func, eval_interval=eval_interval, eval_num_samples=eval_num_samples,
-        eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size)
+        eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size,
+        micro_batch_tokens=micro_batch_tokens)
 
 
 class CentralizedMAGRPO(MAGRPO):

@@ -206,3 +206,36 @@ def collate_rows(prompt_ids: Sequence[Tensor], completions: Sequence[Tensor], ma
 def select_rows(inputs: ScoringInputs, rows: slice) -> ScoringInputs:
     return ScoringInputs(*(getattr(inputs, f)[rows] for f in
                            ("input_ids", "attention_mask", "position_ids", "completion_ids", "completion_mask")))
+
+
+def trim_prompt_padding(inputs: ScoringInputs) -> ScoringInputs:
+    """Drop the left-padding columns no row needs (rows of a micro-batch may all have shorter prompts than the
+    longest prompt of their mini-batch); positions are kept, so log-probs are unchanged."""
+    first = int(inputs.attention_mask.any(0).long().argmax())
+    if first == 0:
+        return inputs
+    return ScoringInputs(inputs.input_ids[:, first:], inputs.attention_mask[:, first:], inputs.position_ids[:, first:],
+                         inputs.completion_ids, inputs.completion_mask)
+
+
+def micro_batches(inputs: ScoringInputs, max_rows: int | None = None, max_tokens: int | None = None) -> list[slice]:
+    """Consecutive row ranges for the forwards of one update: each holds at most ``max_rows`` rows and at most
+    ``max_tokens`` tokens as the forward sees them (rows × its longest prompt + the completion width); a row longer
+    than ``max_tokens`` is a micro-batch of its own. Neither limit: one range with every row."""
+    rows = inputs.input_ids.shape[0]
+    if max_tokens is None:
+        step = max_rows or rows
+        return [slice(s, min(s + step, rows)) for s in range(0, rows, step)]
+    width = inputs.completion_ids.shape[1]
+    prompt_lengths = (inputs.attention_mask[:, : inputs.input_ids.shape[1] - width].sum(-1) + width).tolist()
+    ranges, start, longest = [], 0, 0
+    for row, length in enumerate(prompt_lengths):  # planning over rows (scalars), not a per-token loop
+        longest_with = max(longest, length)
+        full = row > start and ((row - start + 1) * longest_with > max_tokens or
+                                (max_rows is not None and row - start >= max_rows))
+        if full:
+            ranges.append(slice(start, row))
+            start, longest_with = row, length
+        longest = longest_with
+    ranges.append(slice(start, rows))
+    return ranges

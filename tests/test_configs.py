@@ -1,0 +1,81 @@
+"""Every shipped config runs two updates through the CLI, with tiny models standing in for the embedded SmolLM2.
+
+Each config is taken as it is (its algorithm, reward, formatters, transitions, data and schedule) and changed only
+where the size of the run is set: models, completion length, candidate counts, items, evaluation. The memory of the
+real configs (SmolLM2) is measured by ``benchmarks/config_memory.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_iterative_api import server  # noqa: F401  (the loopback comparator API, for madpo_iter_api.yaml)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+EMBEDDED = "smollm2-135m-instruct"
+# Fields that set the size of a run, and the small values a test uses (only where the algorithm has the field).
+SMALL = {"max_new_tokens": 4, "use_chat_template": False, "preference_num_candidates": 2,
+         "comparator_num_candidates": 2, "eval_interval": 1, "eval_num_samples": 1, "num_iterations": 2,
+         "reward_num_train_epochs": 1}
+
+
+def tiny(value):
+    """Every embedded-model source becomes the tiny factory model."""
+    if value == EMBEDDED:
+        return "tiny"
+    if isinstance(value, list):
+        return [tiny(v) for v in value]
+    if isinstance(value, dict):
+        return {k: tiny(v) for k, v in value.items()}
+    return value
+
+
+def small_config(config: Path, root: Path, api_url: str | None = None) -> Path:
+    cfg = yaml.safe_load(config.read_text())
+    model = cfg["model"]
+    module, _, name = model["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    accepted = {p for klass in cls.__mro__ if "__init__" in vars(klass)
+                for p in inspect.signature(klass.__init__).parameters}
+    args = tiny(model.get("init_args", {}))
+    args.update({k: v for k, v in SMALL.items() if k in accepted})
+    if "comparator_api_url" in args:  # a loopback stand-in for the remote comparator
+        args["comparator_api_url"] = api_url
+    model["init_args"] = args
+    cfg["data"].setdefault("init_args", {}).update(max_train_items=4, max_eval_items=1, eval_batch_size=1)
+    cfg["trainer"].update(max_steps=2, enable_progress_bar=False, enable_model_summary=False)
+    out = root / config.name
+    out.write_text(yaml.safe_dump(cfg))
+    return out
+
+
+def needs_shared_data(config: Path) -> bool:
+    data = yaml.safe_load(config.read_text())["data"]
+    return "comlrl_lightning.envs." in str(data) and "envs.toy" not in str(data)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_runs_two_updates(config, tmp_path, monkeypatch, request):
+    from comlrl_lightning.cli import main
+
+    if needs_shared_data(config) and not SHARED.exists():
+        pytest.skip(f"{config.name} reads the benchmark data under {SHARED}")
+    monkeypatch.chdir(tmp_path)
+    api_url = None
+    if "comparator_api_url" in config.read_text():
+        api_url = request.getfixturevalue("server").url
+        monkeypatch.setenv("COMPARATOR_API_KEY", "sk-test")
+    cli = main(["fit", "--config", str(small_config(config, tmp_path, api_url)), "--trainer.default_root_dir",
+                str(tmp_path / "run")])
+    assert cli.trainer.global_step == 2
+    metrics = next((tmp_path / "run").rglob("metrics.csv"))
+    rows = list(csv.DictReader(metrics.open()))
+    assert any(row.get("loss") or row.get("reward_model/loss") for row in rows)
