@@ -100,20 +100,13 @@ def test_huge_allocation_memory_error():
     assert r.passed == 0 and r.errors == ["MemoryError"]
 
 
-def test_socket_connect_blocked():
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.2)
-    port = server.getsockname()[1]
-    try:
-        prog = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\ns.sendall(b'hi')"
-        r = run_tests(prog, ["assert True"], **FAST)
-        assert r.passed == 0 and r.errors == ["SandboxViolation"]
-        with pytest.raises(socket.timeout):
-            server.accept()  # no connection ever arrived
-    finally:
-        server.close()
+def test_socket_connect_blocked(tcp_server):
+    server, port = tcp_server
+    prog = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\ns.sendall(b'hi')"
+    r = run_tests(prog, ["assert True"], **FAST)
+    assert r.passed == 0 and r.errors == ["SandboxViolation"]
+    with pytest.raises(socket.timeout):
+        server.accept()  # no connection ever arrived
 
 
 def test_write_outside_workdir_blocked(tmp_path):

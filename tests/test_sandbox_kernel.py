@@ -12,17 +12,18 @@ import os
 import resource
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from test_sandbox_verdict import GUARD_OFF
 
 from comlrl_lightning.envs import coding as C
-from comlrl_lightning.envs.sandbox import SANDBOX_UID_BASE, isolation_layers, run_tests
+from comlrl_lightning.envs.sandbox import KERNEL_LAYERS, SANDBOX_UID_BASE, isolation_layers, run_tests
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandbox relies on Linux/POSIX")
 
@@ -166,7 +167,7 @@ def _visible_canary_dir(tmp_path):
     path = os.path.join(sys.base_prefix, f"sandbox-canary-{secrets.token_hex(4)}")
     os.mkdir(path)
     (tmp_path / "cleanup").write_text(path)
-    return __import__("pathlib").Path(path)
+    return Path(path)
 
 
 @pytest.fixture(autouse=True)
@@ -250,25 +251,17 @@ def attack():
 
 
 @needs("net_ns")
-def test_no_network():
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.3)
-    port = server.getsockname()[1]
-    try:
-        program = GUARD_OFF + f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)"
-        r = run_tests(program, ["assert True"], **FAST)
-        assert r.passed == 0
-        with pytest.raises(socket.timeout):
-            server.accept()
-    finally:
-        server.close()
+def test_no_network(tcp_server):
+    server, port = tcp_server
+    program = GUARD_OFF + f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)"
+    assert run_tests(program, ["assert True"], **FAST).passed == 0
+    with pytest.raises(socket.timeout):
+        server.accept()
 
 
 @needs("tmpfs_workdir")
 def test_disk_quota():
-    free_before = shutil.disk_usage(os.path.dirname(os.path.realpath(__import__("tempfile").gettempdir()))).free
+    free_before = shutil.disk_usage(os.path.dirname(os.path.realpath(tempfile.gettempdir()))).free
     program = GUARD_OFF + ("def fill():\n    n = 0\n    try:\n        for i in range(64):\n"
                            "            with open(f'blob{i}', 'wb') as f:\n                for _ in range(16):\n"
                            "                    f.write(bytes(1 << 20))\n                    n += 1 << 20\n"
@@ -276,7 +269,7 @@ def test_disk_quota():
     t0 = time.monotonic()
     r = run_tests(program, ["assert fill() <= 9 << 20"], disk_mb=8, **FAST)
     assert r.passed == 1 and time.monotonic() - t0 < 10
-    free_after = shutil.disk_usage(os.path.dirname(os.path.realpath(__import__("tempfile").gettempdir()))).free
+    free_after = shutil.disk_usage(os.path.dirname(os.path.realpath(tempfile.gettempdir()))).free
     assert free_before - free_after < 64 << 20
 
 
@@ -319,9 +312,7 @@ def test_self_inflicted_ends_cost_the_test_only():
 
 
 def test_strict_isolation_runs_here_or_refuses():
-    missing = [k for k in ("user_ns", "mount_ns", "pid_ns", "net_ns", "ipc_ns", "read_only_root", "tmpfs_workdir",
-                           "proc", "no_new_privs", "seccomp") if not LAYERS.get(k)] + (
-        ["uid"] if LAYERS.get("uid") == 0 else [])
+    missing = [k for k in KERNEL_LAYERS if not LAYERS.get(k)] + ["uid"] * (LAYERS.get("uid") == 0)
     reward = C.CodingReward(timeout_per_test=2.0, sandbox_isolation="strict")
     item = {"prompt": "def f(x):\n", "entry_point": "f", "test": ["assert f(1) == 2"]}
     main = "def f(x):\n    p = aux(x)\n    return 2 * x"

@@ -1133,7 +1133,7 @@ class Timer:
 # ------------------------------------------------------------------------------------- evaluator: isolation
 
 NAMESPACES = ("user_ns", "mount_ns", "pid_ns", "net_ns", "ipc_ns", "uts_ns")
-KERNEL_LAYERS = (*NAMESPACES, "read_only_root", "tmpfs_workdir", "proc", "no_new_privs", "seccomp")
+KERNEL_LAYERS = (*NAMESPACES, "read_only_root", "tmpfs_workdir", "proc", "no_new_privs", "seccomp")  # for strict
 
 
 def world_readable(path):
@@ -1212,13 +1212,14 @@ class Isolation:
         else:
             for entry in os.scandir(self.workdir):
                 if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, onerror=_force_remove)
+                    shutil.rmtree(entry.path, onerror=force_remove)
                 else:
                     os.unlink(entry.path)
         os.chdir(self.workdir)
 
 
-def _force_remove(func, path, exc_info):  # the program may have made things read-only
+def force_remove(func, path, exc_info):
+    """``shutil.rmtree`` error handler: the program may have made things read-only."""
     try:
         os.chmod(os.path.dirname(path), 0o700)
         os.chmod(path, 0o700)

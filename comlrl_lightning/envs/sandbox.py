@@ -109,14 +109,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+from comlrl_lightning.envs._sandbox_worker import KERNEL_LAYERS, force_remove
+
 __all__ = ["ExecutionResult", "Job", "run_tests", "run_many", "isolation_layers", "KERNEL_LAYERS"]
 
 logger = logging.getLogger(__name__)
 
 Isolation = Literal["best_effort", "strict"]
 WORKER = Path(__file__).with_name("_sandbox_worker.py")
-KERNEL_LAYERS = ("user_ns", "mount_ns", "pid_ns", "net_ns", "ipc_ns", "uts_ns", "read_only_root", "tmpfs_workdir",
-                 "proc", "no_new_privs", "seccomp")  # what ``strict`` requires (with an unprivileged uid)
 STDOUT_LIMIT = 4096  # bytes of program/test output kept in the result
 SANDBOX_UID_BASE = 1 << 30  # a root trainer runs each job under its own uid/gid in [base, base + 65536)
 _STARTUP_S = 5.0  # evaluator start-up allowance on top of timeout_total before the trainer kills it
@@ -210,15 +210,7 @@ def _sandbox_ids() -> tuple[int, int]:
 
 
 def _rmtree(path: str) -> None:
-    def onerror(func, p, exc):  # user code may have chmod-ed things read-only
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
+    shutil.rmtree(path, onerror=force_remove)
 
 
 def _kill(pidfd: int | None) -> None:
