@@ -1,6 +1,22 @@
 import os
+import socket
+
+import pytest
 
 # Never reach the network from tests: a hub lookup hangs ~50 s before failing.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def tcp_server():
+    """A listening TCP socket on 127.0.0.1 (accept times out after 0.3 s) and its port."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.3)
+    try:
+        yield server, server.getsockname()[1]
+    finally:
+        server.close()

@@ -123,3 +123,28 @@ def test_classeval_config_parses(capsys):
     assert exit_info.value.code in (0, None)
     out = capsys.readouterr().out
     assert "comlrl_lightning.envs.classeval.classeval_reward" in out and "shift: -6.0" in out
+
+
+# Reference solutions (``solution_code``) that do not pass every one of their tests in the sandbox, and why:
+REFERENCE_FAILURES = {
+    "ClassEval_17",  # its "upcoming events" test expects dates in 2024 to lie in the future
+    "ClassEval_25",  # test_load_cookies* read cookies.json written by another test; each test starts in an empty dir
+    "ClassEval_48",  # needs the network (gethostbyname/gethostname of real hosts)
+    "ClassEval_84",  # replaces the object's methods with unittest.mock.MagicMock: a test's own objects stay outside
+}
+FLAKY = {"ClassEval_35", "ClassEval_58"}  # 35: an A* search near the time limit; 58: random mines may coincide
+
+
+@needs_data
+def test_reference_solutions_pass_classeval():
+    """The 88 stdlib-only reference solutions, run as programs against their own unittest methods: all but the
+    listed ones pass every test (84 of 88; before the trusted evaluator it was 85: ClassEval_50 failed as root,
+    whose writes ignore read-only modes, and now passes under the sandbox's own uid; 25 and 84 fail for the
+    reasons above)."""
+    items = [it for it in ce.classeval_tasks(str(CE_FILE)) if ce.is_stdlib_only(it)]
+    assert len(items) == 88
+    reward = ce.ClassEvalReward(timeout_per_test=20.0, workers=2, timeout_total=300.0)
+    results = reward.run([ce.sandbox_job(it["solution_code"], it) for it in items])
+    failing = {it["task_id"] for it, r in zip(items, results) if not (r.total > 0 and r.passed == r.total)}
+    assert failing - FLAKY == REFERENCE_FAILURES, failing
+    assert sum(r.passed for r in results) >= 1966 - 20

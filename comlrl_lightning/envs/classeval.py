@@ -26,9 +26,10 @@ Team reward (:class:`ClassEvalReward`, default instance :data:`classeval_reward`
     penalty       −0.2 any timeout or sandbox violation
 
 The scale makes the paper's ``reward_processor`` shift −6 map a perfect team to 0. Tests run in
-:mod:`comlrl_lightning.envs.sandbox`: the program is the merged class + the test module (its ``if __name__ ==
-"__main__"`` block removed) + a ``_run_test(cls, method)`` helper running one TestCase method with ``unittest``;
-each test snippet is ``assert _run_test('TestX', 'test_y')``.
+:mod:`comlrl_lightning.envs.sandbox` (:func:`sandbox_job`): the merged class is the sandboxed program; the test
+module (its ``if __name__ == "__main__"`` block removed) + a ``_run_test(cls, method)`` helper running one
+TestCase method with ``unittest`` is trusted setup, run by the sandbox's evaluator, where the class under test
+is a handle; each test is ``assert _run_test('TestX', 'test_y')``, in a sandbox of its own.
 
 Multi-turn (:class:`CodeFeedbackTransition`, ``code_feedback`` mode): per agent, the skeleton, its owned methods,
 its previous code, the teammate's method names, parse problems, missing methods and the per-test-class results
@@ -43,7 +44,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from comlrl_lightning.envs.coding import all_passed, per_turn_means, strip_markdown
 from comlrl_lightning.envs.loading import load_rows
@@ -281,15 +282,8 @@ _RUNNER = '''
 def _run_test(_cls_name, _method):
     import unittest as _unittest
 
-    class _Result(_unittest.TestResult):
-        def addError(self, test, err):
-            if err[0].__name__ == "_Timeout":  # the sandbox's per-test timer: let it count as a timeout
-                raise err[1]
-            super().addError(test, err)
-
-    _case = globals()[_cls_name](_method)
-    _result = _Result()
-    _case.run(_result)
+    _result = _unittest.TestResult()
+    globals()[_cls_name](_method).run(_result)
     if _result.errors or _result.failures:
         _exc = (_result.errors or _result.failures)[0][1].strip().splitlines()[-1]
         raise AssertionError(_exc[:200])
@@ -309,13 +303,23 @@ def _strip_main(test_code: str) -> str:
     return ast.unparse(tree)
 
 
-def build_program(merged_code: str, item: Mapping[str, Any]) -> str:
-    """Merged class + the item's test module (without its ``__main__`` block) + the ``_run_test`` helper."""
-    return merged_code + "\n\n" + _strip_main(item.get("test") or "") + "\n" + _RUNNER
+def unittest_setup(item: Mapping[str, Any]) -> str:
+    """Trusted setup of every test: the item's test module (without its ``__main__`` block) + the ``_run_test``
+    helper; run by the sandbox's evaluator, never by the program."""
+    return _strip_main(item.get("test") or "") + "\n" + _RUNNER
 
 
 def unittest_snippets(cases: Sequence[tuple[str, str]]) -> list[str]:
     return [f"assert _run_test({c!r}, {m!r})" for c, m in cases]
+
+
+def sandbox_job(merged_code: str, item: Mapping[str, Any], cases: Sequence[tuple[str, str]] | None = None) -> Any:
+    """The sandbox job of a merged class: the class is the program; the item's test methods (``cases``, default
+    all) run in the evaluator, where the class is a handle."""
+    from comlrl_lightning.envs import sandbox
+
+    tests = unittest_snippets(item["test_cases"] if cases is None else cases)
+    return sandbox.Job(merged_code, tests, setup=unittest_setup(item), entry_points=(item.get("class_name") or "",))
 
 
 # ------------------------------------------------------------------------------------------------ reward
@@ -337,16 +341,18 @@ def _item(row: Mapping[str, Any]) -> Mapping[str, Any]:
 
 class ClassEvalReward:
     """The leveled ClassEval reward (module docstring); ``timeout_per_test``, ``workers`` and other sandbox
-    limits (``timeout_total``, ``memory_mb``, ``max_timeouts``) go to ``sandbox.run_many``."""
+    limits (``timeout_total``, ``memory_mb``, ``disk_mb``, ``max_timeouts``) go to ``sandbox.run_many``;
+    ``sandbox_isolation="strict"`` refuses to run tests without the sandbox's kernel layers."""
 
     reward_range = (REWARD_MIN, REWARD_MAX)
 
-    def __init__(self, timeout_per_test: float = 5.0, workers: int = 2, timeout_total: float = 60.0, **limits: Any):
+    def __init__(self, timeout_per_test: float = 5.0, workers: int = 2, timeout_total: float = 60.0,
+                 sandbox_isolation: Literal["best_effort", "strict"] = "best_effort", **limits: Any):
         self.timeout_per_test = timeout_per_test
         self.workers = workers
-        self.limits = {"timeout_total": timeout_total, **limits}
+        self.limits = {"timeout_total": timeout_total, "isolation": sandbox_isolation, **limits}
 
-    def run(self, jobs: Sequence[tuple[str, Sequence[str]]]) -> list[Any]:
+    def run(self, jobs: Sequence[Any]) -> list[Any]:
         if not jobs:
             return []
         from comlrl_lightning.envs import sandbox
@@ -371,7 +377,7 @@ class ClassEvalReward:
             rows.append(b)
             if not any(merged["implemented"]):
                 continue
-            program = build_program(merged["code"], item)
+            program = merged["code"]
             b["program"] = program
             try:
                 compile(program, "<classeval>", "exec")
@@ -380,7 +386,7 @@ class ClassEvalReward:
             b["syntax_ok"] = b["syntax_error"] is None
             b["level_syntax"] = 0.5 if b["syntax_ok"] and all(merged["parsed"]) else 0.0
             if b["syntax_ok"] and item["test_cases"]:
-                jobs.append((program, unittest_snippets(item["test_cases"])))
+                jobs.append(sandbox_job(program, item))
                 job_rows.append(k)
         for k, res in zip(job_rows, self.run(jobs)):
             b = rows[k]
@@ -424,10 +430,12 @@ class CodeFeedbackTransition:
     """
 
     def __init__(self, tasks: Iterable[Mapping[str, Any]] | None = None, load_default_tasks: bool = False,
-                 timeout_per_test: float = 5.0, workers: int = 2, max_failures: int = 3):
+                 timeout_per_test: float = 5.0, workers: int = 2, max_failures: int = 3,
+                 sandbox_isolation: Literal["best_effort", "strict"] = "best_effort"):
         rows = list(tasks or []) + (classeval_default_tasks() if load_default_tasks else [])
         self.tasks = {r.get("prompt") or r.get("skeleton"): _item(r) for r in rows}
-        self.reward = ClassEvalReward(timeout_per_test=timeout_per_test, workers=workers)
+        self.reward = ClassEvalReward(timeout_per_test=timeout_per_test, workers=workers,
+                                      sandbox_isolation=sandbox_isolation)
         self.max_failures = max_failures
 
     def _lookup(self, prompt: str) -> dict[str, Any]:
@@ -442,12 +450,12 @@ class CodeFeedbackTransition:
         merged = merge_class(list(agent_completions), item)
         class_results: dict[str, tuple[int, int, list[str]]] = {}
         if any(merged["implemented"]) and item["test_cases"]:
-            program = build_program(merged["code"], item)
             by_class: dict[str, list[tuple[str, str]]] = {}
             for c, m in item["test_cases"]:
                 by_class.setdefault(c, []).append((c, m))
             names = list(by_class)
-            for name, res in zip(names, self.reward.run([(program, unittest_snippets(by_class[n])) for n in names])):
+            jobs = [sandbox_job(merged["code"], item, by_class[n]) for n in names]
+            for name, res in zip(names, self.reward.run(jobs)):
                 class_results[name] = (res.passed, res.total, sorted(set(res.errors)))
         owner_of = {m.get("test_class"): m.get("method_name") for m in item.get("methods_info") or []}
         out = []

@@ -26,14 +26,16 @@ a docstring and decorators allowed around it) with a ``return`` inside; when it 
 checked on the text (one ``def`` at column 0 and a ``return``) so that a syntax error inside an otherwise
 well-formed function is scored by level 2 rather than by the gate.
 
-Tests run in :mod:`comlrl_lightning.envs.sandbox` (``run_many``: every joint action of a reward call in parallel).
+Tests run in :mod:`comlrl_lightning.envs.sandbox` (``run_many``: every joint action of a reward call in parallel;
+:func:`sandbox_job`): the asserts and the item's imports run in the sandbox's trusted evaluator, the program in a
+sandbox per test; the entry point is the only builtin name the program may provide (MBPP 126's ``sum``).
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from comlrl_lightning.envs.loading import load_rows
 
@@ -358,27 +360,43 @@ def extract_test_asserts(test: str | Sequence[str] | None, entry_point: str | No
 
 
 def extract_test_imports(test: str | Sequence[str] | None) -> list[str]:
-    """Top-level imports of test code (the asserts may rely on them, e.g. ``import math``)."""
+    """Imports of test code at top level and at the top of ``check(candidate)`` (the asserts may rely on them,
+    e.g. ``import math``; each extracted test runs on its own, so an import in ``check`` serves them all)."""
     if not isinstance(test, str):
         return []
     tree = _parse(test)
     if tree is None:
         return extract_imports(test)
-    return [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    nodes = [n for top in tree.body for n in ([top] if not isinstance(top, ast.FunctionDef) else top.body)]
+    return list(dict.fromkeys(ast.unparse(n) for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))))
 
 
 def item_tests(item: Mapping[str, Any]) -> list[str]:
     return extract_test_asserts(item.get("test"), item.get("entry_point"))
 
 
-def build_program(aux_code: str, main_code: str, item: Mapping[str, Any]) -> str:
-    """Prompt imports + test imports + aux + main, as executed by level 2/3."""
+def item_setup(item: Mapping[str, Any]) -> str:
+    """The item's own imports (prompt imports, then test imports and MBPP's ``test_setup_code``): dataset code,
+    run as the trusted setup of every test, and also put at the top of the program."""
     header = extract_imports(item.get("prompt", ""))
     for line in [*(item.get("test_imports") or []), *extract_test_imports(item.get("test"))]:
         if line not in header:
             header.append(line)
-    parts = ["\n".join(header), strip_markdown(aux_code), strip_markdown(main_code)]
+    return "\n".join(header)
+
+
+def build_program(aux_code: str, main_code: str, item: Mapping[str, Any]) -> str:
+    """Prompt imports + test imports + aux + main, as executed by level 2/3."""
+    parts = [item_setup(item), strip_markdown(aux_code), strip_markdown(main_code)]
     return "\n\n".join(p for p in parts if p.strip()) + "\n"
+
+
+def sandbox_job(program: str, item: Mapping[str, Any], tests: Sequence[str] | None = None) -> Any:
+    """The sandbox job of a program for an item: its tests (``item_tests`` unless given), its imports as trusted
+    setup, its entry point as the one name the tests may take from the program even where it is a builtin's."""
+    entry = item.get("entry_point") or entry_point_from_prompt(item.get("prompt", "")) or ""
+    return _sandbox().Job(program, item_tests(item) if tests is None else list(tests), setup=item_setup(item),
+                          entry_points=(entry,) if entry else ())
 
 
 def syntax_error(code: str) -> str | None:
@@ -457,21 +475,25 @@ class CodingReward:
     """The leveled execution reward (see the module docstring); instances are reward functions.
 
     ``timeout_per_test`` and ``workers`` (parallel sandbox processes) plus any other sandbox limit
-    (``timeout_total``, ``memory_mb``, ``max_timeouts``) are forwarded to ``sandbox.run_many``.
+    (``timeout_total``, ``memory_mb``, ``disk_mb``, ``max_timeouts``) are forwarded to ``sandbox.run_many``;
+    ``sandbox_isolation="strict"`` refuses to run tests on a machine without the sandbox's kernel layers (see
+    ``docs/environments.md``).
     """
 
     reward_range = (REWARD_MIN, REWARD_MAX)
 
-    def __init__(self, timeout_per_test: float = 10.0, workers: int = 2, **limits: Any):
+    def __init__(self, timeout_per_test: float = 10.0, workers: int = 2,
+                 sandbox_isolation: Literal["best_effort", "strict"] = "best_effort", **limits: Any):
         self.timeout_per_test = timeout_per_test
         self.workers = workers
-        self.limits = limits
+        self.limits = {"isolation": sandbox_isolation, **limits}
 
     def __call__(self, aux_completions: Sequence[str], main_completions: Sequence[str],
                  batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
         return [b["total"] for b in self.breakdown(aux_completions, main_completions, batch_items)]
 
-    def run(self, jobs: Sequence[tuple[str, Sequence[str]]]) -> list[Any]:
+    def run(self, jobs: Sequence[Any]) -> list[Any]:
+        """Sandbox results of ``sandbox.Job``s (or ``(program, tests)`` pairs), in order."""
         if not jobs:
             return []
         return _sandbox().run_many(jobs, workers=self.workers, timeout_per_test=self.timeout_per_test, **self.limits)
@@ -508,10 +530,10 @@ class CodingReward:
             b["aux_called"] = aux_called(main)
             b["thin_wrapper"] = is_thin_wrapper(main, entry)
             b["aux_return_ignored"] = aux_return_ignored(main)
-            tests = item_tests(item)
-            b["total_tests"] = len(tests)
-            if tests:
-                jobs.append((program, tests))
+            job = sandbox_job(program, item)
+            b["total_tests"] = len(job.tests)
+            if job.tests:
+                jobs.append(job)
                 job_rows.append(k)
         for k, res in zip(job_rows, self.run(jobs)):
             b = rows[k]
@@ -582,11 +604,13 @@ class LevelFeedbackTransition:
     """
 
     def __init__(self, tasks: Iterable[Mapping[str, Any]] | None = None, sandbox_slice: int | str | None = 1,
-                 timeout_per_test: float = 10.0, workers: int = 2, include_history: bool = False, **limits: Any):
+                 timeout_per_test: float = 10.0, workers: int = 2, include_history: bool = False,
+                 sandbox_isolation: Literal["best_effort", "strict"] = "best_effort", **limits: Any):
         self.tasks = {t["prompt"]: t for t in (tasks or []) if t.get("prompt")}
         self.sandbox_slice = sandbox_slice
         self.include_history = include_history
-        self.reward = CodingReward(timeout_per_test=timeout_per_test, workers=workers, **limits)
+        self.reward = CodingReward(timeout_per_test=timeout_per_test, workers=workers,
+                                   sandbox_isolation=sandbox_isolation, **limits)
 
     def _item(self, prompt: str) -> Mapping[str, Any]:
         item = self.tasks.get(prompt)
@@ -615,7 +639,7 @@ class LevelFeedbackTransition:
         tests = item_tests(item)
         d["tests"] = tests
         if tests and d["main_found"] and d["program_syntax"] is None:
-            d["results"] = self.reward.run([(program, [t]) for t in tests])
+            d["results"] = self.reward.run([sandbox_job(program, item, [t]) for t in tests])
         return d
 
     def _feedback(self, d: dict[str, Any], role: str) -> list[str]:

@@ -1,81 +1,96 @@
-"""Best-effort sandbox for running untrusted, model-generated Python code.
+"""Sandbox for running untrusted, model-generated Python code against trusted tests.
 
-Coding-task rewards execute programs written by the policy. This module runs
-such a program plus a list of test snippets (``"assert f(1) == 2"``) and
-reports how many passed, without letting the code hang, crash or tamper with
-the training process.
+Coding-task rewards execute programs written by the policy. :func:`run_tests` runs such a program and a list of
+tests (``"assert f(1) == 2"``, a loop of asserts, a ``unittest`` method run through a helper) and reports how
+many passed; :func:`run_many` runs several jobs in parallel.
 
-Layers of containment (outermost first)
----------------------------------------
-1. **Separate process.** Every call spawns a fresh ``sys.executable -I -B``
-   interpreter (isolated mode: no ``PYTHON*`` env vars, no user site, no
-   script dir on ``sys.path``; no ``.pyc`` writes). ``start_new_session=True``
-   puts it in its own process group, which the parent kills with ``SIGKILL``
-   when done or on timeout, so stragglers cannot outlive the call.
-2. **Fresh working directory.** A new ``tempfile.mkdtemp`` directory is the
-   child's cwd, ``HOME`` and ``TMPDIR``; it is deleted afterwards.
-3. **Clean environment.** The child gets only ``PATH``, ``LANG``, ``HOME`` and
-   ``TMPDIR``; nothing from the parent's ``os.environ`` (API keys, cloud
-   credentials, ...) is inherited. Reading ``/proc/<other pid>/...`` (e.g. the
-   parent's ``environ``) is denied by layer 6.
-4. **Wall-clock limits enforced by the parent.** Each test has a deadline
-   (``timeout_per_test`` plus a small grace) and the whole run has
-   ``timeout_total``; on expiry the process group is ``SIGKILL``-ed. Inside the
-   child, ``signal.setitimer`` raises a timeout in the running test so a
-   simple ``while True: pass`` costs one test, not the whole run.
-5. **Resource limits** (``resource.setrlimit``), applied by the child runner
-   before any untrusted code is read or executed (not in ``preexec_fn``:
-   that is documented as unsafe in multi-threaded parents such as a trainer
-   or :func:`run_many`'s thread pool): ``RLIMIT_AS`` (``memory_mb``),
-   ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MB, ``SIGXFSZ`` ignored so writes fail
-   with ``OSError`` rather than killing), ``RLIMIT_NOFILE`` (64),
-   ``RLIMIT_NPROC`` (0 new processes/threads -- **not enforced for root**),
-   ``RLIMIT_CORE`` (0).
-6. **Python-level guard** installed before user code runs:
+The verdict lives outside the untrusted process
+-----------------------------------------------
+The tests never run in the process that runs the program. Per job, a trusted *evaluator* process runs the test
+code; per test, a fresh *sandbox* process (forked from a clean *spawner* that never saw a test) runs the program.
+In the test, the program's top-level names are handles: a call, an attribute read or write, an item access,
+iteration, ``len``/``bool``/``str``/``repr`` or ``isinstance`` on one is a request on a pipe to the sandbox,
+answered with plain data only -- ``None``, ``bool``, ``int``, ``float`` (inf/nan kept), ``complex``, ``str``,
+``bytes``/``bytearray``, ``list``/``tuple``/``set``/``frozenset``/``dict``, the standard library's
+``datetime``/``date``/``time``/``timedelta``/``Decimal``/``Fraction``/``deque``/``range``/``slice`` and dict
+views, builtin classes by name -- in a strict tagged JSON encoding (8 MB and 100 levels at most; never pickle,
+never an object with behaviour). A subclass of one of these arrives as its plain value (a ``str`` subclass
+with ``__eq__`` returning True is a plain ``str``); anything else arrives as a new handle, which equals only
+itself, so an "always equal" object fails every comparison with an expected value. An exception raised by the
+program arrives as its type name and arguments: a builtin type becomes the real type (``assertRaises`` and
+``except ValueError`` work), another becomes a local class of that name deriving from its builtin base, and
+``SystemExit``/``KeyboardInterrupt`` become plain exceptions that fail the test. Expected values, the test
+code and the pass/fail decision never enter the sandbox; forging the channel, patching ``builtins``, the JSON
+encoder or the runner, or walking frames to a reporter changes nothing but what the sandbox answers.
 
-   * a ``sys.addaudithook`` hook (cannot be removed by Python code) that raises
-     ``SandboxViolation`` for process creation (``os.fork``, ``os.forkpty``,
-     ``os.system``, ``os.exec``, ``os.spawn``, ``os.posix_spawn``,
-     ``subprocess.Popen``), signals to other processes (``os.kill``,
-     ``os.killpg``, ``signal.pthread_kill``), networking
-     (``socket.__new__``, ``socket.connect``, ``socket.bind``,
-     ``socket.getaddrinfo``, ...), ``ctypes``/``cffi``/``_posixsubprocess``
-     imports, ``resource.setrlimit`` (root could raise hard limits),
-     ``gc.get_objects``/``get_referrers`` (used to dig out the runner's
-     internals), any write/create/delete/rename/chmod/link outside the working
-     directory (``open`` in write modes, ``os.remove``, ``os.rmdir``,
-     ``os.rename``/``os.replace``, ``os.chmod``, ``os.mkdir``, ``os.utime``,
-     ``shutil.rmtree``, ...; ``dir_fd`` arguments are resolved through
-     ``/proc/self/fd``), opening directories outside it (which would give
-     a ``dir_fd`` for ``os.open``), and reads of other processes' ``/proc``;
-   * ``os.fork``/``os.system``/``os.exec*``/``os.spawn*``/``os.kill``/
-     ``subprocess.Popen``/... replaced by functions raising
-     ``SandboxViolation`` (clearer errors; the audit hook is the real check).
+Semantics kept for the benchmarks' tests: builtins in a test are the real builtins, except the job's
+``entry_points`` (MBPP 126 is a function named ``sum``); ``setup`` is trusted test code run before each test
+(the item's imports, a ClassEval test module); a list/dict/set/bytearray/deque argument changed in place by a
+call is copied back into the test's object; a list/dict/set read from an attribute of the program's object
+(``obj.menu``, nested ones too) is a local copy whose changes (``obj.menu.append(x)``, ``obj.d["k"] = v``)
+are made on the program's object as well. A trusted callable (a mock, a lambda) cannot be passed to the
+program; the test that tries fails with ``TypeError``.
 
-   Any violation during the program or a test fails it with
-   ``"SandboxViolation"`` even if the user code catches the exception.
-7. **Result channel.** The child reports one JSON line per phase on a
-   dedicated pipe (an inherited fd, not stdout), each prefixed by a random
-   nonce; the parent only accepts well-formed lines for the expected next
-   test, so ``print`` noise cannot fake results. User stdout/stderr go to a
-   temp file of which the first few KB are returned.
+Each test gets a new sandbox with the program loaded afresh and a new empty working directory, so no test's
+side effects (memory, files, a hung or killed process) reach another test. A job's first sandbox also decides
+the program-level result: a syntax error, an exception, a timeout or a sandbox violation while the program
+loads fails every test with that error, as before.
 
-What is *not* guaranteed
-------------------------
-The Python-level guard is defence in depth against *accidental* damage and
-casual reward hacking, not a security boundary: audit hooks do not see
-everything done in C code, a determined attacker with a memory-corruption bug
-or an unforeseen stdlib path can bypass them, and user code runs in the same
-interpreter as the runner (it could, with effort, find the nonce and forge
-results). Arbitrary files stay *readable*. As root, ``RLIMIT_NPROC`` is not
-enforced, so fork containment relies on the guard. Real isolation needs OS
-mechanisms (user/mount/network namespaces, seccomp, a container or gVisor,
-an unprivileged uid); run training on a machine where that residual risk is
-acceptable.
+Layers of isolation (outermost first) and what each stops
+---------------------------------------------------------
+The layers the machine gives are probed once per process (:func:`isolation_layers`) and logged in one line; a
+warning names the missing ones. ``isolation="strict"`` (``sandbox_isolation`` on the rewards) refuses to run
+without all of :data:`KERNEL_LAYERS` and an unprivileged uid.
+
+1. **Separate processes, clean environment.** The evaluators are forked by a launcher started once per trainer
+   process as ``python -I -B`` with only ``PATH``, ``LANG``, ``HOME`` and ``TMPDIR``: nothing of the trainer's
+   memory, environment (API keys) or open files is there. The trainer reads only the evaluator's short report
+   lines (bounded), so floods of the result channel or of stdout cost the sandbox, not the trainer.
+2. **Unprivileged uid** (``uid``). Started as root, each job runs as a uid/gid of its own (from
+   :data:`SANDBOX_UID_BASE`), no supplementary groups: file permissions apply, other users' processes cannot
+   be signalled or reniced, and ``RLIMIT_NPROC`` is enforced.
+3. **Namespaces** (``user_ns``, ``mount_ns``, ``pid_ns``, ``net_ns``, ``ipc_ns``, ``uts_ns``), created with
+   ``unshare`` by the evaluator (no daemon, no setuid helper). Network: no device but a down loopback, so no
+   connection anywhere. PID: the spawner is PID 1 of the job's namespace; the trainer and every other process
+   are invisible (no ``/proc/<ppid>/environ``, no ``kill``/``pidfd_send_signal``/``setpriority``/
+   ``sched_setaffinity`` on them), and killing PID 1 kills every process of the job, detached or not. IPC:
+   System V and POSIX message queues of the job only.
+4. **Read-only root** (``read_only_root``, ``proc``, ``tmpfs_workdir``). The evaluator chroots into a small
+   tmpfs holding read-only, ``nosuid``/``nodev`` binds of ``/usr``, ``/bin``, ``/lib*``, ``/etc`` and the
+   Python installation, the devices ``null``/``zero``/``full``/``random``/``urandom`` only, a ``/proc`` of the
+   job's PID namespace and, per test, a fresh tmpfs working directory of ``disk_mb`` MB: writes, deletes,
+   renames, ``chmod``/``utime``, links, FIFOs and device nodes anywhere else fail in the kernel however the
+   path is spelt (``dir_fd``, symlinks, races), and the disk cannot be filled. Data sets and caches are not
+   even visible.
+5. **no_new_privs and seccomp** (``no_new_privs``, ``seccomp``; the filter is compiled once by libseccomp
+   through ``pyseccomp``): the sandbox gets ``EPERM`` for ``fork``/``vfork``/``clone``/``execve`` (every spawn
+   route: ``subprocess``, ``_posixsubprocess``, ``posix``, ``os.posix_spawn``, ``pty``), ``ptrace`` and
+   cross-process memory, signals to anything but its own process group, ``pidfd_*``, ``setpriority``,
+   ``sched_set*``, ``setsid``/``setpgid``, ``prctl``, ``mount``/``unshare``/``setns``/``chroot``,
+   ``mknod``, sockets, ``bpf``, ``perf_event_open``, ``io_uring``, ``userfaultfd``, keyrings, modules,
+   ``kexec``, clock and host settings; system calls of another architecture kill it.
+6. **Resource limits** in the sandbox: ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MB),
+   ``RLIMIT_NOFILE`` (64), ``RLIMIT_NPROC`` (0: no new process or thread), ``RLIMIT_CORE`` (0); wall-clock
+   limits enforced by the evaluator (``timeout_per_test`` for each test and for each program load,
+   ``timeout_total`` for the job, ``max_timeouts``) and, as a backstop, by the trainer.
+7. **Python audit hook** (``audit_hook``, the last layer): refuses process control, signals, sockets,
+   ``ctypes``, writes outside the working directory and reads of other processes' ``/proc``; a refused
+   operation fails its test (``"SandboxViolation"``) even when the program catches the error.
+
+What is not guaranteed
+----------------------
+Where the kernel refuses user namespaces (some containers, hardened distributions) layers 3-4 are missing: the
+working directory is a host temp dir emptied between tests, other files are protected by the uid (when root)
+and the audit hook only, and the disk is not capped; without ``pyseccomp``/libseccomp layer 5 is
+``no_new_privs`` only. A root trainer whose Python lives in a directory other users cannot read keeps the
+sandbox as root when there are no namespaces (the dropped uid could not import). The kernel itself is shared:
+a kernel exploit is out of scope (use a VM or gVisor for that). The evaluator runs the tests as trusted code:
+tests that execute what the program returns are only as safe as that.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -83,21 +98,29 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Literal, Sequence
 
-__all__ = ["ExecutionResult", "run_tests", "run_many"]
+from comlrl_lightning.envs._sandbox_worker import KERNEL_LAYERS, force_remove
+
+__all__ = ["ExecutionResult", "Job", "run_tests", "run_many", "isolation_layers", "KERNEL_LAYERS"]
 
 logger = logging.getLogger(__name__)
 
-STDOUT_LIMIT = 4096  # bytes of user stdout/stderr kept in the result
-_GRACE_S = 1.0  # parent-side slack on top of the in-child per-test timer
-_STARTUP_S = 5.0  # interpreter start-up allowance for the first phase
+Isolation = Literal["best_effort", "strict"]
+WORKER = Path(__file__).with_name("_sandbox_worker.py")
+STDOUT_LIMIT = 4096  # bytes of program/test output kept in the result
+SANDBOX_UID_BASE = 1 << 30  # a root trainer runs each job under its own uid/gid in [base, base + 65536)
+_STARTUP_S = 5.0  # evaluator start-up allowance on top of timeout_total before the trainer kills it
+_REPORT_LIMIT = 1 << 20  # bytes of one evaluator report line
 
 
 @dataclass
@@ -114,394 +137,272 @@ class ExecutionResult:
         return self.passed / self.total if self.total else 0.0
 
 
-# --------------------------------------------------------------------------- #
-# Child-side runner. Executed with ``python -I -B -c _RUNNER <result_fd>``.
-# Payload (JSON) arrives on stdin from an unlinked temp file.
-# --------------------------------------------------------------------------- #
-_RUNNER = r'''
-import sys, os, json, resource, signal
+@dataclass(frozen=True)
+class Job:
+    """One program and its tests. ``setup`` is trusted test code run before each test in the evaluator (imports,
+    helpers, ``unittest.TestCase`` classes); ``entry_points`` are the program names the tests call that may
+    shadow a builtin (MBPP's ``sum``): every other builtin name in a test is the real builtin."""
 
-def _main():
-    rfd = int(sys.argv[1])
-    payload = json.loads(sys.stdin.buffer.read())
-    nonce = payload["nonce"]
-    dn = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(dn, 0)
-    os.close(dn)
+    program: str
+    tests: Sequence[str]
+    setup: str = ""
+    entry_points: Sequence[str] = ()
 
-    # ---- resource limits (before any untrusted code) -------------------- #
-    mem = payload["memory_mb"] * 1024 * 1024
-    cpu = payload["cpu_s"]
-    for lim, val in (
-        (resource.RLIMIT_AS, (mem, mem)),
-        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-        (resource.RLIMIT_FSIZE, (16 * 1024 * 1024,) * 2),
-        (resource.RLIMIT_NOFILE, (64, 64)),
-        (resource.RLIMIT_NPROC, (0, 0)),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ):
-        try:
-            resource.setrlimit(lim, val)
-        except (ValueError, OSError):
-            pass
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
-    def emit(obj):
-        os.write(rfd, (nonce + " " + json.dumps(obj) + "\n").encode())
+class _Launcher:
+    """The worker's launcher process: started once per trainer process (again after a fork or a crash); forks
+    one evaluator per job."""
 
-    # ---- python-level guard ---------------------------------------------- #
-    class SandboxViolation(PermissionError):
-        pass
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.proc: subprocess.Popen | None = None
+        self.owner = 0
 
-    class _Timeout(BaseException):
-        pass
+    def _start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-B", str(WORKER), str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd="/", env=_clean_env("/"),
+                start_new_session=True)
+        mine.settimeout(30.0)
+        self.sock, self.owner = mine, os.getpid()
 
-    import subprocess, builtins  # pre-import, then neuter (see below)
+    def stop(self) -> None:
+        if self.sock is not None and self.owner == os.getpid():
+            self.sock.close()
+            self.proc.wait()
+        self.sock = self.proc = None
 
-    workdir = os.path.realpath(os.getcwd())
-    mypid = str(os.getpid())
-    state = {"violations": 0, "busy": False}
-    DENY = {
-        "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn",
-        "os.posix_spawn", "subprocess.Popen", "pty.spawn",
-        "os.kill", "os.killpg", "signal.pthread_kill",
-        "socket.__new__", "socket.connect", "socket.bind",
-        "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr",
-        "socket.sendto", "socket.sendmsg",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function",
-        "resource.setrlimit", "resource.prlimit",
-        "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-        "os.symlink", "os.link", "os.chown", "shutil.chown", "os.chroot",
-        "os.setuid", "os.setgid", "os.setreuid", "os.setregid",
-    }
-    BAD_IMPORTS = {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_posixsubprocess"}
-    # event -> ((path_arg_index, dir_fd_arg_index or None), ...)
-    PATH_EVENTS = {
-        "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),),
-        "os.rename": ((0, 2), (1, 3)), "os.chmod": ((0, 2),),
-        "os.utime": ((0, 3),), "os.truncate": ((0, None),),
-        "os.chflags": ((0, None),), "os.setxattr": ((0, None),),
-        "os.removexattr": ((0, None),), "shutil.rmtree": ((0, None),),
-        "shutil.move": ((0, None), (1, None)),
-    }
-    WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+    def start_job(self, fds: list[int]) -> int | None:
+        """Fork an evaluator for a job; returns a pidfd for it (None when it is already gone)."""
+        with self.lock:
+            for attempt in (0, 1):
+                if self.sock is None or self.owner != os.getpid() or self.proc.poll() is not None:
+                    self.sock = None
+                    self._start()
+                try:
+                    socket.send_fds(self.sock, [b"job"], fds)
+                    msg, pidfds, _, _ = socket.recv_fds(self.sock, 64, 1)
+                    if msg:
+                        return pidfds[0] if pidfds else None
+                except OSError:
+                    if attempt:
+                        raise
+                self.stop()
+            raise RuntimeError("the sandbox launcher stopped")
 
-    def resolve(path, dir_fd=None):
-        if isinstance(path, int):
-            return None  # an already-open fd: it was checked when opened
-        path = os.fsdecode(path)
-        if dir_fd is not None and dir_fd >= 0 and not os.path.isabs(path):  # AT_FDCWD (< 0) = the cwd
-            base = os.readlink("/proc/self/fd/%d" % dir_fd)
-            path = os.path.join(base, path)
-        return os.path.realpath(path)
 
-    def inside(p):
-        return p is None or p == workdir or p.startswith(workdir + os.sep)
-
-    def other_proc(p):
-        parts = p.split(os.sep)
-        return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != mypid
-
-    def violation(event):
-        state["violations"] += 1
-        raise SandboxViolation("sandbox: %s denied" % event)
-
-    def check(event, args):
-        if event in DENY:
-            violation(event)
-        if event == "import" and args and args[0] in BAD_IMPORTS:
-            violation("import " + args[0])
-        if event == "open":
-            path, mode, flags = (tuple(args) + (None, None, None))[:3]
-            if isinstance(path, int):
-                if path == rfd:
-                    violation("open result fd")
-                return
-            p = resolve(path)
-            write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & WRITE_FLAGS)
-            if write:
-                if not (inside(p) or p == os.devnull):
-                    violation("write " + p)
-            elif other_proc(p) or (not inside(p) and os.path.isdir(p)):
-                violation("open " + p)
-            return
-        spec = PATH_EVENTS.get(event)
-        if spec:
-            for pi, di in spec:
-                dfd = args[di] if di is not None and di < len(args) else None
-                if pi < len(args) and not inside(resolve(args[pi], dfd)):
-                    violation(event)
-
-    def hook(event, args):
-        if state["busy"]:
-            return
-        state["busy"] = True
-        try:
-            check(event, args)
-        except SandboxViolation:
-            raise
-        except Exception:  # a malformed path etc.: fail closed
-            violation(event)
-        finally:
-            state["busy"] = False
-
-    def blocked(*a, **k):
-        state["violations"] += 1
-        raise SandboxViolation("sandbox: process control is disabled")
-
-    for name in ("fork", "forkpty", "system", "popen", "kill", "killpg",
-                 "execv", "execve", "execl", "execle", "execlp", "execlpe",
-                 "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe",
-                 "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn",
-                 "posix_spawnp", "setsid", "setpgid"):
-        if hasattr(os, name):
-            setattr(os, name, blocked)
-    class _BlockedPopen:
-        def __init__(self, *a, **k):
-            blocked()
-    subprocess.Popen = _BlockedPopen
-    for name in ("run", "call", "check_call", "check_output", "getoutput",
-                 "getstatusoutput"):
-        setattr(subprocess, name, blocked)
-    subprocess._posixsubprocess = None
-    sys.modules.pop("_posixsubprocess", None)
-    sys.modules.pop("ctypes", None)
-    sys.addaudithook(hook)
-
-    # ---- per-test timer -------------------------------------------------- #
-    def on_alarm(signum, frame):
-        if state["in_test"]:
-            raise _Timeout()
-    state["in_test"] = False
-    signal.signal(signal.SIGALRM, on_alarm)
-    per_test = payload["timeout_per_test"]
-
-    def run_phase(src, name, ns):
-        """Run one phase; returns None on success or an error name."""
-        v0 = state["violations"]
-        err = None
-        try:
-            code = compile(src, name, "exec")
-        except BaseException as e:  # SyntaxError, ValueError (null bytes), ...
-            return "SyntaxError" if isinstance(e, SyntaxError) else type(e).__name__[:100]
-        try:
-            state["in_test"] = True
-            signal.setitimer(signal.ITIMER_REAL, per_test)
-            try:
-                exec(code, ns)
-            finally:
-                state["in_test"] = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _Timeout:
-            err = "Timeout"
-        except BaseException as e:
-            err = type(e).__name__[:100]
-        if err != "Timeout" and state["violations"] != v0:
-            err = "SandboxViolation"
-        try:
-            sys.stdout.flush(); sys.stderr.flush()
-        except BaseException:
-            pass
-        return err
-
-    ns = {"__name__": "__main__", "__builtins__": builtins}
-    try:
-        compile(payload["program"], "<program>", "exec")
-        syntax_ok = True
-    except BaseException:
-        syntax_ok = False
-    if not syntax_ok:
-        emit({"phase": "program", "syntax_ok": False, "error": "SyntaxError"})
-        return
-    err = run_phase(payload["program"], "<program>", ns)
-    emit({"phase": "program", "syntax_ok": True, "error": err})
-    if err is not None:
-        return
-    timeouts = 0
-    for i, test in enumerate(payload["tests"]):
-        if timeouts >= payload["max_timeouts"]:
-            e = "Timeout"
-        else:
-            e = run_phase(test, "<test %d>" % i, ns)
-            timeouts += e == "Timeout"
-        emit({"phase": "test", "i": i, "error": e})
-    emit({"phase": "done"})
-
-try:
-    _main()
-except BaseException:
-    pass
-os._exit(0)
-'''
+_launcher = _Launcher()
+atexit.register(_launcher.stop)
 
 
 def _clean_env(workdir: str) -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:  # pragma: no cover - unkillable child
-        logger.warning("sandbox child %d did not exit after SIGKILL", proc.pid)
+def _sandbox_ids() -> tuple[int, int]:
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid()
+    uid = SANDBOX_UID_BASE + secrets.randbelow(1 << 16)
+    return uid, uid
 
 
 def _rmtree(path: str) -> None:
-    def onerror(func, p, exc):  # user code may have chmod-ed things read-only
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
+    shutil.rmtree(path, onerror=force_remove)
 
-    shutil.rmtree(path, onerror=onerror)
+
+def _kill(pidfd: int | None) -> None:
+    if pidfd is None:
+        return
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(pidfd)
 
 
 def run_tests(
     program: str,
     tests: Sequence[str],
     *,
+    setup: str = "",
+    entry_points: Sequence[str] = (),
     timeout_per_test: float = 10.0,
     timeout_total: float = 60.0,
     memory_mb: int = 512,
+    disk_mb: int = 64,
     max_timeouts: int = 3,
+    isolation: Isolation = "best_effort",
 ) -> ExecutionResult:
-    """Run ``program`` once, then each test snippet in the same namespace.
+    """Run ``program``, then each test against it (see the module docstring); ``setup`` and ``entry_points`` as
+    in :class:`Job`.
 
-    Never raises because of user code; infrastructure failures (cannot spawn a
-    process, ...) are logged and reported as ``"Crash"`` for every test.
-    """
-    tests = [str(t) for t in tests]
-    total = len(tests)
+    Never raises because of user code; infrastructure failures (cannot start a process, ...) are logged and
+    reported as ``"Crash"`` for every test. ``isolation="strict"`` raises RuntimeError where the kernel layers
+    are missing."""
+    job = Job(program, [str(t) for t in tests], setup, tuple(entry_points))
+    limits = dict(timeout_per_test=float(timeout_per_test), timeout_total=float(timeout_total),
+                  memory_mb=int(memory_mb), disk_mb=int(disk_mb), max_timeouts=int(max_timeouts))
+    if isolation == "strict":
+        _require_kernel_layers()
+    elif isolation != "best_effort":
+        raise ValueError(f"isolation must be 'best_effort' or 'strict', got {isolation!r}")
+    else:
+        isolation_layers()
     try:
-        return _run(program, tests, timeout_per_test, timeout_total, memory_mb, max_timeouts)
+        return _run(job, limits, isolation)[0]
+    except RuntimeError as exc:
+        if isolation == "strict" and "refused" in str(exc):
+            raise
+        logger.exception("sandbox infrastructure failure")
     except Exception:  # pragma: no cover - defensive
         logger.exception("sandbox infrastructure failure")
-        return ExecutionResult(passed=0, total=total, timeouts=0, errors=["Crash"] * total, syntax_ok=True)
+    total = len(job.tests)
+    return ExecutionResult(passed=0, total=total, timeouts=0, errors=["Crash"] * total, syntax_ok=True)
 
 
-def _run(
-    program: str, tests: list[str], timeout_per_test: float, timeout_total: float, memory_mb: int, max_timeouts: int
-) -> ExecutionResult:
-    total = len(tests)
-    nonce = secrets.token_hex(16)
-    payload = {
-        "nonce": nonce,
-        "program": program,
-        "tests": tests,
-        "timeout_per_test": float(timeout_per_test),
-        "max_timeouts": int(max_timeouts),
-        "memory_mb": int(memory_mb),
-        "cpu_s": int(timeout_total) + 2,
-    }
+def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionResult, dict[str, Any]]:
+    total = len(job.tests)
     workdir = tempfile.mkdtemp(prefix="sandbox-")
-    rfd, wfd = os.pipe()
-    proc = None
+    uid, gid = _sandbox_ids()
+    if os.geteuid() == 0:
+        os.chown(workdir, uid, gid)
+    cfg = dict(limits, program=job.program, workdir=workdir, uid=uid, gid=gid, isolation=isolation)
+    rest = {"tests": list(job.tests), "setup": job.setup, "entry_points": list(job.entry_points)}
     program_info: dict[str, Any] | None = None
     test_errors: list[str | None] = []
-    done = False
+    done: dict[str, Any] | None = None
     killed_for_time = False
     try:
-        with tempfile.TemporaryFile() as stdin_f, tempfile.TemporaryFile() as out_f:
-            stdin_f.write(json.dumps(payload).encode())
-            stdin_f.seek(0)
+        with tempfile.TemporaryFile() as payload, tempfile.TemporaryFile() as errors:
+            for part in (cfg, rest):
+                data = json.dumps(part).encode()
+                payload.write(b"%020d" % len(data) + data)
+            payload.flush()
+            payload.seek(0)
+            rfd, wfd = os.pipe()
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", "-B", "-c", _RUNNER, str(wfd)],
-                    stdin=stdin_f,
-                    stdout=out_f,
-                    stderr=subprocess.STDOUT,
-                    cwd=workdir,
-                    env=_clean_env(workdir),
-                    pass_fds=(wfd,),
-                    close_fds=True,
-                    start_new_session=True,
-                )
+                pidfd = _launcher.start_job([payload.fileno(), wfd, errors.fileno()])
             finally:
                 os.close(wfd)
-            start = time.monotonic()
-            overall_deadline = start + timeout_total
-            phase_deadline = start + _STARTUP_S + timeout_per_test + _GRACE_S
-            buf = b""
-            while not done:
-                now = time.monotonic()
-                deadline = min(overall_deadline, phase_deadline)
-                if now >= deadline:
-                    killed_for_time = True
-                    break
-                ready, _, _ = select.select([rfd], [], [], deadline - now)
-                if not ready:
-                    continue
-                chunk = os.read(rfd, 65536)
-                if not chunk:  # child exited / closed the pipe
-                    break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    msg = _parse(line, nonce)
-                    if msg is None:
-                        continue
+            try:
+                deadline = time.monotonic() + limits["timeout_total"] + _STARTUP_S
+                for msg in _reports(rfd, deadline):
                     phase = msg.get("phase")
+                    if phase == "refused":
+                        raise RuntimeError(f"sandbox refused to run with isolation='strict': missing "
+                                           f"{', '.join(map(str, msg.get('missing', [])))}")
                     if phase == "program" and program_info is None:
                         program_info = msg
-                        if msg.get("error") is not None or not msg.get("syntax_ok", True):
-                            done = True
-                            break
                     elif phase == "test" and program_info is not None and msg.get("i") == len(test_errors):
                         err = msg.get("error")
                         test_errors.append(None if err is None else str(err)[:100])
-                    elif phase == "done" and program_info is not None and len(test_errors) == total:
-                        done = True
+                    elif phase == "done":
+                        done = msg
                         break
-                    else:
-                        continue
-                    phase_deadline = time.monotonic() + timeout_per_test + _GRACE_S
-            _kill_group(proc)
-            out_f.seek(0)
-            stdout = out_f.read(STDOUT_LIMIT).decode("utf-8", errors="replace")
+                else:
+                    killed_for_time = time.monotonic() >= deadline
+            finally:
+                os.close(rfd)
+                _kill(pidfd)
+            if done is None and not killed_for_time:
+                errors.seek(0)
+                tail = errors.read(4096).decode("utf-8", "replace").strip()
+                if tail:
+                    logger.warning("sandbox evaluator stopped early: %s", tail)
     finally:
-        os.close(rfd)
-        if proc is not None and proc.poll() is None:
-            _kill_group(proc)
         _rmtree(workdir)
 
-    # Fill in everything the child did not report.
+    stdout = str((done or {}).get("stdout", ""))[:STDOUT_LIMIT]
+    layers = (done or {}).get("layers") or {}
     fill = "Timeout" if killed_for_time else "Crash"
     if program_info is None:
-        return ExecutionResult(0, total, total if fill == "Timeout" else 0, [fill] * total, True, stdout)
+        return ExecutionResult(0, total, total if fill == "Timeout" else 0, [fill] * total, True, stdout), layers
     if not program_info.get("syntax_ok", True):
-        return ExecutionResult(0, total, 0, ["SyntaxError"] * total, False, stdout)
+        return ExecutionResult(0, total, 0, ["SyntaxError"] * total, False, stdout), layers
     if program_info.get("error") is not None:
-        errors = [str(program_info["error"])[:100]] * total
+        errors_out = [str(program_info["error"])[:100]] * total
     else:
-        errors = [e for e in test_errors if e is not None] + [fill] * (total - len(test_errors))
+        errors_out = [e for e in test_errors if e is not None] + [fill] * (total - len(test_errors))
     passed = sum(e is None for e in test_errors)
-    return ExecutionResult(passed, total, errors.count("Timeout"), errors, True, stdout)
+    return ExecutionResult(passed, total, errors_out.count("Timeout"), errors_out, True, stdout), layers
 
 
-def _parse(line: bytes, nonce: str) -> dict | None:
-    prefix = nonce.encode() + b" "
-    if not line.startswith(prefix):
-        return None
-    try:
-        msg = json.loads(line[len(prefix) :])
-    except ValueError:
-        return None
-    return msg if isinstance(msg, dict) else None
+def _reports(fd: int, deadline: float):
+    """The evaluator's report lines (dicts) until EOF or ``deadline``."""
+    buf = bytearray()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            end = buf.index(b"\n")
+            line = bytes(buf[:end])
+            del buf[:end + 1]
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                yield msg
+        if len(buf) > _REPORT_LIMIT:
+            return
 
 
-def run_many(
-    jobs: Sequence[tuple[str, Sequence[str]]], *, workers: int = 2, **limits: Any
-) -> list[ExecutionResult]:
-    """Run several ``(program, tests)`` jobs in parallel; results keep job order."""
-    jobs = list(jobs)
+_layers: dict[str, Any] | None = None
+_layers_lock = threading.Lock()
+
+
+def isolation_layers() -> dict[str, Any]:
+    """The layers of isolation this machine gives a sandbox (``KERNEL_LAYERS`` plus ``uid``, ``rlimits`` and
+    ``audit_hook``): probed once per process by running an empty program, and logged once."""
+    global _layers
+    with _layers_lock:
+        if _layers is None:
+            _layers = _run(Job("", []), dict(timeout_per_test=10.0, timeout_total=30.0, memory_mb=512, disk_mb=1,
+                                             max_timeouts=1), "best_effort")[1]
+            _log_layers(_layers)
+        return dict(_layers)
+
+
+def _missing(layers: dict[str, Any]) -> list[str]:
+    missing = [k for k in KERNEL_LAYERS if not layers.get(k)]
+    return missing + ["unprivileged uid"] * (layers.get("uid", 0) == 0)
+
+
+def _log_layers(layers: dict[str, Any]) -> None:
+    present = [k for k in (*KERNEL_LAYERS, "rlimits", "audit_hook") if layers.get(k)]
+    missing = _missing(layers)
+    line = f"sandbox isolation: uid {layers.get('uid')}; layers: {', '.join(present) or 'none'}"
+    if missing:
+        logger.warning("%s; MISSING: %s (the Python audit hook is the only guard against what they stop)", line,
+                       ", ".join(missing))
+    else:
+        logger.info(line)
+
+
+def _require_kernel_layers() -> None:
+    missing = _missing(isolation_layers())
+    if missing:
+        raise RuntimeError(f"sandbox_isolation='strict' but this machine lacks: {', '.join(missing)}")
+
+
+def run_many(jobs: Sequence[Job | tuple[str, Sequence[str]]], *, workers: int = 2, **limits: Any
+             ) -> list[ExecutionResult]:
+    """Run several jobs (:class:`Job` or ``(program, tests)``) in parallel; results keep job order."""
+    jobs = [j if isinstance(j, Job) else Job(j[0], j[1]) for j in jobs]
     if not jobs:
         return []
+
+    def one(job: Job) -> ExecutionResult:
+        return run_tests(job.program, job.tests, setup=job.setup, entry_points=job.entry_points, **limits)
+
     with ThreadPoolExecutor(max_workers=max(1, int(workers))) as pool:
-        return list(pool.map(lambda job: run_tests(job[0], job[1], **limits), jobs))
+        return list(pool.map(one, jobs))

@@ -1,0 +1,1434 @@
+"""The processes behind :mod:`comlrl_lightning.envs.sandbox` (run as a script; standard library, plus
+``pyseccomp`` for the seccomp layer when it is installed).
+
+One launcher per trainer process forks one evaluator per job; the evaluator forks one spawner, and the spawner
+forks one sandbox per test::
+
+    trainer ──socket──▶ launcher  (trusted; a fresh interpreter started once; forks an evaluator per job)
+                         └─ evaluator  (trusted; runs the test code and decides pass/fail; reports to the trainer)
+                              └─ spawner  (trusted, holds no test; PID 1 of the job's PID namespace)
+                                   └─ sandbox  (untrusted; one per test: the program, then the calls the test makes)
+
+The spawner is forked before the evaluator reads the tests, so no sandbox (a fork of the spawner) has a test or an
+expected value in its memory. A test is Python code run by the evaluator; the program's top-level names are
+:class:`Remote` handles there, and each operation on one (call, attribute read or write, item access, iteration,
+``len``/``bool``/``str``/``repr``, ``isinstance``) is one request on a pipe to the sandbox. Values cross as plain
+data only (see :func:`encode`): what is not plain data comes back as a new handle, which is equal only to itself.
+See the module docstring of :mod:`comlrl_lightning.envs.sandbox` for the layers of isolation.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import ctypes
+import datetime
+import decimal
+import errno
+import fractions
+import gc
+import io
+import json
+import os
+import random
+import resource
+import select
+import shutil
+import signal
+import socket
+import sys
+import time
+
+MAX_MESSAGE = 8 << 20  # bytes of one request or reply on the channel
+MAX_DEPTH = 100  # nesting of containers in one value
+STDOUT_LIMIT = 4096  # bytes of program/test output kept
+SPAWNER_REPLY_S = 10.0  # the spawner answers at once; this only bounds a broken one
+
+# ----------------------------------------------------------------------------------------------- codec
+# Plain data: None, bool, str as JSON; everything else as a tagged list. Both directions use it; only the
+# sandbox sends handles (["h", id, type name]) and exception classes (["E", name, builtin base]).
+
+_CONTAINER_TAG = {list: "l", tuple: "t", set: "s", frozenset: "S"}
+_TAG_CONTAINER = {tag: kind for kind, tag in _CONTAINER_TAG.items()}
+_SCALAR_TAG = {int: "i", float: "f", complex: "c", bytes: "y", bytearray: "Y"}
+
+
+def encode(value, other, depth=0):
+    """JSON-ready form of ``value``; ``other(value)`` encodes what is not plain data (or raises TypeError)."""
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        return ["i", format(value, "x")]
+    if kind is float:
+        return ["f", value.hex()]
+    if depth >= MAX_DEPTH:
+        return other(value)
+    if kind in _CONTAINER_TAG:
+        return [_CONTAINER_TAG[kind], [encode(v, other, depth + 1) for v in value]]
+    if kind is dict:
+        return ["d", [[encode(k, other, depth + 1), encode(v, other, depth + 1)] for k, v in value.items()]]
+    if kind is bytes or kind is bytearray:
+        return [_SCALAR_TAG[kind], value.hex()]
+    if kind is complex:
+        return ["c", value.real.hex(), value.imag.hex()]
+    return value_type(value, other, depth) or other(value)
+
+
+def decode(data, other, depth=0):
+    """Inverse of :func:`encode`; ``other(data)`` decodes the tags it does not know. Raises ValueError,
+    TypeError (an unhashable key) or KeyError on malformed data."""
+    if data is None or data is True or data is False or type(data) is str:
+        return data
+    if type(data) is not list or not data or depth > MAX_DEPTH:
+        raise ValueError("malformed value")
+    tag = data[0]
+    if tag == "i":
+        return int(_text(data, 1), 16)
+    if tag == "f":
+        return float.fromhex(_text(data, 1))
+    if tag in _TAG_CONTAINER:
+        items = data[1] if len(data) == 2 and type(data[1]) is list else _malformed()
+        return _TAG_CONTAINER[tag](decode(v, other, depth + 1) for v in items)
+    if tag == "d":
+        pairs = data[1] if len(data) == 2 and type(data[1]) is list else _malformed()
+        out = {}
+        for pair in pairs:
+            if type(pair) is not list or len(pair) != 2:
+                _malformed()
+            out[decode(pair[0], other, depth + 1)] = decode(pair[1], other, depth + 1)
+        return out
+    if tag == "y":
+        return bytes.fromhex(_text(data, 1))
+    if tag == "Y":
+        return bytearray.fromhex(_text(data, 1))
+    if tag == "c":
+        return complex(float.fromhex(_text(data, 1)), float.fromhex(_text(data, 2)))
+    if tag in _VALUE_DECODERS:
+        if len(data) != 2 or type(data[1]) is not list:
+            _malformed()
+        return _VALUE_DECODERS[tag](*[decode(v, other, depth + 1) for v in data[1]])
+    return other(data)
+
+
+def _text(data, i):
+    if len(data) <= i or type(data[i]) is not str:
+        _malformed()
+    return data[i]
+
+
+def _malformed():
+    raise ValueError("malformed value")
+
+
+_PLAIN = ((str, str.__str__), (int, int.__index__), (float, float.__float__), (bytes, bytes.__bytes__),
+          (bytearray, bytearray), (complex, lambda v: complex(v.real, v.imag)), (list, list.copy),
+          (tuple, lambda v: tuple.__getitem__(v, slice(None))), (dict, dict.copy), (set, set.copy),
+          (frozenset, frozenset.copy))
+
+
+# Standard-library value types, rebuilt by the receiver's own constructors: tag -> (type, fields, constructor).
+_VALUE_TYPES = {
+    "dt": (datetime.datetime, lambda v: [v.isoformat()], datetime.datetime.fromisoformat),
+    "da": (datetime.date, lambda v: [v.isoformat()], datetime.date.fromisoformat),
+    "ti": (datetime.time, lambda v: [v.isoformat()], datetime.time.fromisoformat),
+    "td": (datetime.timedelta, lambda v: [v.days, v.seconds, v.microseconds], datetime.timedelta),
+    "de": (decimal.Decimal, lambda v: [str(v)], decimal.Decimal),
+    "fr": (fractions.Fraction, lambda v: [v.numerator, v.denominator], fractions.Fraction),
+    "q": (collections.deque, lambda v: [list(v), v.maxlen], collections.deque),
+    "r": (range, lambda v: [v.start, v.stop, v.step], range),
+    "sl": (slice, lambda v: [v.start, v.stop, v.step], slice),
+    "K": (type({}.keys()), lambda v: [list(v)], lambda keys: dict.fromkeys(keys).keys()),
+    "V": (type({}.values()), lambda v: [list(v)], lambda values: dict(enumerate(values)).values()),
+    "I": (type({}.items()), lambda v: [[list(kv) for kv in v]], lambda items: dict(items).items()),
+}
+_VALUE_TAGS = {kind: tag for tag, (kind, _, _) in _VALUE_TYPES.items()}
+_VALUE_DECODERS = {tag: construct for tag, (_, _, construct) in _VALUE_TYPES.items()}
+MUTABLE = (list, dict, set, bytearray, collections.deque)  # arguments whose changes a call sends back
+
+
+def value_type(value, other, depth):
+    """Encoded form of a standard-library value (exact type only), or None."""
+    tag = _VALUE_TAGS.get(type(value))
+    if tag is None:
+        return None
+    return [tag, [encode(v, other, depth + 1) for v in _VALUE_TYPES[tag][1](value)]]
+
+
+def builtin_name(value):
+    """The name under which ``value`` is a builtin (``int``, ``len``), or None."""
+    name = getattr(value, "__name__", None)
+    return name if isinstance(name, str) and getattr(builtins, name, None) is value else None
+
+
+def plain_value(value):
+    """The plain value of an instance of a subclass of a builtin data type (a namedtuple, an IntEnum, an
+    OrderedDict, a str subclass, ...), or None. Sending the plain value can only lose behaviour, never add it."""
+    for kind, convert in _PLAIN:
+        if isinstance(value, kind):
+            return convert(value)
+    return None
+
+
+def builtin_base(kind):
+    """Name of the first builtin class in ``kind``'s MRO (``ValueError`` for ``class E(ValueError)``)."""
+    return next((k.__name__ for k in kind.__mro__ if getattr(builtins, k.__name__, None) is k), "Exception")
+
+
+def refuse_value(value):
+    raise TypeError(f"{type(value).__name__} is not plain data")
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+# ------------------------------------------------------------------------------------------------- kernel
+# Linux calls Python 3.11 does not wrap. Used by the trusted processes before they run anything untrusted.
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result, what):
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags):
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def mount(source, target, fstype, flags, data=None):
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def umount(target):
+    _check(_libc.umount2(target.encode(), ctypes.c_int(MNT_DETACH)), f"umount {target}")
+
+
+def prctl(option, value):
+    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0)), f"prctl {option}")
+
+
+def drop_capabilities():
+    """Empty the effective, permitted and inheritable capability sets (the ambient set follows)."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    _check(_libc.capset(header, data), "capset")
+
+
+def die_with_parent():
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+# -------------------------------------------------------------------------------------------- read-only root
+
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+def python_paths():
+    """Directories the interpreter and its packages live in (bound read-only into the sandbox's root)."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(sys.executable))}
+    return sorted({os.path.realpath(d) for d in dirs if d})
+
+
+def _covered(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def build_root(root, workdir):
+    """Mount a small tmpfs at ``root`` holding read-only binds of the system and Python directories, the
+    harmless devices, an empty ``/proc`` and ``/tmp``, and the mount point ``workdir``; then make it read-only."""
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    bound = []
+    for path in [*SYSTEM_PATHS, *python_paths()]:
+        if not os.path.lexists(path) or _covered(path, bound):
+            continue
+        target = root + path
+        if os.path.islink(path) and path in SYSTEM_PATHS:  # merged /usr: /bin -> usr/bin
+            os.symlink(os.readlink(path), target)
+            continue
+        os.makedirs(target, exist_ok=True)
+        _bind_readonly(path, target, MS_NOSUID | MS_NODEV)
+        bound.append(path)
+    os.makedirs(root + "/dev")
+    for name in DEVICES:
+        if os.path.exists("/dev/" + name):
+            open(f"{root}/dev/{name}", "w").close()
+            _bind_readonly("/dev/" + name, f"{root}/dev/{name}", MS_NOSUID, readonly=False)
+    for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{root}/dev/{link}")
+    os.makedirs(root + "/proc")
+    os.makedirs(root + "/tmp", exist_ok=True)
+    os.makedirs(root + workdir, exist_ok=True)
+    mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+_ST_TO_MS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC}
+
+
+def _bind_readonly(source, target, extra, readonly=True):
+    mount(source, target, None, MS_BIND)
+    locked = sum(ms for st, ms in _ST_TO_MS.items() if os.statvfs(target).f_flag & st)  # must be kept
+    mount(None, target, None, MS_REMOUNT | MS_BIND | extra | locked | (MS_RDONLY if readonly else 0))
+
+
+# ----------------------------------------------------------------------------------------------- seccomp
+
+DENIED_SYSCALLS = (
+    # new processes and programs
+    "fork", "vfork", "clone", "clone3", "execve", "execveat",
+    # other processes: signals (kill(0, sig), its own process group, stays allowed), memory, tracing, pidfds,
+    # scheduling, sessions
+    "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "ptrace", "process_vm_readv", "process_vm_writev",
+    "kcmp", "pidfd_open", "pidfd_getfd", "pidfd_send_signal", "setpriority", "ioprio_set", "sched_setaffinity",
+    "sched_setscheduler", "sched_setparam", "sched_setattr", "setsid", "setpgid", "prctl",
+    # namespaces, mounts, devices, the kernel
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mknod", "mknodat", "open_by_handle_at",
+    "name_to_handle_at", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load", "init_module",
+    "finit_module", "delete_module", "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl", "settimeofday",
+    "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm",
+    "fanotify_init",
+    # the network
+    "socket", "socketpair",
+)
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def compile_seccomp():
+    """The sandbox's seccomp filter as a BPF program (bytes), compiled once by libseccomp through pyseccomp:
+    ``EPERM`` for :data:`DENIED_SYSCALLS`, for ``kill`` of anything but the caller's own process group and for
+    ``prlimit64`` on another process; syscalls of other architectures kill the process. None where pyseccomp
+    or libseccomp is missing."""
+    try:
+        import pyseccomp as sc
+    except (ImportError, RuntimeError, OSError):
+        return None
+    deny = sc.ERRNO(errno.EPERM)
+    rules = sc.SyscallFilter(sc.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            rules.add_rule(deny, name)
+        except (OSError, ValueError, RuntimeError):  # a syscall this architecture does not have
+            pass
+    rules.add_rule(deny, "kill", sc.Arg(0, sc.NE, 0))
+    rules.add_rule(deny, "prlimit64", sc.Arg(0, sc.NE, 0))
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(write_fd, "wb") as out:
+            rules.export_bpf(out)
+        with open(read_fd, "rb") as src:
+            return src.read()
+    except OSError:
+        return None
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp(program):
+    """Set ``no_new_privs`` and install the BPF ``program`` from :func:`compile_seccomp` (when there is one)."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if not program:
+        return False
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
+    _check(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+    return True
+
+
+# ------------------------------------------------------------------------------------------ sandbox process
+
+
+class SandboxViolation(PermissionError):
+    pass
+
+
+def install_guard(workdir):
+    """The Python-level guard (last layer): an audit hook that refuses process control, signals, sockets,
+    ctypes, writes outside ``workdir`` and reads of other processes' ``/proc``. Returns a function giving the
+    number of refusals so far (a refused operation fails its test even when the program catches the error)."""
+    import subprocess
+
+    state = {"violations": 0, "busy": False}
+    mypid = str(os.getpid())
+    deny = {
+        "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
+        "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect",
+        "socket.bind", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr", "socket.sendto",
+        "socket.sendmsg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function",
+        "resource.setrlimit", "resource.prlimit", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+        "os.symlink", "os.link", "os.chown", "shutil.chown", "os.chroot", "os.setuid", "os.setgid", "os.setreuid",
+        "os.setregid",
+    }
+    bad_imports = {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_posixsubprocess"}
+    path_events = {  # event -> ((path argument, dir_fd argument or None), ...)
+        "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.rename": ((0, 2), (1, 3)),
+        "os.chmod": ((0, 2),), "os.utime": ((0, 3),), "os.truncate": ((0, None),), "os.chflags": ((0, None),),
+        "os.setxattr": ((0, None),), "os.removexattr": ((0, None),), "shutil.rmtree": ((0, None),),
+        "shutil.move": ((0, None), (1, None)),
+    }
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+    def resolve(path, dir_fd=None):
+        if isinstance(path, int):
+            return None  # an open fd: checked when it was opened
+        path = os.fsdecode(path)
+        if dir_fd is not None and dir_fd >= 0 and not os.path.isabs(path):  # AT_FDCWD (< 0) is the cwd
+            path = os.path.join(os.readlink("/proc/self/fd/%d" % dir_fd), path)
+        return os.path.realpath(path)
+
+    def inside(p):
+        return p is None or p == workdir or p.startswith(workdir + os.sep)
+
+    def other_proc(p):
+        parts = p.split(os.sep)
+        return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != mypid
+
+    def refuse(event):
+        state["violations"] += 1
+        raise SandboxViolation("sandbox: %s denied" % event)
+
+    def check(event, args):
+        if event in deny:
+            refuse(event)
+        if event == "import" and args and args[0] in bad_imports:
+            refuse("import " + args[0])
+        if event == "open":
+            path, mode, flags = (tuple(args) + (None, None, None))[:3]
+            if isinstance(path, int):
+                return
+            p = resolve(path)
+            write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & write_flags)
+            if write and not (inside(p) or p == os.devnull):
+                refuse("write " + p)
+            if not write and (other_proc(p) or (not inside(p) and os.path.isdir(p))):
+                refuse("open " + p)
+            return
+        for pi, di in path_events.get(event, ()):
+            dfd = args[di] if di is not None and di < len(args) else None
+            if pi < len(args) and not inside(resolve(args[pi], dfd)):
+                refuse(event)
+
+    def hook(event, args):
+        if state["busy"]:
+            return
+        state["busy"] = True
+        try:
+            check(event, args)
+        except SandboxViolation:
+            raise
+        except Exception:  # a malformed path etc.: fail closed
+            refuse(event)
+        finally:
+            state["busy"] = False
+
+    def blocked(*a, **k):
+        refuse("process control")
+
+    for name in ("fork", "forkpty", "system", "popen", "kill", "killpg", "execv", "execve", "execl", "execle",
+                 "execlp", "execlpe", "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv",
+                 "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp", "setsid", "setpgid"):
+        if hasattr(os, name):
+            setattr(os, name, blocked)
+    for name in ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"):
+        setattr(subprocess, name, blocked)
+    for name in ("_posixsubprocess", "ctypes", "_ctypes"):
+        sys.modules.pop(name, None)
+    subprocess._posixsubprocess = None
+    sys.addaudithook(hook)
+    return lambda: state["violations"]
+
+
+def set_limits(cfg):
+    mem = cfg["memory_mb"] << 20
+    cpu = int(cfg["timeout_total"]) + 2
+    for lim, val in ((resource.RLIMIT_AS, (mem, mem)), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+                     (resource.RLIMIT_FSIZE, (16 << 20, 16 << 20)), (resource.RLIMIT_NOFILE, (64, 64)),
+                     (resource.RLIMIT_NPROC, (0, 0)), (resource.RLIMIT_CORE, (0, 0))):
+        resource.setrlimit(lim, val)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file size limit fails with OSError
+
+
+def sandbox_main(cfg, req_fd, rep_fd, out_fd):
+    """One test's sandbox: confine this process, run the program, then answer requests until EOF."""
+    os.setsid()
+    die_with_parent()
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd, target in ((null, 0), (out_fd, 1), (out_fd, 2), (req_fd, 3), (rep_fd, 4)):
+        os.dup2(fd, target)
+    os.closerange(5, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.chdir(cfg["workdir"])
+    random.seed()
+    set_limits(cfg)
+    layers = {"rlimits": True, "seccomp": load_seccomp(SECCOMP_PROGRAM), "no_new_privs": True}
+    if cfg["isolation"] == "strict" and not layers["seccomp"]:
+        os._exit(3)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace", line_buffering=True)
+    sys.stderr = sys.stdout
+    violations = install_guard(os.path.realpath(cfg["workdir"]))
+    layers["audit_hook"] = True
+    Server(cfg["program"], violations, layers).serve()
+
+
+class Server:
+    """The sandbox side of the channel. Nothing here is trusted: the program can change any of it, which only
+    changes what the evaluator receives, and that is plain data or handles."""
+
+    def __init__(self, program, violations, layers):
+        self.program, self.violations, self.layers = program, violations, layers
+        self.ns = {"__name__": "__main__", "__builtins__": builtins}
+        self.objects, self.ids = [], {}  # handle id -> object; id(object) -> handle id
+
+    def send(self, message):
+        try:
+            sys.stdout.flush()
+        except BaseException:
+            pass
+        data = dumps(message)
+        if len(data) > MAX_MESSAGE:
+            data = dumps(["raise", "ResultTooLarge", "Exception", None, f"over {MAX_MESSAGE} bytes", None,
+                          message[-1]])
+        view = memoryview(data)
+        while view:
+            view = view[os.write(4, view):]
+
+    def serve(self):
+        error = None
+        try:
+            code = compile(self.program, "<program>", "exec")
+        except BaseException as exc:  # SyntaxError, ValueError (null bytes), ...
+            error = "SyntaxError" if isinstance(exc, SyntaxError) else type(exc).__name__
+            self.send(["ready", error, False, self.violations(), self.layers])
+            return
+        try:
+            exec(code, self.ns)
+        except BaseException as exc:
+            error = type(exc).__name__
+        self.send(["ready", error, True, self.violations(), self.layers])
+        if error is not None:
+            return
+        requests = os.fdopen(3, "rb")
+        for line in requests:
+            self.send(self.answer(line))
+
+    def answer(self, line):
+        """Reply ``["ok", value, changed arguments, violations]`` or :meth:`raised`."""
+        op, args = None, ()
+        try:
+            op, *args = [decode(a, self.resolve) for a in json.loads(line)]
+            result = getattr(self, "op_" + op)(*args)
+            value = self.live(result) if op in ("getattr", "global") else encode(result, self.other)
+            return ["ok", value, self.changed(op, args), self.violations()]
+        except BaseException as exc:
+            return self.raised(exc, self.changed(op, args))
+
+    def live(self, value, depth=0):
+        """Encode an attribute's value with its lists, dicts and sets (nested in lists and dicts too) as live
+        containers ``["L", handle, kind, items]``: the evaluator keeps a copy and makes each change on both."""
+        kind = type(value)
+        if kind not in (list, dict, set) or depth >= MAX_DEPTH:
+            return encode(value, self.other, depth)
+        if kind is dict:
+            items = [[encode(k, self.other, depth + 1), self.live(v, depth + 1)] for k, v in value.items()]
+        else:
+            items = [self.live(v, depth + 1) if kind is list else encode(v, self.other, depth + 1) for v in value]
+        return ["L", self.handle(value)[1], _CONTAINER_TAG.get(kind, "d"), items]
+
+    def changed(self, op, args):
+        """For a call, the state after it of each list/dict/set/bytearray/deque argument (None for the
+        others): the evaluator copies it back into its own objects, so in-place changes are seen there."""
+        if op != "call" or len(args) != 3:
+            return None
+        try:
+            return [[encode(a, self.other) if type(a) in MUTABLE else None for a in args[1]],
+                    {k: encode(a, self.other) for k, a in args[2].items() if type(a) in MUTABLE}]
+        except BaseException:
+            return None
+
+    def raised(self, exc, changed=None):
+        try:
+            args = encode(exc.args, refuse_value)
+        except (TypeError, ValueError, RecursionError):
+            args = None
+        try:
+            message = str(exc)[:1000]
+        except BaseException:
+            message = ""
+        return ["raise", type(exc).__name__[:100], builtin_base(type(exc)), args, message, changed,
+                self.violations()]
+
+    def resolve(self, data):
+        if data[0] == "h" and len(data) == 2 and type(data[1]) is int and 0 <= data[1] < len(self.objects):
+            return self.objects[data[1]]
+        if data[0] == "B" and len(data) == 2 and hasattr(builtins, str(data[1])):
+            return getattr(builtins, data[1])
+        raise ValueError("malformed value")
+
+    def other(self, value):
+        """A value that is not plain data: a builtin data type's subclass as its plain value, a class of the
+        builtins or an exception class by name, anything else as a handle."""
+        plain = plain_value(value)
+        if plain is not None:
+            return encode(plain, self.other)
+        if isinstance(value, type) and builtin_name(value):
+            return ["B", value.__name__]
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return ["E", value.__name__[:100], builtin_base(value)]
+        return self.handle(value)
+
+    def handle(self, value):
+        key = id(value)
+        if key not in self.ids:
+            self.ids[key] = len(self.objects)
+            self.objects.append(value)
+        return ["h", self.ids[key], type(value).__name__[:100]]
+
+    def op_global(self, name):
+        if name in self.ns and name != "__builtins__":
+            return self.ns[name]
+        raise NameError(f"name {name!r} is not defined")
+
+    def op_call(self, obj, args, kwargs):
+        return obj(*args, **kwargs)
+
+    def op_getattr(self, obj, name):
+        return getattr(obj, name)
+
+    def op_callmethod(self, obj, name, args, kwargs):
+        return getattr(obj, name)(*args, **kwargs)
+
+    def op_setattr(self, obj, name, value):
+        setattr(obj, name, value)
+
+    def op_delattr(self, obj, name):
+        delattr(obj, name)
+
+    def op_getitem(self, obj, key):
+        return obj[key]
+
+    def op_setitem(self, obj, key, value):
+        obj[key] = value
+
+    def op_delitem(self, obj, key):
+        del obj[key]
+
+    def op_iter(self, obj):
+        return iter(obj)
+
+    def op_next(self, obj):
+        return next(obj)
+
+    def op_len(self, obj):
+        return len(obj)
+
+    def op_bool(self, obj):
+        return bool(obj)
+
+    def op_str(self, obj):
+        return str(obj)
+
+    def op_repr(self, obj):
+        return repr(obj)
+
+    def op_isinstance(self, obj, cls):
+        return isinstance(obj, cls)
+
+    def op_issubclass(self, obj, cls):
+        return issubclass(obj, cls)
+
+
+
+# ------------------------------------------------------------------------------------------- spawner process
+
+
+def spawner_main(sock, cfg):
+    """Fork one sandbox per ``spawn`` request; on ``reap`` kill every process of the job but this one. As PID 1
+    of the job's PID namespace it mounts that namespace's ``/proc`` first."""
+    die_with_parent()
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.closerange(3, sock.fileno())
+    os.closerange(sock.fileno() + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    proc = False
+    if os.getpid() == 1:
+        try:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            proc = True
+        except OSError:
+            pass
+    try:
+        drop_capabilities()
+    except OSError:
+        pass
+    prctl(PR_SET_DUMPABLE, 0)
+    sock.send(b"ready proc=%d" % proc)
+    child = 0
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 64, 3)
+        if msg == b"spawn" and len(fds) == 3:
+            child = os.fork()
+            if child == 0:
+                sock.close()
+                try:
+                    sandbox_main(cfg, *fds)
+                finally:
+                    os._exit(0)
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"ok")
+        elif msg == b"reap":
+            _kill_all(child)
+            sock.send(b"done")
+        else:
+            break
+    _kill_all(child)
+
+
+def _kill_all(child):
+    try:
+        if os.getpid() == 1:  # everything in the job's PID namespace but this process
+            os.kill(-1, signal.SIGKILL)
+        elif child:
+            os.kill(child, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+class Spawner:
+    """The evaluator's end of the spawner."""
+
+    def __init__(self, cfg):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            mine.close()
+            try:
+                spawner_main(theirs, cfg)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.sock = mine
+        self.proc = self._expect(b"ready proc=") == b"1"
+
+    def _expect(self, prefix):
+        if not select.select([self.sock], [], [], SPAWNER_REPLY_S)[0]:
+            raise RuntimeError("the sandbox spawner stopped answering")
+        msg = self.sock.recv(64)
+        if not msg.startswith(prefix):
+            raise RuntimeError("the sandbox spawner stopped")
+        return msg[len(prefix):]
+
+    def spawn(self, capture):
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            socket.send_fds(self.sock, [b"spawn"], [req_r, rep_w, out_w])
+            self._expect(b"ok")
+        finally:
+            for fd in (req_r, rep_w, out_w):
+                os.close(fd)
+        return Channel(req_w, rep_r, out_r, capture)
+
+    def reap(self):
+        self.sock.send(b"reap")
+        self._expect(b"done")
+
+    def close(self):
+        self.sock.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+# ------------------------------------------------------------------------------------ evaluator: the channel
+
+
+class Abort(BaseException):
+    """Ends the running test: its sandbox timed out, died or broke the protocol (``args[0]``: the error)."""
+
+
+_BUILTIN_EXCEPTIONS = {name: kind for name, kind in vars(builtins).items()
+                       if isinstance(kind, type) and issubclass(kind, Exception)}
+_SYNTHETIC_EXCEPTIONS = {}
+
+
+def exception_class(name, base):
+    """The local class for an exception type of the sandbox: the builtin itself (``ValueError``), else a class
+    of that name deriving from the builtin base (``class InsufficientFunds(ValueError)``). Types that do not
+    derive from Exception (``SystemExit``) become Exception subclasses, so they fail the test that meets them."""
+    if type(name) is not str or type(base) is not str:
+        raise ValueError("malformed exception")
+    if name == base and name in _BUILTIN_EXCEPTIONS:
+        return _BUILTIN_EXCEPTIONS[name]
+    key = (name[:100], _BUILTIN_EXCEPTIONS.get(base, Exception))
+    if key not in _SYNTHETIC_EXCEPTIONS:
+        _SYNTHETIC_EXCEPTIONS[key] = type(key[0], (key[1],), {"__module__": "sandbox"})
+    return _SYNTHETIC_EXCEPTIONS[key]
+
+
+class Channel:
+    """The evaluator's connection to one sandbox: requests go out as plain data, replies come back as plain
+    data, :class:`Remote` handles or an exception to raise."""
+
+    def __init__(self, req_w, rep_r, out_r, capture):
+        self.req_w, self.rep_r, self.out_r, self.capture = req_w, rep_r, out_r, capture
+        self.buffer = bytearray()
+        self.failure = None  # "Timeout", "Crash", "ResultTooLarge" or "ProtocolError": the test's verdict
+        self.violations = 0
+        self.closed = False
+
+    def fail(self, name):
+        self.failure = self.failure or name
+        raise Abort(self.failure)
+
+    def request(self, op, *values):
+        if self.closed:
+            raise RuntimeError("a handle from an earlier test's sandbox")
+        if self.failure:
+            raise Abort(self.failure)
+        data = dumps([op, *(encode(v, self.argument) for v in values)])
+        if len(data) > MAX_MESSAGE:
+            raise ValueError(f"argument over {MAX_MESSAGE} bytes")
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.req_w, view):]
+        except OSError:
+            self.fail("Crash")
+        return self.reply(self.read_line(), values if op == "call" else None)
+
+    def argument(self, value):
+        if isinstance(value, Remote):
+            if value._channel is not self:
+                raise TypeError("an object of an earlier test's sandbox")
+            return ["h", value._id]
+        plain = plain_value(value)
+        if plain is not None:
+            return encode(plain, self.argument)
+        if builtin_name(value):
+            return ["B", value.__name__]
+        raise TypeError(f"{type(value).__name__} cannot be passed to the sandboxed program (plain data and its "
+                        "own objects only)")
+
+    def read_line(self):
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_MESSAGE:
+                self.fail("ResultTooLarge")
+            fds = [self.rep_r] if self.out_r is None else [self.out_r, self.rep_r]
+            ready = select.select(fds, [], [])[0]
+            if self.out_r in ready:
+                self.pump_output()
+            if self.rep_r in ready:
+                chunk = os.read(self.rep_r, 1 << 16)
+                if not chunk:
+                    self.fail("Crash")
+                self.buffer += chunk
+        end = self.buffer.index(b"\n")
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
+        return line
+
+    def pump_output(self):
+        chunk = os.read(self.out_r, 1 << 16)
+        if chunk:
+            self.capture.add(chunk)
+        else:
+            os.close(self.out_r)
+            self.out_r = None
+
+    def ready(self):
+        """Wait for the program to load: ``(error, syntax_ok, layers)``."""
+        line = self.read_line()
+        try:
+            kind, error, syntax_ok, violations, layers = json.loads(line)
+            if kind != "ready" or type(violations) is not int or type(layers) is not dict or not (
+                    error is None or type(error) is str):
+                raise ValueError
+        except (ValueError, TypeError, RecursionError):
+            self.fail("ProtocolError")
+        self.violations = violations
+        return (error[:100] if error else None), syntax_ok is True, layers
+
+    def reply(self, line, call=None):
+        """The result of a request (``call``: its target, arguments and keywords, for the write-back)."""
+        try:
+            msg = json.loads(line)
+            if type(msg) is not list or not msg or type(msg[-1]) is not int:
+                raise ValueError
+            self.violations = msg[-1]
+            if msg[0] == "ok" and len(msg) == 4:
+                result, exc, changed = decode(msg[1], self.resolve), None, msg[2]
+            elif msg[0] == "raise" and len(msg) == 7:
+                result, exc, changed = None, self.exception(*msg[1:5]), msg[5]
+            else:
+                raise ValueError
+            if call is not None and changed is not None:
+                self.write_back(call[1], call[2], *changed)
+        except Exception:
+            self.fail("ProtocolError")
+        if exc is not None:
+            raise exc
+        return result
+
+    def write_back(self, args, kwargs, positional, keywords):
+        """Copy the sandbox's state of mutable arguments after a call into the test's own objects."""
+        pairs = [*zip(args, positional), *((kwargs[k], v) for k, v in keywords.items() if k in kwargs)]
+        for local, new in pairs:
+            if new is None or type(local) not in MUTABLE:
+                continue
+            new = decode(new, self.resolve)
+            if type(new) is not type(local) or new == local:
+                continue
+            if isinstance(local, (list, bytearray)):
+                local[:] = new
+            else:
+                local.clear()
+                (local.extend if isinstance(local, collections.deque) else local.update)(new)
+
+    def exception(self, name, base, args, message):
+        kind = exception_class(name, base)
+        try:
+            return kind(*(decode(args, self.resolve) if args is not None else (str(message),)))
+        except Exception:
+            try:
+                return kind(str(message))
+            except Exception:
+                return exception_class(name, "Exception")(str(message))
+
+    def resolve(self, data):
+        if data[0] == "h" and len(data) == 3 and type(data[1]) is int and type(data[2]) is str:
+            return Remote(self, data[1], data[2][:100])
+        if data[0] == "E" and len(data) == 3:
+            return exception_class(data[1], data[2])
+        if data[0] == "B" and len(data) == 2 and isinstance(getattr(builtins, str(data[1]), None), type):
+            return getattr(builtins, data[1])
+        if data[0] == "L" and len(data) == 4 and type(data[1]) is int and data[2] in _LIVE and type(data[3]) is list:
+            live = _LIVE[data[2]]()
+            live._remote = Remote(self, data[1], "container")
+            base = _LIVE[data[2]].__mro__[1]
+            items = [[decode(k, self.resolve), decode(v, self.resolve)] for k, v in data[3]] if base is dict else \
+                [decode(v, self.resolve) for v in data[3]]
+            (base.update if base is not list else base.extend)(live, items)
+            return live
+        raise ValueError("malformed value")
+
+    def close(self):
+        """After the sandbox was killed: keep what is left of its output, close the pipes."""
+        self.closed = True
+        deadline = time.monotonic() + 1.0
+        while self.out_r is not None and select.select([self.out_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            self.pump_output()
+        for fd in (self.req_w, self.rep_r, self.out_r):
+            if fd is not None:
+                os.close(fd)
+
+
+class Remote:
+    """An object of the sandboxed program, seen from the evaluator. Each operation is one request to the
+    sandbox and gives plain data, another handle or a raised exception. A handle equals only itself (so an
+    object claiming to equal everything cannot pass a test); ``x in handle`` iterates it and compares each
+    item here."""
+
+    __slots__ = ("_channel", "_id", "_type")
+
+    def __init__(self, channel, ident, type_name):
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_id", ident)
+        object.__setattr__(self, "_type", type_name)
+
+    def __getattr__(self, name):
+        return self._channel.request("getattr", self, name)
+
+    def __setattr__(self, name, value):
+        self._channel.request("setattr", self, name, value)
+
+    def __delattr__(self, name):
+        self._channel.request("delattr", self, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._channel.request("call", self, list(args), kwargs)
+
+    def __getitem__(self, key):
+        return self._channel.request("getitem", self, key)
+
+    def __setitem__(self, key, value):
+        self._channel.request("setitem", self, key, value)
+
+    def __delitem__(self, key):
+        self._channel.request("delitem", self, key)
+
+    def __iter__(self):
+        return self._channel.request("iter", self)
+
+    def __next__(self):
+        return self._channel.request("next", self)
+
+    def __len__(self):
+        return self._channel.request("len", self)
+
+    def __bool__(self):
+        return self._channel.request("bool", self)
+
+    def __str__(self):
+        return self._channel.request("str", self)
+
+    def __repr__(self):
+        try:
+            return self._channel.request("repr", self)
+        except BaseException:
+            return f"<sandboxed {self._type} object>"
+
+    def __eq__(self, other):
+        return isinstance(other, Remote) and other._channel is self._channel and other._id == self._id
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash((id(self._channel), self._id))
+
+    def __instancecheck__(self, obj):
+        try:
+            return self._channel.request("isinstance", obj, self)
+        except TypeError:  # a local object is never an instance of the program's class
+            return False
+
+    def __subclasscheck__(self, cls):
+        try:
+            return self._channel.request("issubclass", cls, self)
+        except TypeError:
+            return False
+
+    def __enter__(self):
+        return self.__getattr__("__enter__")()
+
+    def __exit__(self, *exc_info):
+        return self.__getattr__("__exit__")(None, None, None)
+
+
+def _mirrored(base, name):
+    """``base.name`` that makes the same change on the sandbox's object first (for ``pop``/``popitem`` of a
+    set or dict, whose element is the sandbox's choice, the local copy drops the element it returned)."""
+    local = getattr(base, name)
+
+    def method(self, *args, **kwargs):
+        result = self._remote._channel.request("callmethod", self._remote, name, list(args), kwargs)
+        if base is not list and name in ("pop", "popitem") and not args:
+            base.pop(self, result[0] if base is dict else result)
+            return result
+        return local(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _live_class(base, mutators):
+    return type(f"Live{base.__name__.title()}", (base,), {
+        "__slots__": ("_remote",), "__doc__": f"A {base.__name__} attribute of a sandboxed object (see _mirrored).",
+        **{name: _mirrored(base, name) for name in mutators}})
+
+
+_LIVE = {
+    "l": _live_class(list, ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert",
+                            "remove", "pop", "clear", "sort", "reverse")),
+    "d": _live_class(dict, ("__setitem__", "__delitem__", "__ior__", "update", "pop", "popitem", "clear",
+                            "setdefault")),
+    "s": _live_class(set, ("__ior__", "__iand__", "__isub__", "__ixor__", "add", "discard", "remove", "pop",
+                           "clear", "update", "difference_update", "intersection_update",
+                           "symmetric_difference_update")),
+}
+
+
+class TestGlobals(dict):
+    """Globals of one test: what the setup code and the test define, then the builtins, then the program's
+    top-level names (as handles or plain values). A builtin is looked up in the program only for the
+    ``entry_points`` (MBPP 126 asks for a function named ``sum``), so the program cannot redefine ``abs`` or
+    ``isinstance`` for the test."""
+
+    def __init__(self, channel, entry_points):
+        super().__init__(__builtins__=builtins, __name__="__sandbox_test__")
+        self.channel, self.entry_points = channel, entry_points
+
+    def __missing__(self, name):
+        if name not in self.entry_points and name in vars(builtins):
+            return vars(builtins)[name]
+        try:
+            return self.channel.request("global", name)
+        except NameError:
+            raise KeyError(name) from None
+
+
+class Capture(io.TextIOBase):
+    """The first ``limit`` bytes of what the sandboxes and the tests print."""
+
+    def __init__(self, limit=STDOUT_LIMIT):
+        self.data, self.limit = bytearray(), limit
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self.add(str(text).encode("utf-8", "backslashreplace"))
+        return len(text)
+
+    def add(self, chunk):
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+
+    def text(self):
+        return self.data.decode("utf-8", "replace")
+
+
+class Timer:
+    """SIGALRM-based deadline for what runs in the evaluator on behalf of one sandbox (its start-up and one
+    test): on expiry the sandbox's verdict becomes ``Timeout`` and :class:`Abort` is raised, again every 50 ms
+    while the test goes on (a test that catches it still ends)."""
+
+    def __init__(self):
+        self.channel = None
+        signal.signal(signal.SIGALRM, self.fire)
+
+    def fire(self, signum, frame):
+        channel = self.channel
+        if channel is not None:
+            channel.failure = channel.failure or "Timeout"
+            raise Abort("Timeout")
+
+    def arm(self, seconds, channel):
+        self.channel = channel
+        signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001), 0.05)
+
+    def disarm(self):
+        self.channel = None
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+# ------------------------------------------------------------------------------------- evaluator: isolation
+
+NAMESPACES = ("user_ns", "mount_ns", "pid_ns", "net_ns", "ipc_ns", "uts_ns")
+KERNEL_LAYERS = (*NAMESPACES, "read_only_root", "tmpfs_workdir", "proc", "no_new_privs", "seccomp")  # for strict
+
+
+def world_readable(path):
+    """Every directory on the way to ``path`` can be searched by any user."""
+    parts = os.path.realpath(path).split("/")
+    return all(os.stat("/".join(parts[:i]) or "/").st_mode & 0o001 for i in range(1, len(parts) + 1))
+
+
+class Isolation:
+    """Confines the evaluator, and so the spawner and every sandbox it forks (see the module docstring of
+    ``comlrl_lightning.envs.sandbox``), as far as the kernel allows; gives each test a fresh working directory."""
+
+    def __init__(self, cfg):
+        self.workdir, self.disk_mb = cfg["workdir"], cfg["disk_mb"]
+        self.layers = dict.fromkeys((*NAMESPACES, "read_only_root", "tmpfs_workdir"), False)
+        self.mounted = False
+        self.setup(cfg["uid"], cfg["gid"])
+        self.layers["uid"] = os.geteuid()
+
+    def setup(self, uid, gid):
+        root, built, dropped = os.geteuid() == 0, False, False
+        try:
+            if root:  # build the read-only root while privileged, then drop to the sandbox uid for the user ns
+                unshare(CLONE_NEWNS)
+                mount(None, "/", None, MS_REC | MS_PRIVATE)
+                built = True
+                build_root(self.workdir, self.workdir)
+                os.setgroups([])
+                os.setresgid(gid, gid, 0)
+                os.setresuid(uid, uid, 0)
+                dropped = True
+                prctl(PR_SET_DUMPABLE, 1)  # the id maps are written through /proc/self
+            unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        except OSError:
+            self.without_namespaces(root, uid, gid, built, dropped)
+            return
+        self.layers.update(dict.fromkeys(NAMESPACES, True))
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        try:
+            if root:
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+            else:
+                mount(None, "/", None, MS_REC | MS_PRIVATE)
+                build_root(self.workdir, self.workdir)
+            os.chroot(self.workdir)
+            os.chdir("/")
+        except OSError:
+            if not root and os.path.ismount(self.workdir):
+                umount(self.workdir)
+            return
+        self.layers["read_only_root"] = True
+
+    def without_namespaces(self, root, uid, gid, built, dropped):
+        if dropped:
+            os.setresuid(0, 0, 0)
+            os.setresgid(0, 0, 0)
+        if built and os.path.ismount(self.workdir):
+            umount(self.workdir)
+        if root and all(world_readable(p) for p in python_paths()):  # else the dropped uid could not import
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+
+    def fresh_workdir(self):
+        """An empty working directory for the next test: a new tmpfs of ``disk_mb`` MB, or the host temp dir
+        emptied."""
+        if self.layers["read_only_root"]:
+            os.chdir("/")
+            if self.mounted:
+                umount(self.workdir)
+            mount("tmpfs", self.workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={self.disk_mb}m,mode=0700")
+            self.mounted = self.layers["tmpfs_workdir"] = True
+        else:
+            for entry in os.scandir(self.workdir):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, onerror=force_remove)
+                else:
+                    os.unlink(entry.path)
+        os.chdir(self.workdir)
+
+
+def force_remove(func, path, exc_info):
+    """``shutil.rmtree`` error handler: the program may have made things read-only."""
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        os.chmod(path, 0o700)
+        func(path)
+    except OSError:
+        pass
+
+
+# ----------------------------------------------------------------------------------------- evaluator: tests
+
+START_GRACE_S = 1.0  # a sandbox's start-up (fork + loading the program) gets timeout_per_test plus this
+
+
+def read_part(fd):
+    size = int(_read_exact(fd, 20))
+    return json.loads(_read_exact(fd, size))
+
+
+def _read_exact(fd, n):
+    data = bytearray()
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise EOFError("truncated job")
+        data += chunk
+    return bytes(data)
+
+
+def _compile(source, name):
+    """Code object, or the error name when it does not compile."""
+    try:
+        return compile(source, name, "exec")
+    except (SyntaxError, ValueError) as exc:
+        return "SyntaxError" if isinstance(exc, SyntaxError) else type(exc).__name__
+
+
+class Evaluation:
+    """Runs one job: the program in a first sandbox (its load decides the program-level result), then each
+    test against a sandbox of its own, reporting one line per phase."""
+
+    def __init__(self, cfg, job, isolation, spawner, report):
+        self.cfg, self.isolation, self.spawner, self.report = cfg, isolation, spawner, report
+        self.tests = [_compile(t, f"<test {i}>") for i, t in enumerate(job["tests"])]
+        self.setup = _compile(job["setup"], "<setup>") if job["setup"].strip() else None
+        self.entry_points = frozenset(job["entry_points"])
+        self.deadline = time.monotonic() + cfg["timeout_total"]
+        self.capture = Capture()
+        self.timer = Timer()
+        self.layers = {}
+
+    def remaining(self):
+        return self.deadline - time.monotonic()
+
+    def start(self, first=False):
+        """A new sandbox with the program loaded: ``(channel, error, syntax_ok)``. What the program prints while
+        it loads is kept for the first sandbox only."""
+        self.isolation.fresh_workdir()
+        channel = self.spawner.spawn(self.capture if first else Capture(limit=0))
+        try:
+            self.timer.arm(min(self.cfg["timeout_per_test"] + START_GRACE_S, self.remaining()), channel)
+            try:
+                error, syntax_ok, layers = channel.ready()
+            finally:
+                self.timer.disarm()
+            self.layers = self.layers or layers
+        except Abort:
+            error, syntax_ok = channel.failure, True
+        channel.capture = self.capture
+        if error is None and channel.violations:
+            error = "SandboxViolation"
+        return channel, error, syntax_ok
+
+    def finish(self, channel):
+        self.spawner.reap()
+        channel.close()
+
+    def run(self):
+        channel, error, syntax_ok = self.start(first=True)
+        self.report({"phase": "program", "syntax_ok": syntax_ok, "error": error})
+        if error is not None:
+            self.finish(channel)
+            return
+        timeouts = 0
+        for i, code in enumerate(self.tests):
+            if timeouts >= self.cfg["max_timeouts"] or self.remaining() <= 0:
+                error = "Timeout"
+            else:
+                if channel is None:
+                    channel, error, _ = self.start()
+                if error is None:
+                    error = self.run_test(channel, code)
+                self.finish(channel)
+                channel = None
+            timeouts += error == "Timeout"
+            self.report({"phase": "test", "i": i, "error": error})
+        if channel is not None:
+            self.finish(channel)
+
+    def run_test(self, channel, code):
+        if isinstance(self.setup, str) or isinstance(code, str):
+            return self.setup if isinstance(self.setup, str) else code
+        namespace = TestGlobals(channel, self.entry_points)
+        before = channel.violations
+        try:
+            self.timer.arm(min(self.cfg["timeout_per_test"], self.remaining()), channel)
+            try:
+                if self.setup is not None:
+                    exec(self.setup, namespace)
+                exec(code, namespace)
+            finally:
+                self.timer.disarm()
+            error = None
+        except BaseException as exc:
+            error = type(exc).__name__[:100]
+        if channel.failure:
+            return channel.failure
+        if channel.violations != before:
+            return "SandboxViolation"
+        return error
+
+
+def evaluator_main(payload_fd, result_fd, stderr_fd):
+    os.setsid()
+    die_with_parent()
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(stderr_fd, 2)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    def report(obj):
+        view = memoryview(dumps(obj))
+        while view:
+            view = view[os.write(result_fd, view):]
+
+    cfg = read_part(payload_fd)
+    os.environ.update(HOME=cfg["workdir"], TMPDIR=cfg["workdir"])
+    if "tempfile" in sys.modules:
+        sys.modules["tempfile"].tempdir = None
+    isolation = Isolation(cfg)
+    layers = dict(isolation.layers)
+    missing = [k for k in (*NAMESPACES, "read_only_root") if not layers[k]]
+    if cfg["isolation"] == "strict" and (missing or layers["uid"] == 0):
+        report({"phase": "refused", "missing": missing + ["unprivileged uid"] * (layers["uid"] == 0)})
+        return
+    spawner = Spawner(cfg)  # forked before the tests are read: no sandbox holds them
+    job = read_part(payload_fd)
+    os.close(payload_fd)
+    random.seed()  # the launcher's state is shared by every fork
+    evaluation = Evaluation(cfg, job, isolation, spawner, report)
+    sys.stdout = sys.stderr = evaluation.capture
+    try:
+        evaluation.run()
+    finally:
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        spawner.close()
+    layers.update(evaluation.layers, proc=spawner.proc, tmpfs_workdir=isolation.layers["tmpfs_workdir"])
+    report({"phase": "done", "stdout": evaluation.capture.text(), "layers": layers})
+
+
+# ----------------------------------------------------------------------------------------------- launcher
+
+SECCOMP_PROGRAM = None  # set by the launcher, inherited by every fork
+PRELOAD = ("subprocess", "unittest", "math", "random", "collections", "re", "itertools", "functools", "heapq", "bisect",
+           "string", "datetime", "decimal", "fractions", "copy", "typing", "statistics", "traceback")
+
+
+def launcher_main(sock_fd):
+    """Serve ``job`` requests (fds: payload, result pipe, stderr) by forking an evaluator; answer with its pid
+    and a pidfd. Exits when the trainer closes the socket."""
+    import importlib
+    import traceback
+
+    global SECCOMP_PROGRAM
+    for name in PRELOAD:
+        importlib.import_module(name)
+    SECCOMP_PROGRAM = compile_seccomp()
+    gc.freeze()  # the forks share these pages: keep the collector from writing to them
+    sock = socket.socket(fileno=sock_fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # evaluators are reaped by the kernel
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 64, 3)
+        except OSError:
+            return
+        if msg != b"job" or len(fds) != 3:
+            return
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            code = 0
+            try:
+                evaluator_main(*fds)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        try:
+            pidfd = [os.pidfd_open(pid)]
+        except (AttributeError, OSError):
+            pidfd = []
+        socket.send_fds(sock, [str(pid).encode()], pidfd)
+        for fd in pidfd:
+            os.close(fd)
+
+
+if __name__ == "__main__":
+    launcher_main(int(sys.argv[1]))
