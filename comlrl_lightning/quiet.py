@@ -3,6 +3,8 @@
 * Lightning's advertisements for its cloud products ("Tip: ... litlogger / litmodels").
 * A deprecation inside Lightning's own pytree helper with recent torch (``isinstance(treespec, LeafSpec)``):
   raised by Lightning's code, not ours or the user's, and harmless.
+* Lightning's advice to keep the pre-optimizer-step weights for step checkpoints under manual optimization: our
+  checkpoints deliberately hold the state after the update (what an exact resume needs).
 
 Only these exact messages are filtered; every other warning is shown as usual.
 """
@@ -20,6 +22,7 @@ class _DropTips(logging.Filter):
 
 def quiet_known_noise() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization and every_n_train_steps")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropTips) for f in logger.filters):

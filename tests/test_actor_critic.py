@@ -550,3 +550,23 @@ def test_agents_on_distinct_devices_sample_concurrently(cls, tmp_path, monkeypat
     fit(module, tmp_path, max_steps=1)
     (t0, s0, e0), (t1, s1, e1) = calls[:2]
     assert t0 != t1 and s0 < e1 and s1 < e0  # two threads, overlapping intervals
+
+
+def test_maac_rejects_a_reward_list_one_short(tmp_path):
+    """MAAC with K (=3) joint actions: a reward returning N (=2) values is one short of K, an error; IAC reads it as
+    one reward per agent (CoMLRL's per-agent form), and so does MAAC with K = 1 (multi-turn)."""
+    short = lambda a, b: [1.0, 0.0]  # noqa: E731
+    with pytest.raises(ValueError, match="one value per joint action"):
+        make_ac(MAAC, reward_func=short, num_generations=3).collect_rollout(ITEMS[:1])
+    steps = make_ac(IAC, reward_func=short, num_generations=3, use_separate_critic=False).collect_rollout(ITEMS[:1])
+    assert [a.environment_reward for a in steps[0].agents] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"agent_devices": ["cpu", "cpu"]}, "agent_devices is used only with parallel_training='mp'"),
+    ({"critic_devices": ["cpu", "cpu"]}, "critic_devices is used only with parallel_training='mp'"),
+])
+def test_devices_without_model_placement_are_rejected_not_ignored(overrides, message, monkeypatch):
+    monkeypatch.setitem(MODEL_FACTORIES, "tiny", lambda **_: pytest.fail("a model was loaded before validation"))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        IAC(**{**BASE, **overrides})

@@ -113,3 +113,91 @@ def test_the_bar_runs_through_a_fit(bar, tmp_path, monkeypatch):
                          callbacks=[callback], accelerator="cpu", devices=1, default_root_dir=tmp_path)
     trainer.fit(make_module(), datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2))
     assert trainer.global_step == 2
+
+
+# ----------------------------------------------------------------------------------------------- fail and resume
+RESUMABLE = [*QUICK[:2], "--trainer.max_steps=6", "--checkpoint_every_n_updates=2", "--trainer.enable_progress_bar=false",
+             "--model.init_args.max_new_tokens=4", "--model.init_args.eval_interval=0"]
+
+
+def cli_process(tmp_path, *args, **env):
+    """``python -m comlrl_lightning fit`` in its own process (as a user runs it; `tests/` importable)."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "comlrl_lightning", "fit", *RESUMABLE, *args], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "tests"), **env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def checkpoint_weights(path):
+    import torch
+
+    return torch.load(path, weights_only=False)["state_dict"]
+
+
+def test_kill_and_resume_from_the_cli_with_last_and_with_an_explicit_path(tmp_path):
+    """A run killed (SIGKILL) after its step-4 checkpoint resumes from the CLI — with `--ckpt_path last` and with
+    the checkpoint's path — to exactly the weights of an uninterrupted run (every run in its own process)."""
+    import signal
+    import time
+
+    import torch
+
+    root = tmp_path / "runs"
+    step4 = root / "quickstart" / "version_0" / "checkpoints"
+    proc = cli_process(tmp_path, "--trainer.default_root_dir", str(root), "--model.init_args.reward_func",
+                       "cli_fixtures.story_reward_that_hangs_after_a_checkpoint", HANG_AFTER=str(step4 / "*step=4.ckpt"))
+    full = cli_process(tmp_path, "--trainer.default_root_dir", str(tmp_path / "full"))
+    deadline = time.monotonic() + 240
+    while not list(step4.glob("*step=4.ckpt")):
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "no step-4 checkpoint"
+        time.sleep(0.2)
+    time.sleep(0.5)  # let the link to it be written too
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    checkpoint = (step4 / "last.ckpt").resolve()
+    assert checkpoint.name.endswith("step=4.ckpt")
+    assert full.wait() == 0, full.stderr.read().decode()[-2000:]
+    expected = checkpoint_weights(next((tmp_path / "full").rglob("*step=6.ckpt")))
+
+    for version, ckpt_path in ((1, "last"), (2, str(checkpoint))):
+        resumed = cli_process(tmp_path, "--trainer.default_root_dir", str(root), "--ckpt_path", ckpt_path)
+        assert resumed.wait() == 0, resumed.stderr.read().decode()[-2000:]
+        got = checkpoint_weights(next(root.glob(f"quickstart/version_{version}/checkpoints/*step=6.ckpt")))
+        for key, value in expected.items():
+            torch.testing.assert_close(got[key], value, atol=0, rtol=0)
+
+
+def test_a_crash_mid_run_leaves_the_last_good_checkpoint(tmp_path, monkeypatch):
+    import torch
+
+    from comlrl_lightning.envs import toy
+
+    calls = {"n": 0}
+
+    def reward_that_fails_on_its_fifth_call(*completions, batch_items=None):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("the reward server went away")
+        return toy.story_reward(*completions, batch_items=batch_items)
+
+    monkeypatch.setattr(toy, "flaky_story_reward", reward_that_fails_on_its_fifth_call, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match="the reward server went away"):
+        main(["fit", *RESUMABLE, "--trainer.default_root_dir", str(tmp_path),
+              "--model.init_args.reward_func", "comlrl_lightning.envs.toy.flaky_story_reward"])
+    checkpoints = tmp_path / "quickstart" / "version_0" / "checkpoints"
+    last = (checkpoints / "last.ckpt").resolve()  # one update per step: the 5th reward call is in step 5
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch=0-step=4.ckpt", "last.ckpt"]
+    assert last.name == "epoch=0-step=4.ckpt" and torch.load(last, weights_only=False)["global_step"] == 4
+
+
+def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *RESUMABLE, "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
+    assert exit_info.value.code == 2
+    assert "ckpt_path last: no checkpoint under" in capsys.readouterr().err

@@ -270,3 +270,11 @@ def test_value_loss_validation():
         value_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), clip_range=0.0)
     with pytest.raises(ValueError, match=r"old_values must be \[B\]"):
         value_loss(torch.zeros(2), torch.zeros(2), torch.zeros(3), clip_range=0.2)
+
+
+def test_a_team_reward_one_short_is_rejected_not_read_per_agent():
+    # MAAC (per_agent=False): N=2, K=3 and two values are a list one short of K, not per-agent rewards
+    with pytest.raises(ValueError, match=r"one value per joint action \(num_generations=3\) or one for all; got 2"):
+        expand_rewards([1.0, 2.0], 2, 3, per_agent=False)
+    close(expand_rewards([1.0, 2.0, 3.0], 2, 3, per_agent=False), [[1.0, 2.0, 3.0]] * 2)
+    close(expand_rewards([5.0], 2, 3, per_agent=False), [[5.0] * 3] * 2)

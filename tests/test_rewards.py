@@ -151,10 +151,38 @@ class TestRewardCallerValues:
         with pytest.raises(ValueError, match="returned 1 values for 3 joint actions"):
             RewardCaller(lambda a: 1.0).raw([C0])
 
-    @pytest.mark.parametrize("value", ["1.0", None, {"r": 1.0}, ["x", "y", "z"]])
+    @pytest.mark.parametrize("value", ["1.0", None, {"r": 1.0}, ["x", "y", "z"], ["1.0", "0.5", "2"],
+                                       [True, False, True], True, [1.0, None, 2.0]])
     def test_non_numeric_return_is_type_error(self, value):
-        with pytest.raises(TypeError, match="reward_func must return a list of floats"):
+        """Strings and booleans are rejected, not converted ("1.0" -> 1.0, True -> 1.0 would hide a bug)."""
+        with pytest.raises(TypeError, match="reward_func must return a list of (floats|numbers)"):
             RewardCaller(lambda a: value).raw([C0])
+
+    def test_numpy_and_torch_numbers_are_numbers(self):
+        import numpy as np
+
+        assert RewardCaller(lambda a: [np.float32(1.5), np.int64(2), torch.tensor(0.25)]).raw([C0]) == [1.5, 2.0, 0.25]
+
+    def test_a_hung_reward_fails_with_the_field_and_the_step(self):
+        import threading
+
+        release = threading.Event()
+        caller = RewardCaller(lambda a: release.wait(30) and [1.0] * 3, timeout=0.2, where=lambda: "update 7")
+        with pytest.raises(TimeoutError, match=r"reward_timeout = 0.2 s at update 7"):
+            caller.raw([C0])
+        release.set()
+        assert RewardCaller(lambda a: [1.0] * 3, timeout=5).raw([C0]) == [1.0] * 3
+        with pytest.raises(ZeroDivisionError):  # the reward's own error still surfaces as itself
+            RewardCaller(lambda a: 1 / 0, timeout=5).raw([C0])
+
+    @pytest.mark.parametrize("reward,agents", [(lambda a: [1.0], 2), (lambda a, b, c: [1.0], 2),
+                                                (lambda *, prompts: [1.0], 1)])
+    def test_a_reward_with_the_wrong_signature_shows_the_expected_one(self, reward, agents):
+        from comlrl_lightning.rollout.rewards import check_reward_signature
+
+        with pytest.raises(TypeError, match=r"cannot take the completions of \d agents.*expected signature is "
+                                            r"reward_func\(\*agent_completions, prompts=None, batch_items=None\)"):
+            check_reward_signature(reward, agents)
 
     def test_reward_processor_applied_by_process_and_call_not_raw(self):
         caller = RewardCaller(lambda a, b: [1.0, 2.0, 3.0], reward_processor=lambda x: 10 * x - 1)
@@ -224,7 +252,7 @@ class TestBuildFormatters:
     @pytest.mark.parametrize("ret", [None, 3, ["x"], b"bytes"])
     def test_non_str_return_is_type_error(self, ret):
         (f,) = build_formatters(lambda item: ret, 1)
-        with pytest.raises(TypeError, match="Formatter must return a string prompt"):
+        with pytest.raises(TypeError, match="formatter .* must return a string prompt"):
             f({"prompt": "x"})
 
     def test_external_prompts_param_only_when_not_none(self):

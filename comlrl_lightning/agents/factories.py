@@ -549,11 +549,25 @@ def _convert_smollm2_to_cache(gguf: Path, target: Path, fingerprint: dict[str, A
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+_STALE_CONVERSION_S = 3600.0  # a conversion takes ~20 s: a temporary directory this old was left by a killed one
+
+
+def _remove_stale_conversions(target: Path) -> None:
+    """Delete the temporary directories of conversions that were killed mid-way (each holds ~0.5 GB)."""
+    if not target.parent.is_dir():
+        return
+    now = time.time()
+    for leftover in target.parent.glob(f".{target.name}.*-*"):
+        if leftover.is_dir() and now - leftover.stat().st_mtime > _STALE_CONVERSION_S:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 def _ensure_smollm2_cache() -> Path:
     gguf = smollm2_gguf_path()
     target = smollm2_cache_dir()
     fingerprint = _cache_fingerprint(gguf)
     if not _cache_is_valid(target, fingerprint):
+        _remove_stale_conversions(target)
         _convert_smollm2_to_cache(gguf, target, fingerprint)
     return target
 

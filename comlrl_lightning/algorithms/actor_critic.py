@@ -133,6 +133,7 @@ class IAC(MultiAgentModule):
         model_config: dict[str, Any] | None = None,
         reward_func: Callable[..., Any] | None = None,
         reward_processor: Callable[[float], float] | None = None,
+        reward_timeout: float | None = None,
         formatters: list[Callable[..., str]] | None = None,
         external_transition: Callable[..., Any] | None = None,
         external_prompt_passthrough: bool = False,
@@ -200,7 +201,7 @@ class IAC(MultiAgentModule):
         self.external_transition, self.external_prompt_passthrough = external_transition, external_prompt_passthrough
         self.use_chat_template, self.metrics_callback = use_chat_template, metrics_callback
         self.formatters = build_formatters(formatters, N)
-        self.reward = RewardCaller(reward_func, reward_processor)
+        self.reward = RewardCaller(reward_func, reward_processor, reward_timeout, where=self.describe_step)
         self.sampling = SamplingConfig(max_new_tokens, temperature, top_p, top_k)
         self.generation_kwargs = generation_kwargs or {}
         self.critic_learning_rate = critic_learning_rate or self.agent_learning_rates[0]
@@ -256,7 +257,8 @@ class IAC(MultiAgentModule):
              f"loss_aggregation must be one of: {', '.join(LOSS_AGGREGATIONS)}."),
         ], reward_func=cfg["reward_func"], eval_interval=cfg["eval_interval"],
             eval_num_samples=cfg["eval_num_samples"], micro_batch_size=cfg["micro_batch_size"],
-            micro_batch_tokens=cfg["micro_batch_tokens"])
+            micro_batch_tokens=cfg["micro_batch_tokens"], reward_timeout=cfg["reward_timeout"],
+            num_agents=team_size(cfg), formatters=cfg["formatters"])
         for key in ("critic_value_head_hidden_dim", "value_head_hidden_dim"):
             if cfg[key] is not None and cfg[key] < 0:
                 raise ValueError(f"{key} must be >= 0 or null.")
@@ -275,6 +277,9 @@ class IAC(MultiAgentModule):
             raise ValueError("parallel_training='mp' requires explicit agent_devices.")
         if mp and separate and cfg["critic_devices"] is None:
             raise ValueError("parallel_training='mp' requires explicit critic_devices.")
+        if not mp and cfg["critic_devices"] is not None:
+            raise ValueError(f"critic_devices is used only with parallel_training='mp' (got parallel_training="
+                             f"{cfg['parallel_training']!r}): set parallel_training: mp or remove critic_devices.")
         agents = team_size(cfg)
         if cfg["critics"] is not None and not self.centralized_critic and len(cfg["critics"]) != agents:
             raise ValueError(f"critics length ({len(cfg['critics'])}) must match the number of agents ({agents}).")
@@ -356,7 +361,9 @@ class IAC(MultiAgentModule):
                 # Aligned lists as in the documented signature (CoMLRL passed [item] and per-agent prompts here).
                 processed = self.reward(texts, prompts=[prompts[0][m]] * K, batch_items=[items[b]] * K,
                                         check_count=False)
-                rewards = expand_rewards(processed, N, K)  # [N, K]
+                # MAAC (a team critic) with K > 1: N values for K joint actions is ambiguous (a list one short of K
+                # when N = K - 1), so it is an error; per-agent rewards are read with K = 1 (multi-turn).
+                rewards = expand_rewards(processed, N, K, per_agent=not self.centralized_critic or K == 1)  # [N, K]
                 for k in range(K):
                     self.env_step += 1
                     agent_steps = [AgentStep(

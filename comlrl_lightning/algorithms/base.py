@@ -41,7 +41,7 @@ from comlrl_lightning.agents.memory import (
 )
 from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
-from comlrl_lightning.rollout.rewards import build_formatters
+from comlrl_lightning.rollout.rewards import build_formatters, check_reward_signature
 from comlrl_lightning.rollout.sampling import ScoringInputs, select_rows, token_logprobs
 
 
@@ -80,11 +80,28 @@ class MultiAgentModule(LightningModule):
         super().__init__()
         self.automatic_optimization = False
         # ---- validation before any model loads
-        sources = validate_agent_sources(agents, num_agents, tokenizers)
+        model_config = dict(model_config or {})
+        unknown = set(model_config) - {"dtype", "torch_dtype", "attn_implementation", "special_tokens", "model_kwargs",
+                                       "gradient_checkpointing"}
+        if unknown:
+            raise ValueError(f"model_config has unknown keys {sorted(unknown)}; allowed: dtype, attn_implementation, "
+                             "special_tokens, model_kwargs, gradient_checkpointing.")
+        if not isinstance(model_config.get("gradient_checkpointing", False), bool):
+            raise ValueError("model_config.gradient_checkpointing must be true or false "
+                             f"(got {model_config['gradient_checkpointing']!r}).")
+        dtype = model_config.get("dtype", model_config.get("torch_dtype"))
+        sources = validate_agent_sources(agents, num_agents, tokenizers, dtype=dtype,
+                                         model_kwargs=model_config.get("model_kwargs"),
+                                         special_tokens=model_config.get("special_tokens"))
         self.num_agents = len(sources)
         self.parallel_training = normalize_parallel_training(parallel_training)
         if self.parallel_training == "mp" and agent_devices is None:
             raise ValueError("parallel_training='mp' requires explicit agent_devices.")
+        if self.parallel_training != "mp" and agent_devices is not None:
+            raise ValueError(f"agent_devices is used only with parallel_training='mp' (got parallel_training="
+                             f"{self.parallel_training!r}, agent_devices={agent_devices!r}): set parallel_training: "
+                             "mp to place each agent on its device, or remove agent_devices (the trainer's "
+                             "accelerator/devices place the whole team).")
         self.agent_devices = resolve_devices(agent_devices, self.num_agents, kind="agent_devices") \
             if agent_devices is not None else None
         lrs = agent_learning_rate if isinstance(agent_learning_rate, (list, tuple)) else [agent_learning_rate] * self.num_agents
@@ -99,22 +116,13 @@ class MultiAgentModule(LightningModule):
         self.agent_learning_rates = [float(lr) for lr in lrs]
         self.weight_decay = weight_decay
         self.max_grad_norm = max_grad_norm
-        model_config = dict(model_config or {})
-        unknown = set(model_config) - {"dtype", "torch_dtype", "attn_implementation", "special_tokens", "model_kwargs",
-                                       "gradient_checkpointing"}
-        if unknown:
-            raise ValueError(f"model_config has unknown keys {sorted(unknown)}; allowed: dtype, attn_implementation, "
-                             "special_tokens, model_kwargs, gradient_checkpointing.")
-        if not isinstance(model_config.get("gradient_checkpointing", False), bool):
-            raise ValueError("model_config.gradient_checkpointing must be true or false "
-                             f"(got {model_config['gradient_checkpointing']!r}).")
         self.gradient_checkpointing = model_config.get("gradient_checkpointing", False)
         # ---- load
         models, self.tokenizers = load_agents(
             sources,
             num_agents=self.num_agents,
             tokenizers=tokenizers,
-            dtype=model_config.get("dtype", model_config.get("torch_dtype")),
+            dtype=dtype,
             attn_implementation=model_config.get("attn_implementation", "sdpa"),
             model_kwargs=model_config.get("model_kwargs"),
             special_tokens=model_config.get("special_tokens"),
@@ -188,6 +196,10 @@ class MultiAgentModule(LightningModule):
 
     def agent_device(self, i: int) -> torch.device:
         return next(self.agents[i].parameters()).device
+
+    def describe_step(self) -> str:
+        """Where a run is, for error messages: the update and env_step counters."""
+        return f"update {self.global_step} (env_step {self.env_step})"
 
     def fit_epochs(self) -> int | None:
         """Epochs a fit must run when the algorithm fixes them (iterative rounds), else None (``trainer.max_epochs``
@@ -389,13 +401,14 @@ def team_for(collaboration_mode: str, agents: Any, num_agents: int | None, token
 
 
 def team_size(kwargs: Mapping[str, Any]) -> int:
-    """The number of agents (roles) the module will have, for the checks that run before models load."""
-    if kwargs.get("num_agents") is not None:
-        return int(kwargs["num_agents"])
+    """The number of agents (roles) the module will have, for the checks that run before models load (a list of
+    agents that disagrees with ``num_agents`` is reported by the agents' own check)."""
+    num_agents, agents = kwargs.get("num_agents"), kwargs.get("agents", "tiny")
     if str(kwargs.get("collaboration_mode", "")).strip().lower() == "centralized":
-        return 2  # roles (team_for's default); the one actor is not the team size
-    agents = kwargs.get("agents", "tiny")
-    return len(agents) if isinstance(agents, (list, tuple)) else 2
+        return 2 if num_agents is None else int(num_agents)  # roles; the one actor is not the team size
+    if isinstance(agents, (list, tuple)) and agents:
+        return len(agents)
+    return 2 if num_agents is None else int(num_agents)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -446,7 +459,9 @@ def plain_hparams(local_vars: dict[str, Any]) -> dict[str, Any]:
 
 def check_config(checks: Sequence[tuple[bool, str]], *, reward_func: Any, eval_interval: int = 0,
                  eval_num_samples: int = 0, eval_logger: Any = None, eval_aggregator: Any = None,
-                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None) -> None:
+                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
+                 reward_timeout: float | None = None, num_agents: int | None = None,
+                 formatters: Any = None) -> None:
     """Raise ``ValueError`` for the first broken rule — the ones every algorithm shares, then ``checks``
     (``(ok, message)`` pairs whose message names the field and the allowed values). Called before models load."""
     if reward_func is None or not callable(reward_func):
@@ -455,6 +470,7 @@ def check_config(checks: Sequence[tuple[bool, str]], *, reward_func: Any, eval_i
     shared = [
         (micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null."),
         (micro_batch_tokens is None or micro_batch_tokens >= 1, "micro_batch_tokens must be >= 1 or null."),
+        (reward_timeout is None or reward_timeout > 0, "reward_timeout must be > 0 seconds or null."),
         (eval_interval >= 0, "eval_interval must be >= 0."),
         (eval_num_samples >= 0, "eval_num_samples must be >= 0."),
         ((eval_logger is None) == (eval_aggregator is None),
@@ -463,4 +479,7 @@ def check_config(checks: Sequence[tuple[bool, str]], *, reward_func: Any, eval_i
     for ok, message in [*shared, *checks]:
         if not ok:
             raise ValueError(message)
+    if num_agents is not None and num_agents >= 1:  # a team size below 1 is the agents check's to report
+        check_reward_signature(reward_func, num_agents)
+        build_formatters(formatters, num_agents)  # one per agent (or one for all), each callable
 

@@ -35,6 +35,7 @@ import torch
 from comlrl_lightning.agents import check_model_sources
 from comlrl_lightning.algorithms.base import team_size
 from comlrl_lightning.comparators.api import ApiComparatorConfig
+from comlrl_lightning.config_errors import SECRET_FIELDS  # never saved as a hyper-parameter, logged or written
 from comlrl_lightning.comparators.sources import (
     IndependentRNG,
     build_comparator,
@@ -42,7 +43,7 @@ from comlrl_lightning.comparators.sources import (
     normalize_generation_mode,
 )
 from comlrl_lightning.core.distributions import distribution_metrics, distribution_record, reward_range_of, svg_chart
-from comlrl_lightning.core.pairs import PreferencePair, write_json_atomic
+from comlrl_lightning.core.pairs import PreferencePair, remove_orphaned_writes, write_json_atomic
 from comlrl_lightning.core.replay import ReplayIndex, normalize_replay_mode, select_comparison_pairs
 from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check_adapter, joint_prompt, split_joint
 from comlrl_lightning.rollout.preferences import tokenize_pairs
@@ -50,7 +51,6 @@ from comlrl_lightning.rollout.rewards import RewardCaller
 
 log = logging.getLogger(__name__)
 
-SECRET_FIELDS = ("comparator_api_key",)  # never saved as a hyper-parameter, logged or written to a config
 
 
 def check_iterative_config(cfg: Mapping[str, Any], *, num_agents: int, reward_func: Any,
@@ -88,6 +88,10 @@ def check_iterative_config(cfg: Mapping[str, Any], *, num_agents: int, reward_fu
     else:
         require(lam is None, "preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'.")
     positive_or_none("preference_replay_sample_size")
+    for name in ("preference_replay_dir", "policy_checkpoint_dir"):
+        given = cfg[name]
+        require(given is None or not Path(given).expanduser().exists() or Path(given).expanduser().is_dir(),
+                f"{name} must be a directory; {given!r} is a file.")
 
     policy = cfg["comparator_policy"] = normalize_comparator_policy(cfg["comparator_policy"])
     generation = cfg["comparator_generation_mode"] = normalize_generation_mode(cfg["comparator_generation_mode"])
@@ -186,6 +190,8 @@ class IterativePreference:
         comparator_api_max_retries: int = 3,
         comparator_api_backoff_s: float = 1.0,
         comparator_api_max_concurrency: int = 4,
+        comparator_api_max_retry_after_s: float = 60.0,
+        comparator_api_deadline_s: float | None = None,
         centralized_comparator_adapter: Any = None,
         **kwargs: Any,
     ):
@@ -205,6 +211,7 @@ class IterativePreference:
         self.comparator_rng = IndependentRNG(seed=_comparator_seed())
         self.comparator = None  # built at the first round (needs the run directories)
         self.run_dirs: dict[str, str] = {}  # resolved once, kept in checkpoints so a resumed run finds its files
+        self._checked_dirs: set[str] = set()  # run directories cleaned of interrupted writes in this process
         self._round_raw: dict[str, list[float]] = {"target": [], "comparator": []}
         self._round_outcomes = torch.zeros(3)  # current wins, comparator wins, ties (this round)
         self._round_parse_failures = 0  # joint comparator answers without any role section (this round)
@@ -225,11 +232,18 @@ class IterativePreference:
 
     def run_dir(self, name: str, explicit: str | None = None) -> Path:
         """``explicit`` if given, else ``<trainer.log_dir or default_root_dir>/<name>``; absolute, created."""
+        first_use = name not in self._checked_dirs
         if name not in self.run_dirs:
             base = explicit or Path(self.trainer.log_dir or self.trainer.default_root_dir) / name
             self.run_dirs[name] = str(Path(base).expanduser().resolve())
         path = Path(self.run_dirs[name])
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(f"{name}: {path} is a file, not a directory.")
         path.mkdir(parents=True, exist_ok=True)
+        if first_use:  # a run killed mid-write (also the one being resumed) may have left temporary files
+            self._checked_dirs.add(name)
+            for orphan in remove_orphaned_writes(path):
+                log.info("removed %s, left by an interrupted write", orphan)
         return path
 
     def fit_epochs(self) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams, team_for
+from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams, team_for, team_size
 from comlrl_lightning.algorithms.iterative import IterativePreference
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
@@ -58,6 +58,7 @@ class MADPO(MultiAgentModule):
         model_config: dict[str, Any] | None = None,
         reward_func: Callable[..., Any] | None = None,
         reward_processor: Callable[[float], float] | None = None,
+        reward_timeout: float | None = None,
         formatters: list[Callable[..., str]] | None = None,
         use_chat_template: bool = False,
         preference_num_candidates: int = 80,
@@ -96,7 +97,8 @@ class MADPO(MultiAgentModule):
                                 pair_selection=pair_selection, eval_interval=eval_interval,
                                 eval_num_samples=eval_num_samples, eval_logger=eval_logger,
                                 eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size,
-                                selections=self.pair_selections, checks=[
+                                reward_timeout=reward_timeout, num_agents=team_size(locals()),
+                                formatters=formatters, selections=self.pair_selections, checks=[
             (dpo_beta > 0, "dpo_beta must be > 0."),
             (environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1."),
             (train_batch_size >= 1, "train_batch_size must be >= 1."),
@@ -120,7 +122,7 @@ class MADPO(MultiAgentModule):
         self.engine = RolloutEngine(
             num_agents=self.num_agents,
             formatters=build_formatters(team.formatters, self.num_agents),
-            reward=RewardCaller(team.reward_func, reward_processor),
+            reward=RewardCaller(team.reward_func, reward_processor, reward_timeout, where=self.describe_step),
             sampling=sampling,
             num_generations=preference_num_candidates,
             num_turns=1,
@@ -212,7 +214,7 @@ class MADPO(MultiAgentModule):
 def check_preference_config(name: str, *, reward_func, num_turns, joint_mode, preference_num_candidates,
                             preference_pairs_per_sample, pair_selection, eval_interval, eval_num_samples,
                             eval_logger, eval_aggregator, micro_batch_size=None, selections=PAIR_SELECTIONS,
-                            checks=()) -> None:
+                            checks=(), reward_timeout=None, num_agents=None, formatters=None) -> None:
     """REFERENCE §5.2 / appendix C rules shared by MADPO and MARLHF (plus ``checks``); raised before models load."""
     check_config([
         (num_turns == 1, f"{name} currently supports num_turns=1 only."),
@@ -226,7 +228,8 @@ def check_preference_config(name: str, *, reward_func, num_turns, joint_mode, pr
          "preference_pairs_per_sample must be null when pair_selection='all'."),
         *checks,
     ], reward_func=reward_func, eval_interval=eval_interval, eval_num_samples=eval_num_samples,
-        eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size)
+        eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size,
+        reward_timeout=reward_timeout, num_agents=num_agents, formatters=formatters)
 
 
 class MADPOIter(IterativePreference, MADPO):

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from comlrl_lightning.agents import JointRewardModel, RewardModelReward, check_model_sources
 from comlrl_lightning.algorithms.actor_critic import CRITIC_TYPES, IAC, MAAC
-from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams, team_for
+from comlrl_lightning.algorithms.base import MultiAgentModule, plain_hparams, team_for, team_size
 from comlrl_lightning.algorithms.iterative import IterativePreference
 from comlrl_lightning.algorithms.madpo import check_preference_config
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
@@ -70,6 +70,7 @@ class MARLHF(MultiAgentModule):
         model_config: dict[str, Any] | None = None,
         reward_func: Callable[..., Any] | None = None,
         reward_processor: Callable[[float], float] | None = None,
+        reward_timeout: float | None = None,
         formatters: list[Callable[..., str]] | None = None,
         use_chat_template: bool = False,
         rl_algorithm: str = "magrpo",
@@ -138,7 +139,9 @@ class MARLHF(MultiAgentModule):
                                 preference_pairs_per_sample=preference_pairs_per_sample,
                                 pair_selection=pair_selection, eval_interval=eval_interval,
                                 eval_num_samples=eval_num_samples, eval_logger=eval_logger,
-                                eval_aggregator=eval_aggregator, selections=self.pair_selections)
+                                eval_aggregator=eval_aggregator, selections=self.pair_selections,
+                                reward_timeout=reward_timeout, num_agents=team_size(locals()),
+                                formatters=formatters)
         checks = [
             (actor_critic or num_generations >= 2, "num_generations must be >= 2 for MAGRPO-family MARLHF backends."),
             (num_generations >= 1, "num_generations must be >= 1."),
@@ -173,6 +176,7 @@ class MARLHF(MultiAgentModule):
                              "maremax); CoMLRL's centralized IAC/MAAC backend is not built (docs/differences.md).")
         common = dict(agents=team.agents, num_agents=team.num_agents, tokenizers=team.tokenizers,
                       model_config=model_config, reward_func=team.reward_func, reward_processor=reward_processor,
+                      reward_timeout=reward_timeout,
                       formatters=team.formatters,
                       use_chat_template=use_chat_template, num_generations=num_generations,
                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
-from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams, team_for
+from comlrl_lightning.algorithms.base import MultiAgentModule, check_config, plain_hparams, team_for, team_size
 from comlrl_lightning.core.advantages import ADVANTAGE_MODES, compute_advantages
 from comlrl_lightning.core.losses import (
     KL_ESTIMATORS,
@@ -73,7 +73,8 @@ class MAGRPO(MultiAgentModule):
     """Multi-Agent Group Relative Policy Optimization; the baseline is ``advantage_mode`` (default ``mean``).
 
     Rollout / reward: ``reward_func(*agent_completions, prompts=None, batch_items=None) -> list[float]`` (one team
-    reward per joint action), ``reward_processor`` (float -> float), ``formatters`` (``item -> str``: one per agent, or one
+    reward per joint action), ``reward_processor`` (float -> float), ``reward_timeout`` (seconds one reward call may
+    take; a hang fails the run naming the step; None: no limit), ``formatters`` (``item -> str``: one per agent, or one
     for all), ``external_transition`` (required when ``num_turns > 1``), ``external_prompt_passthrough``,
     ``use_chat_template`` (wrap prompts in the tokenizer's chat template; off for CoMLRL parity).
     Sampling: ``num_generations`` (K ≥ 2), ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``,
@@ -100,6 +101,7 @@ class MAGRPO(MultiAgentModule):
         model_config: dict[str, Any] | None = None,
         reward_func: Callable[..., Any] | None = None,
         reward_processor: Callable[[float], float] | None = None,
+        reward_timeout: float | None = None,
         formatters: list[Callable[..., str]] | None = None,
         external_transition: Callable[..., Any] | None = None,
         external_prompt_passthrough: bool = False,
@@ -151,7 +153,9 @@ class MAGRPO(MultiAgentModule):
             loss_aggregation=loss_aggregation, discount=discount, reference_kl_coef=reference_kl_coef,
             reference_kl_estimator=reference_kl_estimator, reference_kl_placement=reference_kl_placement,
             eval_interval=eval_interval, eval_num_samples=eval_num_samples, eval_logger=eval_logger,
-            eval_aggregator=eval_aggregator, algorithm=self.algorithm_name,
+            eval_aggregator=eval_aggregator, algorithm=self.algorithm_name, reward_timeout=reward_timeout,
+            num_agents=team_size(dict(agents=agents, num_agents=num_agents, collaboration_mode=collaboration_mode)),
+            formatters=formatters,
         )
         validate_generation_kwargs(generation_kwargs)
         joint_mode = normalize_joint_mode(joint_mode)
@@ -191,7 +195,7 @@ class MAGRPO(MultiAgentModule):
         self.engine = RolloutEngine(
             num_agents=self.num_agents,
             formatters=build_formatters(team.formatters, self.num_agents),
-            reward=RewardCaller(team.reward_func, reward_processor),
+            reward=RewardCaller(team.reward_func, reward_processor, reward_timeout, where=self.describe_step),
             sampling=sampling,
             num_generations=num_generations,
             num_turns=num_turns,
@@ -394,7 +398,8 @@ def _validate_config(*, reward_func, num_generations, num_turns, external_transi
                      train_batch_size, micro_batch_size, micro_batch_tokens, generation_batch_size, advantage_mode,
                      loss_aggregation,
                      discount, reference_kl_coef, reference_kl_estimator, reference_kl_placement, eval_interval,
-                     eval_num_samples, eval_logger, eval_aggregator, algorithm):
+                     eval_num_samples, eval_logger, eval_aggregator, algorithm, reward_timeout, num_agents,
+                     formatters):
     """CoMLRL's MAGRPOConfig rules (REFERENCE §3.1, appendix C) plus ours; raised before any model loads."""
     check_config([
         (num_generations >= 2, "num_generations must be >= 2 (group baseline requires multiple samples)."),
@@ -413,7 +418,8 @@ def _validate_config(*, reward_func, num_generations, num_turns, external_transi
         (num_turns == 1 or external_transition is not None, f"Multi-turn {algorithm} requires an external_transition."),
     ], reward_func=reward_func, eval_interval=eval_interval, eval_num_samples=eval_num_samples,
         eval_logger=eval_logger, eval_aggregator=eval_aggregator, micro_batch_size=micro_batch_size,
-        micro_batch_tokens=micro_batch_tokens)
+        micro_batch_tokens=micro_batch_tokens, reward_timeout=reward_timeout, num_agents=num_agents,
+        formatters=formatters)
 
 
 class CentralizedMAGRPO(MAGRPO):

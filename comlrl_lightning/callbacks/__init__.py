@@ -1,8 +1,9 @@
 """Optional parts of a run, as Lightning callbacks (the algorithm adds the ones its config turns on)."""
 
+from comlrl_lightning.callbacks.checkpoints import RunCheckpoints
 from comlrl_lightning.callbacks.completions import CompletionsLogger
 from comlrl_lightning.callbacks.evaluation import EvaluationCallback
 from comlrl_lightning.callbacks.policy_checkpoints import PolicyCheckpoints
 from comlrl_lightning.callbacks.reference import ReferenceModels
 
-__all__ = ["CompletionsLogger", "EvaluationCallback", "PolicyCheckpoints", "ReferenceModels"]
+__all__ = ["RunCheckpoints", "CompletionsLogger", "EvaluationCallback", "PolicyCheckpoints", "ReferenceModels"]

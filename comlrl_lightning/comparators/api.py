@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import math
 import os
 import random
@@ -62,6 +63,7 @@ _ITEM_TEXT_KEYS = ("text", "content", "completion", "response")
 _MAX_BODY_SNIPPET = 300
 _MAX_SLEEP_S = 120.0
 _SENSITIVE_HEADER_RE = re.compile(r"(auth|key|token|secret|cookie)", re.IGNORECASE)
+log = logging.getLogger(__name__)
 
 
 class ComparatorAPIError(ValueError):
@@ -118,6 +120,8 @@ class ApiComparatorConfig:
     max_retries: int = 3
     backoff_s: float = 1.0
     max_concurrency: int = 4
+    max_retry_after_s: float = 60.0  # a server's Retry-After longer than this is capped (and said so in the log)
+    deadline_s: Optional[float] = None  # total time one request may take, retries and waits included
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.strip():
@@ -160,6 +164,17 @@ class ApiComparatorConfig:
         self.backoff_s = float(self.backoff_s)
         if not _is_positive_int(self.max_concurrency):
             raise ValueError("comparator_api_max_concurrency must be >= 1.")
+        for name in ("max_retry_after_s", "deadline_s"):
+            value = getattr(self, name)
+            if value is None and name == "deadline_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"comparator_api_{name} must be > 0{' or null' if name == 'deadline_s' else ''} "
+                                 f"(got {value!r}).")
+            setattr(self, name, float(value))
+        if self.key_env and not self.key and not os.environ.get(self.key_env):
+            raise ValueError(f"comparator_api_key_env names the environment variable {self.key_env!r}, which is not "
+                             "set: export it before the run (the key itself never goes into a config).")
 
     def __repr__(self) -> str:  # never print the key (or secret-looking header values)
         parts = []
@@ -251,13 +266,15 @@ class ApiComparator:
     """Samples comparator completions from a remote endpoint."""
 
     def __init__(self, config: Optional[ApiComparatorConfig] = None, *,
-                 sleep: Callable[[float], None] = time.sleep, **kwargs: Any):
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 **kwargs: Any):
         if config is None:
             config = ApiComparatorConfig(**kwargs)
         elif kwargs:
             raise TypeError("Pass either an ApiComparatorConfig or keyword fields, not both.")
         self.config = config
         self._sleep = sleep
+        self._clock = clock
         self._semaphore = threading.BoundedSemaphore(config.max_concurrency)
 
     def __repr__(self) -> str:
@@ -371,7 +388,11 @@ class ApiComparator:
     # ------------------------------------------------------------------ HTTP
     def _retry_delay(self, attempt: int, retry_after: Optional[float]) -> float:
         if retry_after is not None:
-            return min(max(retry_after, 0.0), _MAX_SLEEP_S)
+            cap = self.config.max_retry_after_s
+            if retry_after > cap:
+                log.warning("comparator API asked to retry after %.0f s; waiting comparator_api_max_retry_after_s = "
+                            "%.0f s instead", retry_after, cap)
+            return min(max(retry_after, 0.0), cap)
         base = self.config.backoff_s * (2 ** attempt)
         return min(base + random.uniform(0.0, base * 0.25), _MAX_SLEEP_S)
 
@@ -423,6 +444,7 @@ class ApiComparator:
         data = json.dumps(body).encode("utf-8")
         attempts = cfg.max_retries + 1
         last: Optional[_RetryableError] = None
+        deadline = None if cfg.deadline_s is None else self._clock() + cfg.deadline_s
         for attempt in range(attempts):
             try:
                 with self._semaphore:
@@ -430,7 +452,15 @@ class ApiComparator:
             except _RetryableError as exc:
                 last = exc
                 if attempt + 1 < attempts:
-                    self._sleep(self._retry_delay(attempt, exc.retry_after))
+                    wait = self._retry_delay(attempt, exc.retry_after)
+                    if deadline is not None and self._clock() + wait > deadline:
+                        raise ComparatorAPIError(
+                            f"Comparator API request to {self._redact(cfg.url)} gave up after {attempt + 1} "
+                            f"attempt(s): comparator_api_deadline_s = {cfg.deadline_s:g} s would pass before the next "
+                            f"one (last error: {exc})", status=exc.status) from None
+                    log.warning("comparator API attempt %d/%d failed (%s); retrying in %.1f s",
+                                attempt + 1, attempts, self._redact(str(exc)), wait)
+                    self._sleep(wait)
         assert last is not None
         if last.status is not None:
             raise ComparatorAPIError(

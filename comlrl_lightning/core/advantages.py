@@ -269,7 +269,8 @@ def critic_advantages(targets: Tensor, old_values: Tensor, normalize: bool = Tru
     return adv
 
 
-def expand_rewards(rewards: Sequence[float] | Tensor, num_agents: int, num_generations: int) -> Tensor:
+def expand_rewards(rewards: Sequence[float] | Tensor, num_agents: int, num_generations: int,
+                   per_agent: bool = True) -> Tensor:
     """Spread one reward call's output over the N x K samples of a joint rollout (REFERENCE §2.4, §4.5 step 2).
 
     The reward function returns one list per prompt; its length decides who gets what:
@@ -280,7 +281,8 @@ def expand_rewards(rewards: Sequence[float] | Tensor, num_agents: int, num_gener
         anything else            ValueError
 
     Checked in this order, as CoMLRL does, so when N == K a list of that length is read as per-sample (length K),
-    not per-agent. With one agent a list of length 1 or K gives its single row. Here K = ``num_generations``
+    not per-agent. ``per_agent=False`` rejects the length-N form (MAAC's team critic with K > 1, where N values for
+    K joint actions may be a list one short of K rather than per-agent rewards). With one agent a list of length 1 or K gives its single row. Here K = ``num_generations``
     (1 in multi-turn rollouts, where one call covers one turn).
 
     Returns:
@@ -299,8 +301,11 @@ def expand_rewards(rewards: Sequence[float] | Tensor, num_agents: int, num_gener
         return r.reshape(1, 1).expand(n, k).clone()
     if r.numel() == k:
         return r.reshape(1, k).expand(n, k).clone()
-    if r.numel() == n:
+    if r.numel() == n and per_agent:
         return r.reshape(n, 1).expand(n, k).clone()
+    if not per_agent:
+        raise ValueError(f"The team reward must return one value per joint action (num_generations={k}) or one for "
+                         f"all; got {r.numel()}.")
     raise ValueError(
         "Reward function must return 1 value, num_generations values, or num_agents values; "
         f"got {r.numel()} (num_agents={n}, num_generations={k})."

@@ -190,6 +190,22 @@ def write_json_atomic(payload: Any, path: str | os.PathLike) -> Path:
     return path
 
 
+def remove_orphaned_writes(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Delete the temporary siblings ``write_json_atomic`` leaves when its process is killed mid-write
+    (``.<name>.<random>.tmp``; only those of ``name`` when given). Call it when a run starts using ``directory``,
+    before anything writes there. Returns what was removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    pattern = f".{name}.*.tmp" if name else ".*.tmp"
+    removed = []
+    for path in directory.glob(pattern):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def save_pairs(
     pairs: Sequence[PreferencePair], path: str | os.PathLike, metadata: Mapping[str, Any] | None = None
 ) -> Path:
@@ -218,4 +234,4 @@ def load_pairs(path: str | os.PathLike) -> list[PreferencePair]:
 
 
 __all__ = ["PAIR_SELECTIONS", "RECORD_KEYS", "PreferencePair", "load_pairs", "save_pairs", "select_pairs",
-           "write_json_atomic"]
+           "write_json_atomic", "remove_orphaned_writes"]

@@ -18,6 +18,7 @@ texts, scores and token ids) and a resumed run trains on the same pairs instead 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from comlrl_lightning.core.pairs import PreferencePair, save_pairs
+from comlrl_lightning.core.pairs import PreferencePair, remove_orphaned_writes, save_pairs
 from comlrl_lightning.core.replay import ReplayIndex
 from comlrl_lightning.data.tasks import EpochSampler, ResumableDataLoader, TaskDataModule, _as_list, _Items
 
@@ -39,6 +40,12 @@ class PreferenceDataModule(TaskDataModule):
 
     def __init__(self, *args: Any, pairs_file: str | None = None, show_progress: bool = True, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        if pairs_file is not None:
+            target = Path(pairs_file).expanduser()
+            if target.is_dir():
+                raise ValueError(f"pairs_file must be a file path; {pairs_file!r} is a directory.")
+            for orphan in remove_orphaned_writes(target.parent, target.name):  # left by a killed run's write
+                log.info("removed %s, left by an interrupted write", orphan)
         self.pairs_file = pairs_file
         self.show_progress = show_progress
         self.pairs: list[PreferencePair] | None = None

@@ -25,8 +25,9 @@ DatasetSource = str | Sequence[Mapping[str, Any]] | Callable[[], Any] | None
 _FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def load_items(source: DatasetSource, split: str = "train", **load_kwargs: Any):
-    """Resolve ``source`` to an indexable collection of dict items (list or ``datasets.Dataset``)."""
+def load_items(source: DatasetSource, split: str = "train", field: str = "dataset", **load_kwargs: Any):
+    """Resolve ``source`` to an indexable collection of dict items (list or ``datasets.Dataset``); errors name
+    ``field`` (``dataset`` or ``eval_dataset``)."""
     if source is None:
         return None
     if callable(source):
@@ -38,14 +39,32 @@ def load_items(source: DatasetSource, split: str = "train", **load_kwargs: Any):
         import datasets
 
         if path.is_dir():
-            loaded = datasets.load_from_disk(str(path))
+            try:
+                loaded = datasets.load_from_disk(str(path))
+            except Exception as err:
+                raise ValueError(f"{field} {source!r} is a directory but not one written by Dataset.save_to_disk "
+                                 f"({type(err).__name__}: {err}).") from err
             return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
         suffixes = [s for s in path.suffixes if s != ".gz"]
         fmt = _FILE_FORMATS.get(suffixes[-1] if suffixes else "")
         if fmt is None:
-            raise ValueError(f"dataset file {source!r}: unsupported extension; use one of "
-                             f"{', '.join(sorted(_FILE_FORMATS))} (optionally .gz).")
-        return datasets.load_dataset(fmt, data_files=str(path), split="train")
+            raise ValueError(f"{field} file {source!r}: unsupported extension {''.join(path.suffixes) or '(none)'}; "
+                             f"use one of {', '.join(sorted(_FILE_FORMATS))} (optionally .gz).")
+        if path.stat().st_size == 0:
+            raise ValueError(f"{field} {source!r} has no items (the file is empty).")
+        quiet = not datasets.utils.logging.is_progress_bar_enabled()
+        datasets.utils.logging.disable_progress_bar()  # a local file: no "Generating train split" bars
+        try:
+            return datasets.load_dataset(fmt, data_files=str(path), split="train")
+        except Exception as err:  # truncated JSON, bad CSV, ...: the datasets library's error, without its internals
+            cause = err.__cause__ or err
+            raise ValueError(f"{field} file {source!r} could not be read as {fmt}: {type(cause).__name__}: "
+                             f"{str(cause)[:300]}") from err
+        finally:
+            if not quiet:
+                datasets.utils.logging.enable_progress_bar()
+    if _looks_like_path(source):
+        raise FileNotFoundError(f"{field} {source!r} looks like a local path but does not exist.")
     function = _import_callable(source)
     if function is not None:
         return _check_items(function(), source)
@@ -57,9 +76,15 @@ def load_items(source: DatasetSource, split: str = "train", **load_kwargs: Any):
         offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
         hint = " The machine is offline (HF_HUB_OFFLINE=1)." if offline else ""
         raise FileNotFoundError(
-            f"dataset {source!r} (split {split!r}) could not be loaded: {err}.{hint} Point `dataset` at a local "
+            f"{field} {source!r} (split {split!r}) could not be loaded: {err}.{hint} Point `{field}` at a local "
             "file (.json/.jsonl/.csv/.parquet), a save_to_disk directory, or a function's import path."
         ) from err
+
+
+def _looks_like_path(text: str) -> bool:
+    """A string that can only mean a file (a hub id is ``name`` or ``org/name``; an import path has no slash)."""
+    return text.startswith(("/", "./", "../", "~")) or text.count("/") > 1 or \
+        any(text.endswith(ext) or text.endswith(ext + ".gz") for ext in _FILE_FORMATS)
 
 
 def _import_callable(path: str) -> Callable | None:
@@ -195,18 +220,19 @@ class TaskDataModule(LightningDataModule):
         self.shuffle, self.seed = shuffle, seed
         self.max_train_items, self.max_eval_items = max_train_items, max_eval_items
         self.load_kwargs = load_kwargs or {}
-        self.train_items = None
+        # Loaded now, so that a missing, empty or unreadable dataset is reported before any model loads.
+        self.train_items = _head(load_items(self.dataset_source, self.split, **self.load_kwargs), self.max_train_items)
+        if len(self.train_items) == 0:
+            raise ValueError(f"dataset {self.dataset_source!r} has no items.")
         self.eval_items_ = None
+        if self.eval_source is not None:
+            self.eval_items_ = _head(load_items(self.eval_source, self.eval_split, "eval_dataset", **self.load_kwargs),
+                                     self.max_eval_items)
+            if len(self.eval_items_) == 0:
+                raise ValueError(f"eval_dataset {self.eval_source!r} has no items.")
 
     def setup(self, stage: str | None = None) -> None:
-        if self.train_items is None:
-            self.train_items = _head(load_items(self.dataset_source, self.split, **self.load_kwargs),
-                                     self.max_train_items)
-            if len(self.train_items) == 0:
-                raise ValueError(f"dataset {self.dataset_source!r} has no items.")
-        if self.eval_items_ is None and self.eval_source is not None:
-            self.eval_items_ = _head(load_items(self.eval_source, self.eval_split, **self.load_kwargs),
-                                     self.max_eval_items)
+        """Nothing left to do: the items were loaded (and checked) when the module was built."""
 
     def train_dataloader(self) -> DataLoader:
         sampler = EpochSampler(len(self.train_items), self.shuffle, self.seed, skip=self._resume_offset())
@@ -238,8 +264,6 @@ class TaskDataModule(LightningDataModule):
 
     def eval_items(self, n: int) -> list[Mapping[str, Any]]:
         """The first ``n`` evaluation items (CoMLRL evaluates a fixed head of the eval set)."""
-        if self.eval_items_ is None:
-            self.setup("fit")
         if self.eval_items_ is None:
             return []
         return [self.eval_items_[i] for i in range(min(n, len(self.eval_items_)))]

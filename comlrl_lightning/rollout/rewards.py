@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
+import threading
 from typing import Any, Callable, Mapping, Sequence
 
 Formatter = Callable[..., str]
@@ -51,16 +53,32 @@ def build_formatters(formatters: Formatter | Sequence[Formatter] | None, num_age
     return [_wrap_formatter(f) for f in formatters]
 
 
+def callable_name(func: Callable) -> str:
+    return f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', type(func).__name__)}".lstrip(".")
+
+
+def _item_summary(item: Any) -> str:
+    if isinstance(item, Mapping):
+        return "{" + ", ".join(f"{k!r}: {str(v)[:40]!r}" for k, v in list(item.items())[:8]) + "}"
+    return repr(item)[:200]
+
+
 def _wrap_formatter(func: Formatter) -> Formatter:
     takes_external = _accepts(func, "external_prompts")
 
     def formatter(item: Mapping[str, Any], external_prompts: str | None = None) -> str:
-        if takes_external and external_prompts is not None:
-            prompt = func(item, external_prompts=external_prompts)
-        else:
-            prompt = func(item)
+        try:
+            if takes_external and external_prompts is not None:
+                prompt = func(item, external_prompts=external_prompts)
+            else:
+                prompt = func(item)
+        except KeyError as err:  # a dataset without the column the formatter reads
+            keys = sorted(item) if isinstance(item, Mapping) else type(item).__name__
+            raise KeyError(f"formatter {callable_name(func)} needs the key {err.args[0]!r}, which the dataset item "
+                           f"{_item_summary(item)} does not have (its keys: {keys}).") from None
         if not isinstance(prompt, str):
-            raise TypeError(f"Formatter must return a string prompt, got {type(prompt).__name__}.")
+            raise TypeError(f"formatter {callable_name(func)} must return a string prompt, got "
+                            f"{type(prompt).__name__} for item {_item_summary(item)}.")
         return prompt
 
     formatter.__wrapped__ = func
@@ -87,18 +105,74 @@ def format_prompt(
     return formatter(shifted, external_prompts=external_prompt)
 
 
-class RewardCaller:
-    """Calls the team reward on a batch of joint actions and applies ``reward_processor``."""
+REWARD_SIGNATURE = "reward_func(*agent_completions, prompts=None, batch_items=None) -> list[float]"
 
-    def __init__(self, reward_func: Callable[..., Any], reward_processor: Callable[[float], float] | None = None):
+
+def check_reward_signature(reward_func: Callable[..., Any], num_agents: int) -> None:
+    """The reward can be called with one completion list per agent (and the keywords it names); a clear error
+    showing the expected signature otherwise. Runs before any model loads."""
+    try:
+        signature = inspect.signature(reward_func)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    named = {name: [] for name in ("prompts", "batch_items") if name in signature.parameters}  # what we pass
+    try:
+        signature.bind(*([[]] * num_agents), **named)
+    except TypeError as err:
+        raise TypeError(f"reward_func {callable_name(reward_func)}{signature} cannot take the completions of "
+                        f"{num_agents} agents ({err}); the expected signature is {REWARD_SIGNATURE}, one positional "
+                        "list per agent.") from None
+
+
+class RewardTimeoutError(TimeoutError):
+    """``reward_func`` did not return within ``reward_timeout`` seconds."""
+
+
+class RewardCaller:
+    """Calls the team reward on a batch of joint actions and applies ``reward_processor``.
+
+    ``timeout`` (the ``reward_timeout`` field) bounds one call: a reward that hangs ends the run with
+    :class:`RewardTimeoutError` naming the field and ``where()`` (the module's step) instead of hanging it.
+    """
+
+    def __init__(self, reward_func: Callable[..., Any], reward_processor: Callable[[float], float] | None = None,
+                 timeout: float | None = None, where: Callable[[], str] | None = None):
         if not callable(reward_func):
             raise ValueError(f"reward_func must be a callable, got {type(reward_func).__name__}.")
         if reward_processor is not None and not callable(reward_processor):
             raise ValueError(f"reward_processor must be a callable, got {type(reward_processor).__name__}.")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"reward_timeout must be > 0 seconds or null (got {timeout!r}).")
         self.reward_func = reward_func
         self.reward_processor = reward_processor
+        self.timeout = timeout
+        self.where = where
         self._pass_prompts = _accepts(reward_func, "prompts")
         self._pass_items = _accepts(reward_func, "batch_items")
+
+    def _call(self, args: list, kwargs: dict) -> Any:
+        if self.timeout is None:
+            return self.reward_func(*args, **kwargs)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = self.reward_func(*args, **kwargs)
+            except BaseException as err:  # re-raised in the caller's thread
+                outcome["error"] = err
+
+        worker = threading.Thread(target=run, name="reward_func", daemon=True)  # a hung call cannot keep us alive
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
+            where = f" at {self.where()}" if self.where is not None else ""
+            raise RewardTimeoutError(
+                f"reward_func {callable_name(self.reward_func)} did not return within reward_timeout = "
+                f"{self.timeout:g} s{where} ({len(args[0]) if args else 0} joint actions); raise reward_timeout if "
+                "the reward is slow by design, or look for a hang in it.")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
     def raw(
         self,
@@ -115,7 +189,7 @@ class RewardCaller:
             kwargs["prompts"] = list(prompts)
         if self._pass_items and batch_items is not None:
             kwargs["batch_items"] = list(batch_items)
-        values = self.reward_func(*[list(c) for c in agent_completions], **kwargs)
+        values = self._call([list(c) for c in agent_completions], kwargs)
         values = _as_float_list(values)
         if check_count and len(values) != expected:
             raise ValueError(
@@ -141,16 +215,19 @@ class RewardCaller:
 
 
 def _as_float_list(values: Any) -> list[float]:
+    """A reward's output as floats; strings and booleans are rejected rather than guessed (``"1"``, ``True``)."""
     if hasattr(values, "tolist"):  # torch / numpy
         values = values.tolist()
-    if isinstance(values, (int, float)):
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
         values = [values]
     if not isinstance(values, (list, tuple)):
         raise TypeError(f"reward_func must return a list of floats, got {type(values).__name__}.")
-    try:
-        return [float(v) for v in values]
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"reward_func must return a list of floats: {err}") from None
+    values = [v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v for v in values]
+    for i, v in enumerate(values):  # numpy / torch scalars were unwrapped above
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"reward_func must return a list of numbers; joint action {i} got "
+                            f"{type(v).__name__} {v!r}.")
+    return [float(v) for v in values]
 
 
 def call_external_transition(

@@ -1,0 +1,98 @@
+"""Configuration errors as a person reads them: one message naming the field, the value given and what is allowed —
+no usage dump, no traceback through the argument parser, and never a credential.
+
+The argument parser (jsonargparse) reports a bad field inside a union error that lists every subtype it tried and
+echoes the whole ``model`` section (credentials included); a bad value rejected by an algorithm's own checks
+reaches the user as an 80-line traceback. :func:`describe` reduces both to the message that matters.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+SECRET_FIELDS = ("comparator_api_key",)  # literal credentials: never printed, logged or saved
+_SECRET = re.compile(r"(\b(?:%s)\b['\"]?\s*[=:]\s*)('[^']*'|\"[^\"]*\"|[^\s,)}\]]+)" % "|".join(SECRET_FIELDS))
+# Lines of jsonargparse's union reports that say nothing about the mistake.
+_NOISE = (re.compile(r"^\s*-?\s*Expected a <class 'NoneType'>"), re.compile(r"^\s*Subtypes: "),
+          re.compile(r"^\s*Given value( type)?: "), re.compile(r"^\s*Errors:\s*$"),
+          re.compile(r"Does not validate against any of the Union subtypes"))
+# Exceptions that, raised while the config's classes are built, mean "this configuration is wrong".
+CONFIG_ERRORS = (ValueError, TypeError, OSError, ImportError, LookupError, MemoryError)
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` with every credential field's value, and every given secret string, replaced by ``<redacted>``."""
+    text = _SECRET.sub(lambda m: m.group(1) + "<redacted>", str(text))
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "<redacted>")
+    return text
+
+
+def tidy(message: str) -> str:
+    """The lines of a parser report that describe the mistake, with its nested ``Parser key`` / ``class_path``
+    headers folded into one dotted field name: ``model.init_args.num_iterations (comlrl_lightning.MADPOIter):
+    Expected a <class 'int'>. Got value: abc``."""
+    lines = [line.strip() for line in str(message).splitlines()
+             if line.strip() and not any(p.search(line) for p in _NOISE)]
+    keys, classes, rest = [], [], []
+    for line in lines:
+        key = re.fullmatch(r'-?\s*Parser key "([^"]+)":?', line)
+        klass = re.fullmatch(r"-?\s*Problem with given class_path '([^']+)':?", line)
+        if key:
+            keys.append(key.group(1) if not keys or not classes else f"init_args.{key.group(1)}")
+        elif klass:
+            classes.append(klass.group(1))
+        else:
+            rest.append(line.lstrip("- "))
+    head = ".".join(keys)
+    if classes:
+        head = f"{head} ({classes[-1]})" if head else classes[-1]
+    body = " ".join(rest)
+    return f"{head}: {body}" if head and body else head or body
+
+
+def _raised_in_package(error: BaseException) -> bool:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "/comlrl_lightning/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The exception that says what is wrong: down the ``raise ... from ...`` chain (through the argument
+    parser's wrappers) to the first one raised by this package's own checks (which may wrap a library's error,
+    e.g. the ``datasets`` one for a truncated file), else the bottom of the chain."""
+    chain, seen = [error], {id(error)}
+    while chain[-1].__cause__ is not None and id(chain[-1].__cause__) not in seen:
+        chain.append(chain[-1].__cause__)
+        seen.add(id(chain[-1]))
+    ours = [e for e in chain if _raised_in_package(e)]
+    return ours[0] if ours else chain[-1]
+
+
+def with_given_value(message: str, config: Any) -> str:
+    """Prefix the section and class of the field a message starts with (``"dpo_beta must be > 0."``) and append the
+    value the config gave it."""
+    match = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)\b", message)
+    if not match or config is None or not hasattr(config, "get"):
+        return message
+    field = match.group(1)
+    for key in ("model", "data"):
+        section = config.get(key)
+        init_args = getattr(section, "init_args", None)
+        if init_args is not None and field in init_args:
+            value = "<redacted>" if field in SECRET_FIELDS else repr(init_args[field])
+            said = "got " in message or value in message or str(init_args[field]) in message
+            plain = not callable(init_args[field]) and len(value) <= 80
+            given = f" (got {value})" if plain and not said else ""
+            return f"{key}.init_args.{message.rstrip()}{given} [{getattr(section, 'class_path', key)}]"
+    return message
+
+
+def describe(error: BaseException, config: Any = None, secrets: tuple[str, ...] = ()) -> str:
+    """One readable message for an error raised while the configured classes were built."""
+    cause = root_cause(error)
+    text = tidy(str(cause)) or type(cause).__name__
+    return redact(with_given_value(text, config), secrets)
