@@ -305,6 +305,46 @@ def test_429_honours_retry_after(server):
     assert sleeps == [0.0]
 
 
+def test_every_retry_is_logged_with_its_reason_and_wait(server, caplog):
+    server.state.script = lambda i, b: (503, None, {"error": "busy"}, 0) if i < 2 else ok({"completions": ["ok"]})
+    sleeps = []
+    comp = ApiComparator(ApiComparatorConfig(url=server.url, backoff_s=0.01), sleep=sleeps.append)
+    with caplog.at_level("WARNING", logger="comlrl_lightning.comparators.api"):
+        assert comp.complete("p", 1) == ["ok"]
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) == 2 and all("HTTP 503" in m for m in retries)
+    assert retries[0].startswith("comparator API attempt 1/4 failed") and f"{sleeps[0]:.1f} s" in retries[0]
+
+
+def test_a_long_retry_after_is_capped_and_said(server, caplog):
+    server.state.script = lambda i, b: (429, {"Retry-After": "3600"}, {"error": "rate"}, 0) if i == 0 \
+        else ok({"completions": ["fine"]})
+    sleeps = []
+    comp = ApiComparator(ApiComparatorConfig(url=server.url, max_retry_after_s=2.5), sleep=sleeps.append)
+    with caplog.at_level("WARNING", logger="comlrl_lightning.comparators.api"):
+        assert comp.complete("p", 1) == ["fine"]
+    assert sleeps == [2.5]
+    assert any("retry after 3600 s; waiting comparator_api_max_retry_after_s" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_the_total_deadline_ends_the_retries(server):
+    server.state.script = lambda i, b: (503, None, {"error": "busy"}, 0)
+    now = [0.0]
+    comp = ApiComparator(ApiComparatorConfig(url=server.url, backoff_s=4.0, max_retries=10, deadline_s=10.0),
+                         sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+    with pytest.raises(ComparatorAPIError, match=r"gave up after 2 attempt\(s\): comparator_api_deadline_s = 10 s"):
+        comp.complete("p", 1)
+    assert len(server.state.requests) == 2  # 4 s wait, then 8 s would pass the 10 s deadline
+
+
+def test_an_unset_key_env_fails_when_the_config_is_built(monkeypatch):
+    monkeypatch.delenv("COMLRL_TEST_NO_SUCH_KEY", raising=False)
+    with pytest.raises(ValueError, match="comparator_api_key_env names the environment variable "
+                                         "'COMLRL_TEST_NO_SUCH_KEY', which is not set"):
+        ApiComparatorConfig(url="http://127.0.0.1:1/v1", key_env="COMLRL_TEST_NO_SUCH_KEY")
+
+
 def test_no_retry_on_400(server):
     server.state.script = lambda i, b: (400, None, b"bad   model\n name", 0)
     with pytest.raises(ValueError, match=r"Comparator API request failed with HTTP 400: .*bad model name") as info:

@@ -216,3 +216,16 @@ def test_load_pairs_rejects_bad_files(tmp_path):
     wrong_count.write_text(json.dumps({"num_pairs": 2, "pairs": [make_pair().to_record()]}))
     with pytest.raises(ValueError, match="num_pairs is 2"):
         load_pairs(wrong_count)
+
+
+def test_orphaned_temporary_writes_are_removed_and_nothing_else(tmp_path):
+    from comlrl_lightning.core.pairs import remove_orphaned_writes, write_json_atomic
+
+    write_json_atomic({"a": 1}, tmp_path / "iteration_0001.json")
+    left = [tmp_path / ".iteration_0002.json.k3j2.tmp", tmp_path / ".pairs.json.x9.tmp"]  # a killed writer's files
+    for path in left:
+        path.write_text('{"half": ')
+    (tmp_path / "notes.tmp").write_text("not ours")  # not the writer's pattern
+    assert sorted(remove_orphaned_writes(tmp_path, "pairs.json")) == [left[1]]
+    assert sorted(remove_orphaned_writes(tmp_path)) == [left[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iteration_0001.json", "notes.tmp"]

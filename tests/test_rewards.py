@@ -255,6 +255,15 @@ class TestBuildFormatters:
         with pytest.raises(TypeError, match="formatter .* must return a string prompt"):
             f({"prompt": "x"})
 
+    def test_a_missing_key_names_the_formatter_the_item_and_the_key(self):
+        def topic_prompt(item):
+            return f"Write about {item['topic']}."
+
+        (f,) = build_formatters(topic_prompt, 1)
+        with pytest.raises(KeyError, match=r"formatter .*topic_prompt needs the key 'topic', which the dataset item "
+                                           r"\{'prompt': 'cats'\} does not have \(its keys: \['prompt'\]\)"):
+            f({"prompt": "cats"})
+
     def test_external_prompts_param_only_when_not_none(self):
         calls = []
 
