@@ -6,7 +6,7 @@ its own prompts and data, ``--steps`` updates with completions capped at ``--max
 
 Each config runs in its own process (``python -m comlrl_lightning fit``); its peak RSS is the kernel's
 ``ru_maxrss`` of that process. A run whose RSS passes ``--kill-gb`` is stopped (reported as ``killed``) so the
-machine never reaches the OOM killer. Results go to ``benchmarks/results/config_memory.json`` (``--out``).
+machine never reaches the OOM killer. A config with an API comparator talks to a loopback stand-in server. Results go to ``benchmarks/results/config_memory.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,14 +37,51 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+class _Comparator(BaseHTTPRequestHandler):
+    """A loopback stand-in for an OpenAI-compatible comparator endpoint (configs with comparator_api_url)."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        choices = [{"index": j, "message": {"role": "assistant", "content": "A short answer."},
+                    "finish_reason": "stop"} for j in range(int(body.get("n", 1)))]
+        data = json.dumps({"choices": choices}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def api_stand_in(config: Path) -> tuple[list[str], ThreadingHTTPServer | None]:
+    if "comparator_api_url" not in config.read_text():
+        return [], None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Comparator)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+    return [f"--model.init_args.comparator_api_url={url}"], server
+
+
 def run_config(config: Path, steps: int, max_new_tokens: int, kill_bytes: int, extra: list[str]) -> dict:
+    api_flags, server = api_stand_in(config)
+    try:
+        return _run(config, steps, max_new_tokens, kill_bytes, [*api_flags, *extra])
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
+def _run(config: Path, steps: int, max_new_tokens: int, kill_bytes: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as root:
         cmd = [sys.executable, "-m", "comlrl_lightning", "fit", "--config", str(config),
                f"--trainer.max_steps={steps}", f"--trainer.default_root_dir={root}",
                "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
                f"--model.init_args.max_new_tokens={max_new_tokens}", "--model.init_args.eval_interval=0",
                "--data.init_args.max_train_items=8", *extra]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
+               "COMPARATOR_API_KEY": os.environ.get("COMPARATOR_API_KEY", "stand-in")}
         start = time.monotonic()
         with open(Path(root) / "log.txt", "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
