@@ -431,7 +431,7 @@ def test_concurrency_limit_and_order(server):
     def script(i, body):  # later prompts answer faster, so completion order differs from submission order
         idx = int(body["prompt"].split("-")[1])
         return ok({"completions": [f"{body['prompt']}:{k}" for k in range(body["num_return_sequences"])]},
-                  delay=0.02 + 0.01 * (7 - idx))
+                  delay=0.1 + 0.02 * (7 - idx))  # long enough that two requests overlap even on a busy machine
 
     server.state.script = script
     comp = make(server, max_concurrency=2)
