@@ -21,6 +21,7 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from comlrl_lightning.agents.loading import ModelLoadError
 from comlrl_lightning.algorithms import MultiAgentModule
 from comlrl_lightning.callbacks.checkpoints import RunCheckpoints
 from comlrl_lightning.callbacks.progress import progress_bar
@@ -127,6 +128,17 @@ class ComlrlCLI(LightningCLI):
                 raise
             config = self.config[self.subcommand] if self.subcommand else self.config
             self._parser(self.subcommand).error(describe(err, config, _secrets(config)))
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """The models load when the run starts (``configure_model``): a source that cannot be loaded is a
+        configuration mistake too, reported in one message."""
+        try:
+            super()._run_subcommand(subcommand)
+        except ModelLoadError as err:
+            if os.environ.get("COMLRL_DEBUG"):
+                raise
+            config = self.config[subcommand] if subcommand else self.config
+            self._parser(subcommand).error(describe(err, config, _secrets(config)))
 
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path`` resumes the run the config describes; the checkpoint holds the state (weights, optimizer,

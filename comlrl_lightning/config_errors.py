@@ -17,6 +17,7 @@ _SECRET = re.compile(r"(\b(?:%s)\b['\"]?\s*[=:]\s*)('[^']*'|\"[^\"]*\"|[^\s,)}\]
 _NOISE = (re.compile(r"^\s*-?\s*Expected a <class 'NoneType'>"), re.compile(r"^\s*Subtypes: "),
           re.compile(r"^\s*Given value( type)?: "), re.compile(r"^\s*Errors:\s*$"),
           re.compile(r"Does not validate against any of the Union subtypes"))
+_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]\.?\s*Got value:\s*(.*)$")
 # Exceptions that, raised while the config's classes are built, mean "this configuration is wrong".
 CONFIG_ERRORS = (ValueError, TypeError, OSError, ImportError, LookupError, MemoryError)
 
@@ -47,6 +48,11 @@ def tidy(message: str) -> str:
         else:
             rest.append(line.lstrip("- "))
     head = ".".join(keys)
+    choice = _LITERAL.search(" ".join(rest))
+    if head and choice:  # a typo in an enumeration: name the allowed values, as the algorithms' checks do
+        allowed = ", ".join(v.strip().strip("'\"") for v in choice.group(1).split(","))
+        where = f" [{classes[-1]}]" if classes else ""
+        return f"{head} must be one of: {allowed} (got {choice.group(2).strip()!r}){where}"
     if classes:
         head = f"{head} ({classes[-1]})" if head else classes[-1]
     body = " ".join(rest)

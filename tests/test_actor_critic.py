@@ -16,7 +16,7 @@ from comlrl_lightning import IAC, MAAC, TaskDataModule
 from comlrl_lightning.agents import CausalLMWithValueHead
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.algorithms import actor_critic
-from comlrl_lightning.algorithms.actor_critic import AgentStep, JointStep
+from comlrl_lightning.algorithms.actor_critic import AgentStep, JointSample
 from comlrl_lightning.envs import toy
 from test_magrpo import ITEMS, column, fit, read_metrics
 
@@ -42,6 +42,11 @@ def critic_params(module):
     if module.use_separate_critic:
         return list(module.critics.parameters())
     return [p for agent in module.agents for p in agent.value_head.parameters()]
+
+
+def collect(module, items):
+    """The joint samples of one rollout of ``items`` (what the buffer receives)."""
+    return module.buffer_records(module.collect_rollout(items))
 
 
 def params_of_list(params):
@@ -113,7 +118,7 @@ def parity_reward(a, b, batch_items):
 def test_multi_turn_td_targets_returns_and_env_steps():
     module = make_ac(IAC, num_turns=2, num_generations=1, external_transition=toy.revise_transition, discount=0.5)
     items = ITEMS[:3]
-    steps = module.collect_rollout(items)
+    steps = collect(module, items)
     assert len(steps) == 6 and module.env_step == 6  # executed turns (joint actions) per item
     assert [s.env_step for s in steps] == [1, 2, 3, 4, 5, 6]
     by = {(s.metadata["item_index"], s.turn): s for s in steps}
@@ -143,7 +148,7 @@ def test_multi_turn_early_termination_per_item():
     module = make_ac(IAC, num_turns=2, num_generations=1, external_transition=toy.revise_transition, discount=0.5,
                      reward_func=parity_reward, early_termination_threshold=0.5)
     items = ITEMS[:4]  # topics 0 and 2 stop after turn 1 (reward >= 1 > 0.5); 1 and 3 play both turns
-    steps = module.collect_rollout(items)
+    steps = collect(module, items)
     assert sorted((s.metadata["item_index"], s.turn) for s in steps) == [(0, 0), (1, 0), (1, 1), (2, 0), (3, 0),
                                                                            (3, 1)]
     assert module.env_step == 6
@@ -161,7 +166,7 @@ def test_multi_turn_early_termination_per_item():
 def test_multi_turn_threshold_below_every_reward_gives_only_first_turn():
     module = make_ac(MAAC, num_turns=2, num_generations=1, external_transition=toy.revise_transition,
                      early_termination_threshold=-1.0)
-    steps = module.collect_rollout(ITEMS[:3])
+    steps = collect(module, ITEMS[:3])
     assert len(steps) == 3 and {s.turn for s in steps} == {0} and module.env_step == 3
     for s in steps:
         assert all(a.value_target == pytest.approx(a.reward) for a in s.agents)
@@ -172,7 +177,7 @@ def test_multi_turn_threshold_below_every_reward_gives_only_first_turn():
 def test_maac_multi_turn_joint_values_and_targets():
     module = make_ac(MAAC, num_turns=2, num_generations=1, external_transition=toy.revise_transition, discount=0.8,
                      reward_func=lambda a, b: [0.3, 0.9])  # one reward per agent
-    steps = module.collect_rollout(ITEMS[:2])
+    steps = collect(module, ITEMS[:2])
     by = {(s.metadata["item_index"], s.turn): s for s in steps}
     for b in range(2):
         first, second = by[(b, 0)], by[(b, 1)]
@@ -187,9 +192,9 @@ def test_maac_multi_turn_joint_values_and_targets():
 # ----------------------------------------------------------------------------------------------- advantages
 def test_single_turn_advantages_are_normalised_per_agent():
     module = make_ac(IAC, critic_type="q")  # Q(h, a): values differ between the K samples of one prompt
-    steps = module.collect_rollout(ITEMS[:2])
+    steps = collect(module, ITEMS[:2])
     assert len(steps) == 4 and module.env_step == 4
-    module._set_advantages(steps)
+    module.prepare_group(steps)
     for i in range(2):
         rows = [s.agents[i] for s in steps]
         targets = torch.tensor([a.value_target for a in rows], dtype=torch.float64)
@@ -207,7 +212,7 @@ def test_single_turn_advantages_are_normalised_per_agent():
         assert [a.advantage for a in rows] == pytest.approx(raw.tolist(), abs=1e-5)
         assert [a.normalized_advantage for a in rows] == pytest.approx(normalized.tolist(), abs=1e-4)
     module.advantage_normalization = False
-    module._set_advantages(steps)
+    module.prepare_group(steps)
     for s in steps:
         for a in s.agents:
             assert a.normalized_advantage == pytest.approx(a.value_target - a.old_value, abs=1e-6)
@@ -228,7 +233,7 @@ def test_reward_lengths_expand_per_agent(returned, expected):
 
     module = make_ac(IAC, use_separate_critic=False, num_generations=3, reward_func=reward,
                      reward_processor=lambda x: 2 * x)
-    steps = module.collect_rollout(ITEMS[:1])
+    steps = collect(module, ITEMS[:1])
     assert calls == [(3, 3)]  # one call per item with all K completions of every agent
     got = [[s.agents[i].environment_reward for s in sorted(steps, key=lambda s: s.generation_idx)] for i in range(2)]
     torch.testing.assert_close(torch.tensor(got), 2 * torch.tensor(expected))
@@ -238,7 +243,7 @@ def test_reward_of_another_length_is_an_error():
     module = make_ac(IAC, use_separate_critic=False, num_generations=3, reward_func=lambda a, b: [0.1] * 4)
     with pytest.raises(ValueError, match=re.escape("Reward function must return 1 value, num_generations values, "
                                                    "or num_agents values")):
-        module.collect_rollout(ITEMS[:1])
+        collect(module, ITEMS[:1])
 
 
 # ----------------------------------------------------------------------------------------------- MAAC critic text
@@ -248,7 +253,7 @@ def test_maac_critic_text(critic_type):
     assert module.joint_critic_text(["p0", "p1"], None) == "[Agent 0] p0\n\n[Agent 1] p1"
     assert module.joint_critic_text(["p0", "p1"], ["c0", "c1"]) == (
         "[Agent 0] p0\n\n[Agent 1] p1\n\n[Joint Action]\n\n[Agent 0 action]\nc0\n\n[Agent 1 action]\nc1")
-    steps = module.collect_rollout(ITEMS[:2])
+    steps = collect(module, ITEMS[:2])
     tok = module.tokenizers[0]
     critic = module.critics[0].eval()
     for s in steps:
@@ -373,8 +378,8 @@ BASE = dict(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, critic_
      "Multi-turn MAAC currently supports num_generations == 1."),
     (IAC, {"num_turns": 2}, "Multi-turn IAC requires an external_transition."),
     (MAAC, {"num_turns": 2}, "Multi-turn MAAC requires an external_transition."),
-    (IAC, {"critic_type": "w"}, "critic_type must be one of: 'v', 'q'."),
-    (MAAC, {"critic_type": "w"}, "critic_type must be one of: 'v', 'q'."),
+    (IAC, {"critic_type": "w"}, "critic_type must be one of: v, q (got 'w')."),
+    (MAAC, {"critic_type": "w"}, "critic_type must be one of: v, q (got 'w')."),
     (IAC, {"use_separate_critic": False, "critic_model": None, "critics": ["tiny", "tiny"]},
      "critics can only be provided when use_separate_critic=True."),
     (IAC, {"critic_model": None}, "Either critic_model or critics must be provided when use_separate_critic=True."),
@@ -457,7 +462,7 @@ def test_metrics_callback_gets_agent_steps_and_is_logged(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- resume
-def assert_same_steps(a: list[JointStep], b: list[JointStep]):
+def assert_same_steps(a: list[JointSample], b: list[JointSample]):
     def same(x, y, where):
         if isinstance(x, torch.Tensor):
             assert isinstance(y, torch.Tensor) and torch.equal(x, y), where
@@ -474,7 +479,7 @@ def assert_same_steps(a: list[JointStep], b: list[JointStep]):
 
     assert len(a) == len(b) and a
     for n, (x, y) in enumerate(zip(a, b)):
-        assert isinstance(y, JointStep) and all(isinstance(s, AgentStep) for s in y.agents)
+        assert isinstance(y, JointSample) and all(isinstance(s, AgentStep) for s in y.agents)
         same(x.state_dict(), y.state_dict(), f"step{n}")
 
 
@@ -513,10 +518,10 @@ def test_resume_restores_samples_waiting_in_the_buffer(tmp_path):
     full, full_updates = run(tmp_path / "full", [SaveWhileWaiting()])
     assert saved["env_step"] == 4 and len(saved["buffer"]) == 4
     assert full_updates == [[1, 2, 3, 4, 5, 6, 7, 8]]
-    # the checkpoint's buffer loads with weights_only and rebuilds equal JointSteps
+    # the checkpoint's buffer loads with weights_only and rebuilds equal JointSamples
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert_same_steps(saved["buffer"], [JointStep.from_state_dict(s) for s in state["comlrl_lightning"]["buffer"]])
-    assert_same_steps(saved["buffer"], [JointStep.from_state_dict(s.state_dict()) for s in saved["buffer"]])
+    assert_same_steps(saved["buffer"], [JointSample.from_state_dict(s) for s in state["comlrl_lightning"]["buffer"]])
+    assert_same_steps(saved["buffer"], [JointSample.from_state_dict(s.state_dict()) for s in saved["buffer"]])
     resumed, resumed_updates = run(tmp_path / "resumed", [SeeStart()], ckpt_path=str(ckpt))
     assert_same_steps(saved["buffer"], saved["restored"])
     assert saved["restored_env_step"] == 4
@@ -533,9 +538,9 @@ def test_agents_on_distinct_devices_sample_concurrently(cls, tmp_path, monkeypat
     import threading
     import time
 
-    import comlrl_lightning.rollout.tree as tree
+    import comlrl_lightning.rollout.generation as generation
 
-    calls, original = [], tree.sample_completions
+    calls, original = [], generation.sample_completions
 
     def slow_sample(*args, **kwargs):
         start = time.monotonic()
@@ -544,7 +549,7 @@ def test_agents_on_distinct_devices_sample_concurrently(cls, tmp_path, monkeypat
         calls.append((threading.get_ident(), start, time.monotonic()))
         return out
 
-    monkeypatch.setattr(tree, "sample_completions", slow_sample)
+    monkeypatch.setattr(generation, "sample_completions", slow_sample)
     module = make_ac(cls, parallel_training="mp", agent_devices=["cpu", "cpu:0"], critic_devices=["cpu"] * 2
                      if cls is IAC else ["cpu"])
     fit(module, tmp_path, max_steps=1)
@@ -557,8 +562,8 @@ def test_maac_rejects_a_reward_list_one_short(tmp_path):
     one reward per agent (CoMLRL's per-agent form), and so does MAAC with K = 1 (multi-turn)."""
     short = lambda a, b: [1.0, 0.0]  # noqa: E731
     with pytest.raises(ValueError, match="one value per joint action"):
-        make_ac(MAAC, reward_func=short, num_generations=3).collect_rollout(ITEMS[:1])
-    steps = make_ac(IAC, reward_func=short, num_generations=3, use_separate_critic=False).collect_rollout(ITEMS[:1])
+        collect(make_ac(MAAC, reward_func=short, num_generations=3), ITEMS[:1])
+    steps = collect(make_ac(IAC, reward_func=short, num_generations=3, use_separate_critic=False), ITEMS[:1])
     assert [a.environment_reward for a in steps[0].agents] == [1.0, 0.0]
 
 

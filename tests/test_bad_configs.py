@@ -53,7 +53,7 @@ CASES = [
     ("magrpo", [M + "generation_kwargs={do_sample: false}"], "generation_kwargs must not set ['do_sample']"),
     ("magrpo", [M + "num_generations=many"], "num_generations"),
     ("magrpo", [M + "no_such_field=1"], "no_such_field"),
-    ("magrpo", [M + "collaboration_mode=hybrid"], "collaboration_mode must be decentralized or centralized"),
+    ("magrpo", [M + "collaboration_mode=hybrid"], "collaboration_mode must be one of: decentralized, centralized"),
     # ------------------------------------------------------------------ agents, optimizer, devices
     ("magrpo", [M + "agents=./no/such/model"], "agents = './no/such/model' looks like a local path"),
     ("magrpo", [M + "agents=[smollm2-135m-instruct,./no/such/model]"], "agents[1] = './no/such/model'"),
@@ -64,7 +64,7 @@ CASES = [
     ("magrpo", [M + "agent_learning_rate=[1e-5,1e-5,1e-5]"], "agent_learning_rate must be one value or one per agent"),
     ("magrpo", [M + "weight_decay=-1"], "weight_decay must be >= 0"),
     ("magrpo", [M + "max_grad_norm=0"], "max_grad_norm must be > 0"),
-    ("magrpo", [M + "parallel_training=ddp"], "parallel_training only supports: none, mp"),
+    ("magrpo", [M + "parallel_training=ddp"], "parallel_training must be one of: none, mp"),
     ("magrpo", [M + "parallel_training=mp"], "parallel_training='mp' requires explicit agent_devices"),
     ("magrpo", [M + "agent_devices=[cpu,cpu]"], "agent_devices is used only with parallel_training='mp'"),
     ("magrpo", [M + "parallel_training=mp", M + "agent_devices=[gpu0,gpu1]"], "agent_devices"),

@@ -182,7 +182,7 @@ def test_the_actor_reads_the_adapters_joint_prompt():
     item = ITEMS[0]
     for cls in (MAGRPO, MADPO, MARLHF):
         module = build(cls, **CENTRAL)
-        engines = [module.engine] + ([module.pair_engine] if cls is MARLHF else [])
+        engines = [module.rl.engine, module.pair_engine] if cls is MARLHF else [module.engine]
         for engine in engines:
             assert len(engine.formatters) == 1
             assert engine.formatters[0](item) == "joint left cats | right cats" == joint(item)
@@ -390,7 +390,7 @@ def test_marlhf_iter_centralized_reward_model_reads_joint_text(tmp_path):
         assert all(p == joint(ITEMS[0]) for p in prompts[0])
     assert module.env_step == 2 * 2  # RL epochs: 1 item x 2 generations, two rounds
     assert changed(before, module)
-    assert module.engine.reward is module.learned_reward  # the RL stage rewards with the reward model
+    assert module.rl.rollout_reward() is module.learned_reward  # the RL stage rewards with the reward model
 
     seed_everything(0)
     metrics = module.evaluate(ITEMS[:1])
@@ -398,7 +398,7 @@ def test_marlhf_iter_centralized_reward_model_reads_joint_text(tmp_path):
     assert len(roles) == 2
     task = toy.letter_reward([roles[0][0][0]], [roles[1][0][0]])[0]
     assert metrics["eval/turn_1/reward_mean"] == pytest.approx(task)  # the task reward, not the reward model
-    assert module.engine.reward is module.learned_reward  # restored after evaluation
+    assert module.rl.rollout_reward() is module.learned_reward  # unchanged by evaluation
 
 
 # ----------------------------------------------------------------------------------------------- parse failures

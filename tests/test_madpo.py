@@ -259,7 +259,7 @@ def test_invalid_config_fails_before_loading_models(overrides, message, monkeypa
 
     monkeypatch.setitem(MODEL_FACTORIES, "tiny", no_loading)
     with pytest.raises(AssertionError, match="a model was loaded"):  # control: the patch is effective
-        make_madpo()
+        make_madpo().configure_model()
     with pytest.raises(ValueError, match=re.escape(message)):
         make_madpo(**overrides)
 

@@ -48,6 +48,8 @@ def column(rows, key):
 
 
 def params_of(module):
+    if hasattr(module, "configure_model"):
+        module.configure_model()  # models load in configure_model (or on first use of module.agents), not in __init__
     return [p.detach().clone() for p in module.parameters()]
 
 
@@ -341,7 +343,7 @@ def test_save_pretrained_round_trip(tmp_path):
     ({"joint_mode": "diagonal"}, "joint_mode"),
     ({"discount": 1.5}, "discount"),
     ({"reward_func": None}, "reward_func must be a callable"),
-    ({"parallel_training": "ddp"}, "parallel_training only supports: none, mp"),
+    ({"parallel_training": "ddp"}, "parallel_training must be one of: none, mp (got 'ddp')"),
     ({"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices"),
     ({"agent_devices": "gpu0"}, "agent_devices"),
     ({"temperature": 0.0}, "temperature"),

@@ -74,8 +74,8 @@ def count_calls(module, name):
 
 
 def current_reward(module):
-    """The reward caller the backend's training rollouts use now (MAGRPO family: the engine's; AC: its own)."""
-    return module.engine.reward if hasattr(module, "engine") else module.reward
+    """The reward caller the backend's training rollouts use now."""
+    return module.rl.rollout_reward()
 
 
 class StageProbe(Callback):
@@ -110,15 +110,15 @@ def same(a, b):
 def test_two_stages_for_every_backend(algo, tmp_path):
     backend, mode = BACKENDS[algo]
     module = make_marlhf(algo)
-    assert type(module).__name__ == f"MARLHF[{backend.__name__}]"
-    assert isinstance(module, MARLHF) and isinstance(module, backend)
-    assert type(module) is type(make_marlhf(algo.upper()))  # one generated class per backend, case-insensitive
+    # composition: the backend is a module MARLHF holds (``rl``), chosen case-insensitively
+    assert type(module) is MARLHF and type(module.rl) is backend
+    assert type(make_marlhf(algo.upper()).rl) is backend
     if mode is not None:
-        assert module.advantage_mode == mode
+        assert module.rl.advantage_mode == mode
 
     collects = count_calls(module, "collect_pairs")
-    rm_steps = count_calls(module, "reward_model_step")
-    rl_updates = count_calls(module, "update")
+    rm_steps = count_calls(module, "update")  # the reward-model stage's updates
+    rl_updates = count_calls(module.rl, "update")  # the backend's
     probe = StageProbe()
     trainer, data = fit_marlhf(module, tmp_path, callbacks=[probe])
 
@@ -137,7 +137,7 @@ def test_two_stages_for_every_backend(algo, tmp_path):
     assert not same(probe.agents[("start", 1)], [p.detach() for p in module.agents.parameters()])
     assert not any(p.requires_grad for p in module.reward_model.parameters())
     # the task reward ranks pairs in epoch 0; the learned reward scores the rollouts of epoch 1
-    assert {e for e, r in probe.rewards if r is module.task_reward} == {0}
+    assert {e for e, r in probe.rewards if r is module.rl.task_reward} == {0}
     assert {e for e, r in probe.rewards if r is module.learned_reward} == {1}
 
     rows = read_metrics(trainer)
@@ -268,7 +268,7 @@ def tiny_model():
     ({"reward_train_batch_size": 0}, "reward_train_batch_size must be >= 1."),
     ({"reward_max_length": 0}, "reward_max_length must be >= 1 or null."),
     ({"critic_learning_rate": 0}, "critic_learning_rate must be > 0 or null."),
-    ({"critic_type": "w", "rl_algorithm": "maac"}, "critic_type must be one of: v, q."),
+    ({"critic_type": "w", "rl_algorithm": "maac"}, "critic_type must be one of: v, q (got 'w')."),
     ({"value_loss_coef": 0}, "value_loss_coef must be > 0."),
     ({"value_clip_range": 0}, "value_clip_range must be > 0 or null."),
     ({"num_turns": 2}, "MARLHF currently supports num_turns=1 only."),
@@ -294,7 +294,7 @@ def test_invalid_config_fails_before_loading_models(overrides, message, monkeypa
 
     monkeypatch.setitem(MODEL_FACTORIES, "tiny", no_loading)
     with pytest.raises(AssertionError, match="a model was loaded"):  # control: the patch is effective
-        make_marlhf()
+        make_marlhf().configure_model()
     with pytest.raises(ValueError, match=re.escape(message)):
         make_marlhf(**overrides)
 
@@ -311,7 +311,7 @@ def test_a_reward_model_or_critic_that_cannot_be_loaded_is_named_by_its_field(ov
 
 def test_an_unreachable_reward_model_hub_id_is_named_by_its_field():
     with pytest.raises(OSError, match="Could not load the reward_model_name model 'no-org/no-such-reward-model'"):
-        make_marlhf(reward_model_name="no-org/no-such-reward-model")
+        make_marlhf(reward_model_name="no-org/no-such-reward-model").configure_model()  # models load here
 
 
 def test_reward_model_defaults_to_the_agents_name_for_lists_and_named_objects(monkeypatch):
@@ -325,17 +325,17 @@ def test_reward_model_defaults_to_the_agents_name_for_lists_and_named_objects(mo
     model, tok = factory()
     model.config._name_or_path = "tiny"  # as from_pretrained("tiny-org/tiny") would record it
     module = make_marlhf("maac", agents=[model, copy.deepcopy(model)], tokenizers=tok)
-    assert module.reward_model.backbone is not model and len(module.critics) == 1
+    assert module.reward_model.backbone is not model and len(module.rl.critics) == 1
 
 
 def test_model_objects_with_named_reward_and_critic_models(tiny_model):
     model, tok = tiny_model
     module = make_marlhf("iac", agents=[model, model], tokenizers=tok, reward_model_name="tiny",
                          use_separate_critic=False)  # the value head sits on the actor: no critic source needed
-    assert isinstance(module, IAC) and module.reward_model.backbone is not model
+    assert isinstance(module.rl, IAC) and module.reward_model.backbone is not model
     module = make_marlhf("maac", agents=[model, model], tokenizers=tok, reward_model_name="tiny",
                          critic_model_name="tiny")
-    assert isinstance(module, MAAC) and module.reward_model.backbone is not model
+    assert isinstance(module.rl, MAAC) and module.reward_model.backbone is not model
 
 
 # ----------------------------------------------------------------------------------------------- export
@@ -382,7 +382,8 @@ def test_reloaded_tiny_tokenizer_splits_digits_like_the_original(tmp_path):
 def test_resume_in_the_rl_stage_neither_recollects_nor_retrains(algo, tmp_path):
     def run(ckpt_path=None, callbacks=(), name="run"):
         module = make_marlhf(algo)
-        counts = {hook: count_calls(module, hook) for hook in ("collect_pairs", "reward_model_step", "update")}
+        counts = {"collect_pairs": count_calls(module, "collect_pairs"), "reward_model_step": count_calls(module, "update"),
+                  "update": count_calls(module.rl, "update")}
         trainer, data = fit_marlhf(module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name)
         return module, trainer, data, counts
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from comlrl_lightning.rollout import tree as tree_mod
+from comlrl_lightning.rollout import generation as generation_mod
 from comlrl_lightning.rollout.rewards import RewardCaller, ScaleShift, build_formatters
 from comlrl_lightning.rollout.sampling import (
     Completions,
@@ -368,7 +368,7 @@ class Transition:
 @pytest.fixture
 def fake(monkeypatch):
     sampler = FakeSampler()
-    monkeypatch.setattr(tree_mod, "sample_completions", sampler)
+    monkeypatch.setattr(generation_mod, "sample_completions", sampler)  # under the HF generation backend
     return sampler
 
 

@@ -349,6 +349,10 @@ def _is_offline() -> bool:
         return False
 
 
+class ModelLoadError(OSError):
+    """A model source named by a field cannot be loaded (raised when the models load, in ``configure_model``)."""
+
+
 def _hub_error(source: str, what: str, err: BaseException) -> OSError:
     names = _factory_names()
     if _is_offline():
@@ -363,7 +367,7 @@ def _hub_error(source: str, what: str, err: BaseException) -> OSError:
             f"Could not load the {what} {source!r} from the Hugging Face hub or a local path: {err} "
             f"Check the id, or pass a local path or one of the factory names: {names}."
         )
-    return OSError(message)
+    return ModelLoadError(message)
 
 
 def _is_hub_failure(err: BaseException) -> bool:

@@ -33,7 +33,6 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from comlrl_lightning.agents import check_model_sources
-from comlrl_lightning.algorithms.base import team_size
 from comlrl_lightning.comparators.api import ApiComparatorConfig
 from comlrl_lightning.config_errors import SECRET_FIELDS  # never saved as a hyper-parameter, logged or written
 from comlrl_lightning.comparators.sources import (
@@ -150,7 +149,46 @@ class IterativePreference:
     ``MADPOIter(IterativePreference, MADPO)``: this ``__init__`` takes the iterative fields and passes the rest on.
     The host provides ``collection_engine`` (the rollout engine whose formatters, sampling and task reward the
     collection uses), ``policy_model``, ``tokenizers``, ``preference_num_candidates``, ``pair_selection``,
-    ``preference_pairs_per_sample`` and ``epochs_per_iteration``.
+    ``preference_pairs_per_sample`` and ``epochs_per_iteration``. Choices accept CoMLRL's aliases, any case.
+
+    Args:
+        num_iterations: rounds of collect → replay → train.
+        preference_replay_mode: which stored rounds a round trains on: ``current``, ``nearest_k``, ``all_history``
+            or ``lambda_decay`` (aliases latest, recent_k, lambda, ...).
+        preference_replay_k: rounds ``nearest_k`` draws from.
+        preference_replay_lambda: weight decay per round back for ``lambda_decay``, in [0, 1].
+        preference_replay_sample_size: pairs drawn from the history per round (null: as many as the round has).
+        preference_replay_dir: where the rounds' pairs are stored (null: ``<log dir>/preference_replay``).
+        log_reward_distribution: per round, histograms of both sides' rewards (needs ``reward_func.reward_range``).
+        policy_checkpoint_dir: save the agents every round here (null: only when the comparator is ``history``).
+        comparator_policy: the other side of each comparison: ``current``, ``current_copy``, ``model``,
+            ``history`` or ``api``.
+        comparator_generation_mode: ``decentralized`` (a comparator per role) or ``centralized`` (one writes all).
+        comparator_centralized_agent_index: the role whose comparator writes the joint answer (centralized).
+        comparator_model_name: the ``model`` comparator's source, for every role.
+        comparator_agents: ``model`` comparators, one source or model per role (or one for all).
+        comparator_tokenizers: tokenizers of ``comparator_agents`` given as models (default: the agents').
+        comparator_devices: where comparator models sample (default: the agents' devices).
+        comparator_num_candidates: the comparator's samples per task (null: ``preference_num_candidates``).
+        comparator_history_k: ``history``: compare with the policy as it was k rounds back.
+        comparator_api_url: the ``api`` comparator's endpoint.
+        comparator_api_format: ``generic``, ``openai``, ``anthropic`` or ``openai_responses``.
+        comparator_api_model: the model name sent to the API.
+        comparator_api_max_n_per_request: completions per request (null: all at once where the format allows).
+        comparator_api_timeout: seconds per request.
+        comparator_api_headers: extra HTTP headers.
+        comparator_api_key: the API key itself (never saved or logged; prefer ``comparator_api_key_env``).
+        comparator_api_key_env: the environment variable holding the API key.
+        comparator_api_key_header: the header the key is sent in.
+        comparator_api_key_prefix: the key's prefix in that header (``Bearer``).
+        comparator_api_response_field: where the completions are in a ``generic`` response.
+        comparator_api_extra_body: extra fields of every request body.
+        comparator_api_max_retries: retries of a request on timeouts, 429 and 5xx.
+        comparator_api_backoff_s: first retry wait, doubled each retry.
+        comparator_api_max_concurrency: requests in flight at once.
+        comparator_api_max_retry_after_s: the longest ``Retry-After`` honoured (longer ones are capped, logged).
+        comparator_api_deadline_s: the total time one request may take with its retries (null: no limit).
+        centralized_comparator_adapter: builds the joint prompt and splits the joint answer (default: tags).
     """
 
     iterative = True
@@ -195,13 +233,11 @@ class IterativePreference:
         centralized_comparator_adapter: Any = None,
         **kwargs: Any,
     ):
-        """The iterative fields (REFERENCE §5.6); ``kwargs`` go to the host (MADPO or MARLHF). They are checked
-        before the host loads any model."""
         fields = dict(locals())  # the arguments above (a comprehension would see its own locals)
-        cfg = {name: value for name, value in fields.items() if name not in ("self", "kwargs", "__class__")}
-        cfg = check_iterative_config(cfg, num_agents=team_size(kwargs), reward_func=kwargs.get("reward_func"),
-                                     collaboration_mode=kwargs.get("collaboration_mode", "decentralized"))
-        super().__init__(**kwargs)
+        self._iterative_fields = {name: value for name, value in fields.items()
+                                  if name not in ("self", "kwargs", "__class__")}
+        super().__init__(**kwargs)  # the host checks every field (check_config below) before any model loads
+        cfg = self._iterative_fields
         for name, value in cfg.items():
             if name not in SECRET_FIELDS:
                 setattr(self, name, value)
@@ -215,6 +251,13 @@ class IterativePreference:
         self._round_raw: dict[str, list[float]] = {"target": [], "comparator": []}
         self._round_outcomes = torch.zeros(3)  # current wins, comparator wins, ties (this round)
         self._round_parse_failures = 0  # joint comparator answers without any role section (this round)
+
+    def check_config(self) -> None:
+        super().check_config()
+        roles = self.collaboration.num_roles if self.collaboration is not None else self.num_agents
+        self._iterative_fields = check_iterative_config(self._iterative_fields, num_agents=roles,
+                                                        reward_func=self.reward_func,
+                                                        collaboration_mode=self.collaboration_mode)
 
     # ------------------------------------------------------------------ rounds and directories
     @property

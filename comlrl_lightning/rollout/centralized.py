@@ -162,6 +162,11 @@ class CentralizedCollaboration:
         if hasattr(reward_func, "reward_range"):
             self.reward_range = reward_func.reward_range
 
+    def take_parse_failures(self) -> int:
+        """Joint answers the adapter could not split since the last call (they were scored as empty roles)."""
+        count, self._taken = self.parse_failures - getattr(self, "_taken", 0), self.parse_failures
+        return count
+
     def formatter(self, item: Mapping[str, Any], external_prompts: str | None = None) -> str:
         """The joint prompt; external prompts are ignored because centralized mode is single-turn."""
         return joint_prompt(self.adapter, item, [f(item) for f in self.role_formatters])

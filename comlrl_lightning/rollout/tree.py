@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices
+from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices, expand_rewards
+from comlrl_lightning.rollout.generation import GenerationBackend, HFGenerate
 from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
-from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, sample_completions, validate_generation_kwargs
+from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, validate_generation_kwargs
 
 JOINT_MODES = ("aligned", "cross")
 _JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
@@ -50,6 +50,7 @@ class AgentSamples:
     credit: Tensor | None = None  # [K] return credited to each completion (set after the tree)
     sequence_kl: Tensor | None = None  # [K] Σ_t KL estimate (reference KL in the reward)
     ref_logprobs: Tensor | None = None  # [K, T] reference log-probs (reference KL in the loss)
+    old_logprobs: Tensor | None = None  # [K, T] the sampling policy's log-probs (set by a PPO-style subclass)
 
 
 @dataclass
@@ -62,7 +63,16 @@ class Node:
     raw_rewards: Tensor  # [J] before reward_processor
     env_step: int  # env steps counted after this node's rewards
     policy_version: int  # optimizer updates done when it was sampled
+    item_index: int = 0  # position of its dataset item in the rollout's batch
     returns: Tensor | None = None  # [J]
+    # actor-critic tables, [N, J] (agent i's part of joint action j):
+    agent_rewards: Tensor | None = None  # processed environment rewards (the reward may return 1, J or N values)
+    shaped_rewards: Tensor | None = None  # r' = r − β·KL
+    values: Tensor | None = None  # the critics' values at sampling time
+    targets: Tensor | None = None  # TD(0) targets (single turn: r')
+    mc_returns: Tensor | None = None  # discounted Monte-Carlo returns (logged)
+    advantages: Tensor | None = None  # normalised target − value, set when the buffer is drained
+    critic_ids: list[Tensor] | None = None  # MAAC: the joint critic's input ids, one per joint action
     children: dict[int, "Node"] = field(default_factory=dict)  # joint action -> child
 
     def state_dict(self) -> dict[str, Any]:
@@ -89,6 +99,7 @@ class Node:
 
 @dataclass
 class _Pending:
+    item_index: int
     item: Mapping[str, Any]
     external_prompts: list[str] | None
     prompt_history: list[list[str]]
@@ -106,21 +117,6 @@ class Rollout:
     @property
     def nodes(self) -> list[Node]:
         return [n for level in self.levels for n in level]
-
-
-def sample_agents(models, tokenizers, inputs: Sequence[Sequence[str]], K: int, sampling: SamplingConfig,
-                  generation_batch_size: int | None = None, generation_kwargs: Mapping[str, Any] | None = None,
-                  concurrent: bool = False) -> list[Completions]:
-    """K samples per input: ``models[j]`` answers ``inputs[j]`` with one batched generate per model; with
-    ``concurrent`` (agents on distinct devices) the models generate at the same time, one thread each."""
-    def sample(i: int) -> Completions:
-        return sample_completions(models[i], tokenizers[i], inputs[i], K, sampling, generation_batch_size,
-                                  generation_kwargs)
-
-    if concurrent and len(inputs) > 1:
-        with ThreadPoolExecutor(max_workers=len(inputs)) as pool:
-            return list(pool.map(sample, range(len(inputs))))
-    return [sample(i) for i in range(len(inputs))]
 
 
 class RolloutEngine:
@@ -144,6 +140,9 @@ class RolloutEngine:
         generation_batch_size: int | None = None,
         generation_kwargs: dict | None = None,
         parallel_agents: bool = False,
+        backend: GenerationBackend | None = None,
+        reward_per_node: bool = False,
+        per_agent_rewards: bool = True,
     ):
         self.num_agents = num_agents
         self.formatters = list(formatters)
@@ -157,9 +156,9 @@ class RolloutEngine:
         self.external_transition = external_transition
         self.external_prompt_passthrough = external_prompt_passthrough
         self.use_chat_template = use_chat_template
-        self.generation_batch_size = generation_batch_size
-        self.generation_kwargs = generation_kwargs or {}
-        self.parallel_agents = parallel_agents
+        self.backend = backend or HFGenerate(generation_batch_size, generation_kwargs, concurrent=parallel_agents)
+        # Actor-critic: the reward is called per node and may return 1, J or (per_agent_rewards) N values.
+        self.reward_per_node, self.per_agent_rewards = reward_per_node, per_agent_rewards
         validate_generation_kwargs(generation_kwargs)
         if num_turns > 1 and external_transition is None:
             raise ValueError("Multi-turn training (num_turns > 1) requires an external_transition.")
@@ -175,20 +174,23 @@ class RolloutEngine:
         early_termination: bool = True,
         policy_version: int = 0,
         env_step: int = 0,
+        reward: RewardCaller | None = None,
     ) -> Rollout:
-        """Build the trees of ``items``; ``num_generations=1`` without early termination is an eval trajectory."""
+        """Build the trees of ``items``; ``num_generations=1`` without early termination is an eval trajectory.
+        ``reward`` replaces the engine's (MARLHF's learned reward; evaluation's task reward)."""
         K = num_generations or self.num_generations
+        reward = reward or self.reward
         threshold = self.early_termination_threshold if early_termination else None
         timings: dict[str, float] = defaultdict(float)
-        frontier = [_Pending(item, None, [[] for _ in range(self.num_agents)], [[] for _ in range(self.num_agents)],
-                             None) for item in items]
+        frontier = [_Pending(b, item, None, [[] for _ in range(self.num_agents)], [[] for _ in range(self.num_agents)],
+                             None) for b, item in enumerate(items)]
         levels: list[list[Node]] = []
         start_step = env_step
         for turn in range(self.num_turns):
             if not frontier:
                 break
             level, env_step = self._expand_level(models, tokenizers, frontier, turn, K, policy_version, env_step,
-                                                 timings)
+                                                 timings, reward)
             levels.append(level)
             expanded, frontier = frontier, []
             if turn + 1 < self.num_turns:
@@ -202,7 +204,7 @@ class RolloutEngine:
         return Rollout(levels[0] if levels else [], levels, env_step - start_step, dict(timings))
 
     # ------------------------------------------------------------------ steps
-    def _expand_level(self, models, tokenizers, frontier, turn, K, policy_version, env_step, timings):
+    def _expand_level(self, models, tokenizers, frontier, turn, K, policy_version, env_step, timings, reward):
         N = self.num_agents
         prompts = [[self._format(i, p) for p in frontier] for i in range(N)]  # [N][M]
 
@@ -221,10 +223,18 @@ class RolloutEngine:
         agent_texts = [[samples[i].texts[r] for r in agent_rows[:, i].tolist()] for i in range(N)]
         reward_prompts = [prompts[0][m] for m in range(M) for _ in range(J)]
         reward_items = [frontier[m].item for m in range(M) for _ in range(J)]
-        raw = self.reward.raw(agent_texts, prompts=reward_prompts, batch_items=reward_items)
-        processed = self.reward.process(raw)
-        raw_t = torch.tensor(raw, dtype=torch.float32).view(M, J)
-        rewards = torch.tensor(processed, dtype=torch.float32).view(M, J)
+        if self.reward_per_node:  # actor-critic: one call per node; 1, J or N values (per agent)
+            per_node = [self._node_rewards(reward, [t[m * J:(m + 1) * J] for t in agent_texts],
+                                           reward_prompts[m * J:(m + 1) * J], reward_items[m * J:(m + 1) * J], J)
+                        for m in range(M)]
+            agent_rewards = torch.stack([p for p, _ in per_node])  # [M, N, J]
+            raw_t = torch.stack([r for _, r in per_node])  # [M, J] team view: mean over agents
+            rewards = agent_rewards.mean(dim=1)
+        else:
+            raw = reward.raw(agent_texts, prompts=reward_prompts, batch_items=reward_items)
+            raw_t = torch.tensor(raw, dtype=torch.float32).view(M, J)
+            rewards = torch.tensor(reward.process(raw), dtype=torch.float32).view(M, J)
+            agent_rewards = None
         timings["reward"] += time.perf_counter() - tic
 
         level = []
@@ -242,12 +252,19 @@ class RolloutEngine:
                     completion_mask=mask[:, :width],
                     texts=samples[i].texts[rows],
                 ))
-            node = Node(pending.item, turn, agents, joint, rewards[m], raw_t[m], env_step, policy_version)
+            node = Node(pending.item, turn, agents, joint, rewards[m], raw_t[m], env_step, policy_version,
+                        pending.item_index, agent_rewards=None if agent_rewards is None else agent_rewards[m])
             if pending.parent is not None:
                 parent, j = pending.parent
                 parent.children[j] = node
             level.append(node)
         return level, env_step
+
+    def _node_rewards(self, reward: RewardCaller, texts, prompts, items, J: int) -> tuple[Tensor, Tensor]:
+        """One node's per-agent processed rewards [N, J] and its raw team rewards [J] (actor-critic)."""
+        raw = reward.raw(texts, prompts=prompts, batch_items=items, check_count=False)
+        processed = expand_rewards(reward.process(raw), self.num_agents, J, per_agent=self.per_agent_rewards or J == 1)
+        return processed, expand_rewards(raw, self.num_agents, J, per_agent=self.per_agent_rewards or J == 1).mean(0)
 
     def _format(self, agent: int, pending: _Pending) -> str:
         external = None if pending.external_prompts is None else pending.external_prompts[agent]
@@ -266,10 +283,9 @@ class RolloutEngine:
                                              add_generation_prompt=True)
 
     def sample(self, models, tokenizers, prompts: Sequence[Sequence[str]], K: int) -> list[Completions]:
-        """K samples per prompt: ``models[j]`` answers ``prompts[j]`` (one batched generate per model)."""
+        """K samples per prompt: ``models[j]`` answers ``prompts[j]`` through the generation backend."""
         inputs = [[self.model_input(tokenizers[i], p) for p in prompts[i]] for i in range(len(prompts))]
-        return sample_agents(models, tokenizers, inputs, K, self.sampling, self.generation_batch_size,
-                             self.generation_kwargs, concurrent=self.parallel_agents)
+        return self.backend.sample(models, tokenizers, inputs, K, self.sampling)
 
     def _children(self, node: Node, pending: _Pending) -> list[_Pending]:
         N = self.num_agents
@@ -289,7 +305,8 @@ class RolloutEngine:
                 prompt_history_per_agent=prompt_history,
                 response_history_per_agent=response_history,
             )
-            children.append(_Pending(node.item, next_prompts, prompt_history, response_history, (node, j)))
+            children.append(_Pending(pending.item_index, node.item, next_prompts, prompt_history, response_history,
+                                     (node, j)))
         return children
 
     def _compute_returns(self, levels: list[list[Node]], K: int) -> None:

@@ -1,0 +1,332 @@
+"""Every configuration field, declared once, typed and described.
+
+Each group below is a small class whose ``__init__`` takes its fields, checks each one on its own (the allowed
+values of a ``Literal`` field, ranges), stores them as attributes and passes the rest on with
+``super().__init__(**kwargs)``. An algorithm is the groups it uses plus :class:`MultiAgentModule`
+(``algorithms/base.py``)::
+
+    class MAGRPO(RolloutFields, ReferenceKLFields, OnPolicyModule): ...
+
+so a field has one declaration, one default and one description wherever it appears, the YAML names stay flat
+(``model.init_args.num_generations``) and ``--help`` / ``--print_config`` show every field's description (the
+CLI reads the ``Args:`` sections below and follows the ``**kwargs`` chain). A subclass changes a default by
+re-declaring only that parameter and passing it on (``IAC`` samples one completion per prompt by default).
+Checks that involve several groups (the reward against the team size, devices against placement) run in
+``MultiAgentModule.validate`` once every group is stored, still before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Callable, Literal, Sequence, get_args, get_origin
+
+ParallelTraining = Literal["none", "mp"]
+CollaborationMode = Literal["decentralized", "centralized"]
+LrDecay = Literal["constant", "linear", "cosine"]
+JointMode = Literal["aligned", "cross", "align", "crossed"]  # align/crossed: aliases of aligned/cross
+LossAggregation = Literal["seq_sum", "token_mean", "seq_mean_token_mean", "dr_grpo"]
+KlEstimator = Literal["k1", "k2", "k3"]
+KlPlacement = Literal["reward", "loss"]
+CriticType = Literal["v", "q"]
+PairSelection = Literal["reward_gap", "random", "all", "comparator_reward"]  # comparator_reward: iterative only
+
+
+def choices_of(annotation: Any) -> tuple[str, ...] | None:
+    """The allowed values of a ``Literal`` annotation (also inside ``Optional``), else None."""
+    if get_origin(annotation) is Literal:
+        return tuple(get_args(annotation))
+    for arg in get_args(annotation):
+        found = choices_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def check_choices(function: Callable, values: dict[str, Any]) -> None:
+    """Reject a value outside its ``Literal``: ``<field> must be one of: a, b, c (got 'x').`` The same rule the
+    CLI applies to YAML, for Python callers."""
+    hints = typing.get_type_hints(function)
+    for name, value in values.items():
+        allowed = choices_of(hints.get(name))
+        if allowed is not None and value is not None and value not in allowed:
+            raise ValueError(f"{name} must be one of: {', '.join(map(str, allowed))} (got {value!r}).")
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _fields(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k not in ("self", "kwargs", "__class__")}
+
+
+class FieldGroup:
+    """Base of the groups: checks the ``Literal`` fields of the caller's ``__init__``, stores every field (also
+    in ``self.field_values``, which the hyper-parameters are saved from) and continues the chain."""
+
+    def _store(self, function: Callable, values: dict[str, Any], rename: dict[str, str] | None = None) -> None:
+        """``rename``: fields kept under another attribute (``agents`` is the name of the loaded team)."""
+        fields = _fields(values)
+        check_choices(function, fields)
+        self.__dict__.setdefault("field_values", {}).update(fields)
+        for name, value in fields.items():  # plain attributes, set before nn.Module.__init__ runs
+            object.__setattr__(self, (rename or {}).get(name, name), value)
+
+
+class AgentFields(FieldGroup):
+    """The team and where it runs.
+
+    Args:
+        agents: the team: one source for ``num_agents`` independent copies (a factory name ``tiny``/``tiny-5m``/
+            ``smollm2-135m-instruct``, a hub id or a local path), or a list with one source or loaded model per
+            agent (the same model object twice shares weights).
+        num_agents: team size (default: the length of the ``agents`` list, else 2).
+        tokenizers: one tokenizer for all agents, one per agent, a source string, or null (each agent's own).
+        model_config: loading options: ``dtype``, ``attn_implementation``, ``special_tokens``, ``model_kwargs``,
+            ``gradient_checkpointing`` (recompute layers in the backward: ~2.5x less activation memory).
+        parallel_training: ``none`` (the trainer places the whole team) or ``mp`` (each agent on its own device
+            from ``agent_devices``; agents on distinct devices generate concurrently).
+        agent_devices: with ``parallel_training: mp``: ``auto``, one device for all, or one per agent.
+    """
+
+    def __init__(self, agents: str | Sequence[Any] = "tiny", num_agents: int | None = None, tokenizers: Any = None,
+                 model_config: dict[str, Any] | None = None, parallel_training: ParallelTraining = "none",
+                 agent_devices: str | list[str] | None = None, **kwargs: Any):
+        self._store(AgentFields.__init__, locals(), {"agents": "agent_sources", "tokenizers": "tokenizer_sources"})
+        super().__init__(**kwargs)
+
+
+class TaskFields(FieldGroup):
+    """What the agents are asked and how the team is scored.
+
+    Args:
+        reward_func: the team reward, ``reward_func(*agent_completions, prompts=None, batch_items=None) ->
+            list[float]``: one completion list per agent, one reward per joint action (an import path in YAML).
+        reward_processor: applied to every reward (``float -> float``), e.g. ``ScaleShift``.
+        reward_timeout: seconds one reward call may take; a call that hangs fails the run, naming the step
+            (null: no limit).
+        formatters: ``item -> prompt`` per agent, or one for all (default: the item's ``prompt``).
+        use_chat_template: wrap prompts in the tokenizer's chat template (off: CoMLRL's raw prompts).
+        collaboration_mode: ``decentralized`` (N agents) or ``centralized`` (one model writes every role's part
+            of a joint answer).
+        centralized_adapter: builds the joint prompt and splits the joint answer (default: ``<agent_i>`` tags).
+    """
+
+    def __init__(self, reward_func: Callable[..., Any] | None = None,
+                 reward_processor: Callable[[float], float] | None = None, reward_timeout: float | None = None,
+                 formatters: list[Callable[..., str]] | None = None, use_chat_template: bool = False,
+                 collaboration_mode: CollaborationMode = "decentralized", centralized_adapter: Any = None,
+                 **kwargs: Any):
+        self._store(TaskFields.__init__, locals())
+        require(reward_func is not None and callable(reward_func),
+                "reward_func must be a callable (give its import path in YAML, e.g. "
+                "reward_func: comlrl_lightning.envs.toy.story_reward).")
+        require(reward_processor is None or callable(reward_processor), "reward_processor must be a callable.")
+        require(reward_timeout is None or reward_timeout > 0, "reward_timeout must be > 0 seconds or null.")
+        super().__init__(**kwargs)
+
+
+class SamplingFields(FieldGroup):
+    """How completions are sampled (always sampling; one batched ``generate`` per agent).
+
+    Args:
+        max_new_tokens: longest completion, in tokens.
+        temperature: sampling temperature (> 0).
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: sample among the k most likely tokens (null: all).
+        generation_kwargs: more ``generate`` arguments (not the ones that have their own field).
+        generation_batch_size: prompts per ``generate`` call (null: all of a step's prompts).
+    """
+
+    def __init__(self, max_new_tokens: int = 256, temperature: float = 0.6, top_p: float = 0.6,
+                 top_k: int | None = 50, generation_kwargs: dict[str, Any] | None = None,
+                 generation_batch_size: int | None = None, **kwargs: Any):
+        self._store(SamplingFields.__init__, locals())
+        require(max_new_tokens >= 1, f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
+        require(temperature > 0, f"temperature must be > 0 (got {temperature}).")
+        require(0 < top_p <= 1, f"top_p must be in (0, 1] (got {top_p}).")
+        require(top_k is None or top_k >= 1, f"top_k must be >= 1 or null (got {top_k}).")
+        reserved = sorted({"do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "num_return_sequences",
+                           "num_beams"} & set(generation_kwargs or {}))
+        require(not reserved, f"generation_kwargs must not set {reserved}: sampling is always on and these have "
+                              "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations).")
+        require(generation_batch_size is None or generation_batch_size >= 1,
+                "generation_batch_size must be >= 1 or null.")
+        super().__init__(**kwargs)
+
+
+class OptimizationFields(FieldGroup):
+    """The optimizer (one AdamW, a parameter group per distinct model), its schedule and the update's forwards.
+
+    Args:
+        agent_learning_rate: AdamW learning rate, one value or one per agent.
+        weight_decay: AdamW weight decay (PyTorch's 0.01, as CoMLRL).
+        max_grad_norm: clip each model's gradient norm to this (null: no clipping, as CoMLRL).
+        lr_warmup_steps: updates of linear warm-up from 0 to the learning rate (0: none).
+        lr_decay: after warm-up: ``constant``, ``linear`` or ``cosine`` decay to ``lr_min_ratio`` x the rate at
+            the last update (``trainer.max_steps``, else the fit's estimated updates).
+        lr_min_ratio: the decayed learning rate's floor, as a fraction of the learning rate.
+        micro_batch_size: rows per forward of an update (gradients accumulate; null: all rows at once).
+        micro_batch_tokens: at most this many tokens per forward (rows x longest row): bounds update memory for
+            long prompts (null: no budget).
+    """
+
+    def __init__(self, agent_learning_rate: float | list[float] = 5e-6, weight_decay: float = 0.01,
+                 max_grad_norm: float | None = None, lr_warmup_steps: int = 0, lr_decay: LrDecay = "constant",
+                 lr_min_ratio: float = 0.0, micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
+                 **kwargs: Any):
+        self._store(OptimizationFields.__init__, locals())
+        rates = agent_learning_rate if isinstance(agent_learning_rate, (list, tuple)) else [agent_learning_rate]
+        require(all(r > 0 for r in rates), f"agent_learning_rate must be > 0 (got {list(rates)}).")
+        require(weight_decay >= 0, f"weight_decay must be >= 0 (got {weight_decay}).")
+        require(max_grad_norm is None or max_grad_norm > 0, f"max_grad_norm must be > 0 or null (got {max_grad_norm}).")
+        require(lr_warmup_steps >= 0, f"lr_warmup_steps must be >= 0 (got {lr_warmup_steps}).")
+        require(0.0 <= lr_min_ratio <= 1.0, f"lr_min_ratio must be in [0, 1] (got {lr_min_ratio}).")
+        require(micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null.")
+        require(micro_batch_tokens is None or micro_batch_tokens >= 1, "micro_batch_tokens must be >= 1 or null.")
+        super().__init__(**kwargs)
+
+
+class EvaluationFields(FieldGroup):
+    """Evaluation during training and what is logged.
+
+    Args:
+        eval_interval: evaluate every this many training batches (0: never).
+        eval_num_samples: evaluation items (the first ones of the eval set), one trajectory each.
+        eval_logger: per-sample metrics of an evaluation (``agent_completions_turns``, ``batch_items``,
+            ``prompts``, ``test_cases``, ``entry_points``: the ones it names).
+        eval_aggregator: reduces ``eval_logger``'s output to ``eval/<key>`` metrics.
+        log_completions: write what the agents said to ``completions.jsonl`` (and a W&B table).
+    """
+
+    def __init__(self, eval_interval: int = 16, eval_num_samples: int = 4, eval_logger: Callable[..., Any] | None = None,
+                 eval_aggregator: Callable[..., Any] | None = None, log_completions: bool = True, **kwargs: Any):
+        self._store(EvaluationFields.__init__, locals())
+        require(eval_interval >= 0, "eval_interval must be >= 0.")
+        require(eval_num_samples >= 0, "eval_num_samples must be >= 0.")
+        require((eval_logger is None) == (eval_aggregator is None),
+                "eval_logger and eval_aggregator must be given together (one without the other would be ignored).")
+        super().__init__(**kwargs)
+
+
+class JointActionFields(FieldGroup):
+    """Turns and joint actions.
+
+    Args:
+        num_turns: turns per episode (> 1 needs ``external_transition``).
+        joint_mode: ``aligned`` (agent i's k-th sample with every other agent's k-th) or ``cross`` (every
+            combination); ``align``/``crossed`` are aliases.
+    """
+
+    def __init__(self, num_turns: int = 1, joint_mode: JointMode = "aligned", **kwargs: Any):
+        self._store(JointActionFields.__init__, locals())
+        require(num_turns >= 1, "num_turns must be >= 1.")
+        self.joint_mode = {"align": "aligned", "crossed": "cross"}.get(joint_mode, joint_mode)
+        self.field_values["joint_mode"] = self.joint_mode
+        super().__init__(**kwargs)
+
+
+class RolloutFields(JointActionFields):
+    """The rollout tree and the update schedule of the on-policy families.
+
+    Args:
+        num_generations: samples per agent per prompt (K).
+        discount: gamma in G = r + gamma * mean(child returns).
+        early_termination_threshold: a node whose mean reward is strictly above this opens no children (null:
+            never).
+        external_transition: the next turn's prompts from this turn's completions (``num_turns > 1``).
+        external_prompt_passthrough: later turns use the transition's prompt verbatim (not through the formatter).
+        rollout_buffer_size: nodes (joint samples for actor-critic) collected before the buffer is trained on.
+        train_batch_size: nodes per update (null: ``rollout_buffer_size``).
+        advantage_normalization: standardise advantages within each group (or per agent and turn).
+        loss_aggregation: ``seq_sum`` (CoMLRL), ``token_mean``, ``seq_mean_token_mean`` or ``dr_grpo``.
+    """
+
+    def __init__(self, num_generations: int = 4, discount: float = 1.0, early_termination_threshold: float | None = None,
+                 external_transition: Callable[..., Any] | None = None, external_prompt_passthrough: bool = False,
+                 rollout_buffer_size: int = 2, train_batch_size: int | None = None,
+                 advantage_normalization: bool = True, loss_aggregation: LossAggregation = "seq_sum", **kwargs: Any):
+        self._store(RolloutFields.__init__, locals())
+        require(num_generations >= 1, "num_generations must be >= 1.")
+        require(0.0 <= discount <= 1.0, "discount must be in [0, 1].")
+        require(rollout_buffer_size >= 1, "rollout_buffer_size must be >= 1.")
+        self.train_batch_size = rollout_buffer_size if train_batch_size is None else train_batch_size
+        self.field_values["train_batch_size"] = train_batch_size
+        require(self.train_batch_size >= 1, "train_batch_size must be >= 1.")
+        super().__init__(**kwargs)
+
+
+class ReferenceKLFields(FieldGroup):
+    """The KL penalty towards the initial agents (frozen copies held by a callback, never loaded when off).
+
+    Args:
+        reference_kl_enabled: penalise divergence from the initial agents.
+        reference_kl_coef: the penalty's weight beta (0: off).
+        reference_kl_estimator: ``k1``, ``k2`` or ``k3`` (Schulman's estimators).
+        reference_kl_placement: ``reward`` (on the returns, before the baseline) or ``loss`` (a per-token term).
+        reference_devices: where the reference copies live (default: each agent's device).
+    """
+
+    def __init__(self, reference_kl_enabled: bool = False, reference_kl_coef: float = 0.1,
+                 reference_kl_estimator: KlEstimator = "k3", reference_kl_placement: KlPlacement = "reward",
+                 reference_devices: str | list[str] | None = None, **kwargs: Any):
+        self._store(ReferenceKLFields.__init__, locals())
+        require(reference_kl_coef >= 0, "reference_kl_coef must be >= 0.")
+        super().__init__(**kwargs)
+
+
+class CriticFields(FieldGroup):
+    """The critics of the actor-critic family (IAC: one per agent; MAAC: one over the joint text).
+
+    Args:
+        use_separate_critic: a separate critic LM per agent (else a value head on the actor's backbone; MAAC
+            always has a separate critic).
+        critic_model: the critics' source (factory name, hub id or path), one for every agent.
+        critics: one critic source or model per agent (MAAC: one), instead of ``critic_model``.
+        critic_type: ``v`` (V(h) from the prompt) or ``q`` (Q(h, a) from the prompt and the completion).
+        critic_learning_rate: the critics' learning rate (null: ``agent_learning_rate``).
+        critic_value_head_hidden_dim: hidden width of a separate critic's value head (null: linear).
+        value_head_hidden_dim: hidden width of the value head on the actor (null: linear).
+        value_clip_range: PPO-style value clipping for a value head on the actor (null: none).
+        value_loss_coef: weight of the value loss in the update's loss.
+        critic_devices: with ``parallel_training: mp``: the critics' devices (one, or one per critic).
+        metrics_callback: ``rollouts -> dict``, averaged into the log as ``turn_t/<key>``.
+    """
+
+    def __init__(self, use_separate_critic: bool = True, critic_model: str | None = None,
+                 critics: Sequence[Any] | None = None, critic_type: CriticType = "v",
+                 critic_learning_rate: float | None = 5e-6, critic_value_head_hidden_dim: int | None = None,
+                 value_head_hidden_dim: int | None = None, value_clip_range: float | None = 0.2,
+                 value_loss_coef: float = 0.6, critic_devices: str | list[str] | None = None,
+                 metrics_callback: Callable[..., Any] | None = None, **kwargs: Any):
+        self._store(CriticFields.__init__, locals(), {"critics": "critic_sources"})
+        require(value_loss_coef > 0, "value_loss_coef must be > 0.")
+        require(value_clip_range is None or value_clip_range > 0, "value_clip_range must be > 0 or null.")
+        require(critic_learning_rate is None or critic_learning_rate > 0, "critic_learning_rate must be > 0 or null.")
+        for name in ("critic_value_head_hidden_dim", "value_head_hidden_dim"):
+            require(locals()[name] is None or locals()[name] >= 0, f"{name} must be >= 0 or null.")
+        super().__init__(**kwargs)
+
+
+class PreferenceFields(JointActionFields):
+    """How the preference algorithms turn sampled candidates into pairs (the task reward is the oracle).
+
+    Args:
+        preference_num_candidates: completions each agent samples per task (joint candidate k pairs every
+            agent's k-th).
+        preference_pairs_per_sample: pairs kept per task (null: all; must be null with ``pair_selection: all``).
+        pair_selection: ``reward_gap`` (largest score gaps first), ``random``, ``all``; the iterative variants add
+            ``comparator_reward``.
+    """
+
+    def __init__(self, preference_num_candidates: int = 80, preference_pairs_per_sample: int | None = 16,
+                 pair_selection: PairSelection = "reward_gap", **kwargs: Any):
+        pair_selection = str(pair_selection).lower()  # CoMLRL lower-cases it
+        self._store(PreferenceFields.__init__, locals())
+        require(preference_num_candidates >= 2, "preference_num_candidates must be >= 2.")
+        require(preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
+                "preference_pairs_per_sample must be >= 1 or null.")
+        require(pair_selection != "all" or preference_pairs_per_sample is None,
+                "preference_pairs_per_sample must be null when pair_selection='all'.")
+        super().__init__(**kwargs)

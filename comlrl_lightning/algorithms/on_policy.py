@@ -1,0 +1,188 @@
+"""OnPolicyModule: what the MAGRPO family and the actor-critic family share.
+
+Every training step samples the rollout trees of its dataset items with the current weights (one engine,
+``rollout/tree.py``; one record type, the tree ``Node``), adds what they hold to a buffer and, once the buffer
+holds ``rollout_buffer_size`` records (or the epoch ends), trains on it: turn by turn, shuffled, in mini-batches of
+``train_batch_size`` records, one team update (one ``global_step``) per mini-batch (``schedule``). The reference-KL
+penalty (``reference_kl_*``) is attached to the sampled completions here, for every family. A family says what a
+record is (:meth:`buffer_records`), what it prepares per turn group (:meth:`prepare_group`) and the losses of an
+update (:meth:`losses`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from comlrl_lightning.agents import resolve_devices
+from comlrl_lightning.algorithms.base import MultiAgentModule, mean_over
+from comlrl_lightning.algorithms.fields import ReferenceKLFields, RolloutFields, require
+from comlrl_lightning.core.losses import kl_estimate
+from comlrl_lightning.rollout.sampling import collate_rows
+from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
+
+
+class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
+    """Sample with the current weights, buffer, train on the buffer in mini-batches (module docstring)."""
+
+    reward_per_node = False  # actor-critic: one reward call per node, 1/J/N values
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.engine = RolloutEngine(
+            num_agents=self.num_agents, formatters=self.prompt_formatters, reward=self.task_reward,
+            sampling=self.sampling, num_generations=self.num_generations, num_turns=self.num_turns,
+            joint_mode=self.joint_mode, discount=self.discount,
+            early_termination_threshold=self.early_termination_threshold,
+            external_transition=self.external_transition,
+            external_prompt_passthrough=self.external_prompt_passthrough, use_chat_template=self.use_chat_template,
+            generation_batch_size=self.generation_batch_size, generation_kwargs=self.generation_kwargs,
+            parallel_agents=self.samples_concurrently if self.parallel_training == "mp" else False,
+            reward_per_node=self.reward_per_node, per_agent_rewards=not getattr(self, "centralized_critic", False))
+        self.buffer: list[Any] = []
+        self.last_rollout: Rollout | None = None
+        self.reference = None  # set by the ReferenceModels callback when the reference-KL penalty is on
+        self.reward_override = None  # a reward that replaces the task reward in rollouts (MARLHF's learned one)
+
+    def check_config(self) -> None:
+        super().check_config()
+        require(self.num_turns == 1 or self.external_transition is not None,
+                f"Multi-turn {self.algorithm_name} requires an external_transition.")
+        if self.reference_kl_enabled and self.reference_devices is not None:
+            resolve_devices(self.reference_devices, self.num_agents, kind="reference_devices")  # 1 or N devices
+
+    @property
+    def uses_reference(self) -> bool:
+        """The reference copies exist only when the penalty can act (never load a model nothing uses)."""
+        return self.reference_kl_enabled and self.reference_kl_coef > 0
+
+    def configure_callbacks(self):
+        from comlrl_lightning.callbacks import ReferenceModels
+
+        callbacks = list(super().configure_callbacks())
+        if self.uses_reference:
+            callbacks.append(ReferenceModels(self.reference_devices, self.micro_batch_size))
+        return callbacks
+
+    # ------------------------------------------------------------------ experience
+    def training_step(self, batch: list[Mapping[str, Any]], batch_idx: int):
+        self.log_metrics(*self.train_step(batch, batch_idx))
+
+    def train_step(self, batch: list[Mapping[str, Any]], batch_idx: int) -> tuple[dict[str, float], int, tuple]:
+        """Sample ``batch``'s trees, buffer them, train on a full buffer; returns the step's metrics, the batch
+        size and the progress-bar value (MARLHF runs its backend's steps through this)."""
+        rollout = self.collect_rollout(batch)
+        self.buffer.extend(self.buffer_records(rollout))
+        metrics = self.rollout_metrics(rollout)
+        last_batch = batch_idx + 1 >= self.trainer.num_training_batches
+        updates = []
+        if len(self.buffer) >= self.rollout_buffer_size or (last_batch and self.buffer):
+            records, self.buffer = self.buffer, []
+            updates = [self.update(mini_batch) for mini_batch in self.schedule(records)]
+        metrics.update(mean_over(updates))
+        return metrics, len(batch), ("reward", metrics["rollout/turn_1/reward_mean"])
+
+    @torch.no_grad()
+    def collect_rollout(self, items: Sequence[Mapping[str, Any]]) -> Rollout:
+        """Sample, reward and expand the trees of ``items`` with the current weights."""
+        rollout = self.engine.rollout(self.policy_models(), self.tokenizers, items, policy_version=self.global_step,
+                                      env_step=self.env_step, reward=self.rollout_reward())
+        self.env_step += rollout.num_joint_actions
+        for phase, seconds in rollout.timings.items():
+            self.phase_seconds[phase] += seconds
+        with self.timed("score"):
+            if self.reference is not None:
+                self.attach_reference_kl(rollout.nodes)
+            self.after_rollout(rollout)
+        self.last_rollout = rollout
+        return rollout
+
+    def rollout_reward(self):
+        """The reward rollouts are scored with: the task reward, unless overridden (MARLHF's learned reward)."""
+        return self.reward_override or self.task_reward
+
+    def after_rollout(self, rollout: Rollout) -> None:
+        """What a family computes on fresh nodes before they are buffered (actor-critic: values and targets)."""
+
+    def buffer_records(self, rollout: Rollout) -> list[Any]:
+        """What the buffer holds and ``rollout_buffer_size`` counts (the MAGRPO family: nodes)."""
+        return rollout.nodes
+
+    def schedule(self, records: list[Any]) -> Iterator[list[Any]]:
+        """The mini-batches of one drained buffer: turn by turn (a mini-batch never mixes turns), shuffled,
+        ``train_batch_size`` records each. Override for several passes over one rollout (PPO)."""
+        for turn in sorted({r.turn for r in records}):
+            group = [r for r in records if r.turn == turn]
+            self.prepare_group(group)
+            order = torch.randperm(len(group)).tolist()
+            for start in range(0, len(group), self.train_batch_size):
+                yield [group[j] for j in order[start : start + self.train_batch_size]]
+
+    def prepare_group(self, group: list[Any]) -> None:
+        """Per drained turn group, before its mini-batches (actor-critic: advantages over the group)."""
+
+    @torch.no_grad()
+    def attach_reference_kl(self, nodes: list[Node]) -> None:
+        """Reference log-probs of every sampled completion, batched per agent: ``reward`` placement stores
+        Σ_t KL per completion (``sequence_kl``), ``loss`` placement the per-token reference log-probs."""
+        for i in range(self.num_agents):
+            samples = [n.agents[i] for n in nodes]
+            inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                                  [s.completion_mask for s in samples], self.tokenizers[i].pad_token_id)
+            ref = self.reference.token_logprobs(i, inputs, self.agent_device(i))
+            sizes = [s.completion_ids.shape[0] for s in samples]
+            if self.reference_kl_placement == "reward":
+                policy = self.score_no_grad(i, inputs)
+                kl = (kl_estimate(policy, ref, self.reference_kl_estimator) * inputs.completion_mask).sum(-1)
+                for s, sequence_kl in zip(samples, kl.split(sizes)):
+                    s.sequence_kl = sequence_kl
+            else:
+                for s, rows in zip(samples, ref.split(sizes)):
+                    s.ref_logprobs = rows[:, : s.completion_ids.shape[1]]
+
+    # ------------------------------------------------------------------ metrics
+    def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """Rewards of the fresh nodes per turn, completion lengths, and the reference KL when it is on."""
+        metrics: dict[str, float] = {}
+        for t, level in enumerate(rollout.levels):
+            rewards = torch.cat([n.rewards for n in level])
+            metrics[f"rollout/turn_{t + 1}/reward_mean"] = float(rewards.mean())
+            metrics[f"rollout/turn_{t + 1}/reward_std"] = float(rewards.std(unbiased=False))
+            if self.reference is not None and self.reference_kl_placement == "reward":
+                kl = torch.cat([a.sequence_kl for n in level for a in n.agents])
+                metrics[f"turn_{t + 1}/reference_kl_mean"] = float(kl.mean())
+                metrics[f"turn_{t + 1}/reference_kl_penalty_mean"] = float(self.reference_kl_coef * kl.mean())
+        lengths = torch.cat([a.completion_mask.sum(-1) for n in rollout.nodes for a in n.agents]).float()
+        metrics["completions/mean_length"] = float(lengths.mean())
+        metrics["completions/clipped_ratio"] = float((lengths >= self.max_new_tokens).float().mean())
+        return metrics
+
+    def batch_metrics(self, records: list[Any]) -> dict[str, float]:
+        # Updates done before this one minus updates done at sampling: 0 = sampled by the weights being updated.
+        return {"rollout/policy_lag": float(self.global_step - min(r.policy_version for r in records))}
+
+    def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
+        """What the agents wrote at the first ``max_nodes`` nodes of the last rollout (CompletionsLogger)."""
+        if self.last_rollout is None:
+            return []
+        return [{
+            "env_step": node.env_step, "turn": node.turn + 1, "prompts": [a.prompt for a in node.agents],
+            "completions": [a.texts for a in node.agents], "joint_actions": node.joint_index.tolist(),
+            "rewards": node.rewards.tolist(),
+        } for node in self.last_rollout.nodes[:max_nodes]]
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["comlrl_lightning"]["buffer"] = [self.record_state(r) for r in self.buffer]  # awaiting an update
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.buffer = [self.record_from_state(s) for s in checkpoint.get("comlrl_lightning", {}).get("buffer", [])]
+
+    def record_state(self, record: Any) -> dict[str, Any]:
+        return record.state_dict()
+
+    def record_from_state(self, state: dict[str, Any]) -> Any:
+        return Node.from_state_dict(state)
