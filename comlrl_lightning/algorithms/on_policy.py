@@ -19,7 +19,7 @@ from comlrl_lightning.agents import resolve_devices
 from comlrl_lightning.algorithms.base import MultiAgentModule, mean_over
 from comlrl_lightning.algorithms.fields import ReferenceKLFields, RolloutFields, require
 from comlrl_lightning.core.losses import kl_estimate
-from comlrl_lightning.rollout.sampling import collate_rows
+from comlrl_lightning.rollout.sampling import ScoringInputs, collate_rows
 from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
 
 
@@ -122,14 +122,20 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
     def prepare_group(self, group: list[Any]) -> None:
         """Per drained turn group, before its mini-batches (actor-critic: advantages over the group)."""
 
+    def agent_inputs(self, nodes: Sequence[Node], agent: int) -> tuple[list[Any], ScoringInputs]:
+        """Agent ``agent``'s samples at ``nodes`` and their model inputs, one row per completion (node by node, K
+        rows each): what scoring them with any model needs."""
+        samples = [n.agents[agent] for n in nodes]
+        inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                              [s.completion_mask for s in samples], self.tokenizers[agent].pad_token_id)
+        return samples, inputs
+
     @torch.no_grad()
     def attach_reference_kl(self, nodes: list[Node]) -> None:
         """Reference log-probs of every sampled completion, batched per agent: ``reward`` placement stores
         Σ_t KL per completion (``sequence_kl``), ``loss`` placement the per-token reference log-probs."""
         for i in range(self.num_agents):
-            samples = [n.agents[i] for n in nodes]
-            inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
-                                  [s.completion_mask for s in samples], self.tokenizers[i].pad_token_id)
+            samples, inputs = self.agent_inputs(nodes, i)
             ref = self.reference.token_logprobs(i, inputs, self.agent_device(i))
             sizes = [s.completion_ids.shape[0] for s in samples]
             if self.reference_kl_placement == "reward":

@@ -19,7 +19,7 @@ the advantage computation is :meth:`advantages`, the per-agent loss :meth:`polic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -31,7 +31,6 @@ from comlrl_lightning.core.advantages import BASELINES, compute_advantages
 from comlrl_lightning.core.losses import assert_finite, kl_estimate, policy_gradient_loss, token_loss_weights
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
-    collate_rows,
     micro_batches,
     select_rows,
     token_logprobs,
@@ -92,19 +91,22 @@ class MAGRPO(OnPolicyModule):
         for i, agent in enumerate(chunks):
             for chunk in agent:
                 logp = token_logprobs(self.policy_model(i), chunk.inputs)
-                loss, _ = self.policy_loss(i, logp, chunk)
+                loss, diagnostics = self.policy_loss(i, logp, chunk)
                 assert_finite("policy loss", loss, step=self.global_step, agent=i)
-                yield loss, {f"agent_{i}/loss": loss.detach(), "loss": loss.detach()}
+                yield loss, {f"agent_{i}/loss": loss.detach(), "loss": loss.detach(),
+                             **{f"agent_{i}/{name}": value for name, value in diagnostics.items()}}
 
     def policy_loss(self, agent: int, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """Agent ``agent``'s loss on one micro-batch from its token log-probs ``logp`` [B, T] (with grad) and the
-        batch's advantages, loss weights and stored log-probs (the hook a PPO-style variant overrides)."""
+        batch's advantages, loss weights and stored log-probs (the hook a PPO-style variant overrides). Returns
+        the loss and additive diagnostics (summed over the update's micro-batches, logged as ``agent_i/<name>``)."""
         device = logp.device
         token_kl, kl_coef = None, 0.0
         if batch.ref_logprobs is not None:  # reference KL in the loss
             token_kl = kl_estimate(logp, batch.ref_logprobs.to(device), self.reference_kl_estimator)
             token_kl, kl_coef = token_kl * batch.inputs.completion_mask.to(device), self.reference_kl_coef
-        return policy_gradient_loss(logp, batch.advantages.to(device), batch.weights.to(device), token_kl, kl_coef)
+        loss, _ = policy_gradient_loss(logp, batch.advantages.to(device), batch.weights.to(device), token_kl, kl_coef)
+        return loss, {}
 
     def advantages(self, credit: Tensor) -> Tensor:
         """[M, K] group advantages from the [M, K] credited returns of M nodes (one agent's groups)."""
@@ -112,9 +114,7 @@ class MAGRPO(OnPolicyModule):
 
     def policy_batch(self, nodes: list[Node], agent: int) -> PolicyBatch:
         """Agent ``agent``'s rows of a mini-batch with group advantages computed per node (over its K)."""
-        samples = [n.agents[agent] for n in nodes]
-        inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
-                              [s.completion_mask for s in samples], self.tokenizers[agent].pad_token_id)
+        samples, inputs = self.agent_inputs(nodes, agent)
         credit = torch.stack([s.credit for s in samples])  # [M, K]
         if self.reference_kl_placement == "reward" and samples[0].sequence_kl is not None:
             credit = credit - self.reference_kl_coef * torch.stack([s.sequence_kl for s in samples])

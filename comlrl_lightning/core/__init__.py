@@ -11,6 +11,7 @@ from comlrl_lightning.core.advantages import (
     cross_joint_indices,
     discounted_returns,
     expand_rewards,
+    register_baseline,
     suffix_returns,
     td_targets,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "load_pairs",
     "madpo_loss",
     "policy_gradient_loss",
+    "register_baseline",
     "save_pairs",
     "select_pairs",
     "suffix_returns",

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-ADVANTAGE_MODES = ("mean", "raw", "max", "rloo")
+ADVANTAGE_MODES = ("mean", "raw", "max", "rloo")  # the built-in baselines; BASELINES holds every registered one
 
 
 def _as_float(x: Tensor) -> Tensor:
@@ -56,7 +56,27 @@ BASELINES: dict[str, Callable[[Tensor], Tensor]] = {
     "raw": raw_baseline,
     "max": max_baseline,
     "rloo": rloo_baseline,
-}
+}  # the registry: the single source of truth for what ``advantage_mode`` accepts
+
+
+def register_baseline(name: str, baseline: Callable[[Tensor], Tensor] | None = None):
+    """Register ``baseline`` (returns [..., K] -> advantages [..., K], before normalization) as ``advantage_mode:
+    name``; once registered the name is valid everywhere, YAML included. Usable as a decorator::
+
+        @register_baseline("median")
+        def median_baseline(returns):
+            return returns - returns.median(dim=-1, keepdim=True).values
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a baseline's name must be a non-empty string (got {name!r}).")
+
+    def register(function: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        if not callable(function):
+            raise TypeError(f"baseline {name!r} must be callable (got {type(function).__name__}).")
+        BASELINES[name] = function
+        return function
+
+    return register if baseline is None else register(baseline)
 
 
 def compute_advantages(returns: Tensor, mode: str = "mean", normalize: bool = True, eps: float = 1e-6) -> Tensor:
@@ -70,12 +90,12 @@ def compute_advantages(returns: Tensor, mode: str = "mean", normalize: bool = Tr
 
     Args:
         returns: [..., K] per-completion returns (already KL-shaped if that is enabled).
-        mode: one of ``ADVANTAGE_MODES``.
+        mode: a name in ``BASELINES`` (the built-ins, or one added with :func:`register_baseline`).
     Returns:
         [..., K] advantages, at least float32.
     """
     if mode not in BASELINES:
-        raise ValueError(f"advantage_mode must be one of: {', '.join(ADVANTAGE_MODES)} (got {mode!r}).")
+        raise ValueError(f"advantage_mode must be one of: {', '.join(BASELINES)} (got {mode!r}).")
     g = _as_float(returns)  # [..., K]
     adv = BASELINES[mode](g)  # [..., K]
     if normalize:

@@ -1,0 +1,51 @@
+"""Multi-agent PPO-clip on MAGRPO's machinery (docs/new_algorithm.md): MAGRPO's group advantages, the sampling
+policy's token log-probs stored with every sample, PPO's clipped surrogate objective (Schulman et al. 2017,
+arXiv:1707.06347) and ``ppo_epochs`` shuffled passes over every drained buffer. The stored log-probs travel with
+the buffered samples, so a checkpoint taken while samples wait for their update keeps them."""
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+
+from comlrl_lightning.algorithms import MAGRPO
+from comlrl_lightning.algorithms.fields import require
+from comlrl_lightning.algorithms.reinforce import PolicyBatch
+
+
+class MAPPOClip(MAGRPO):
+    """MAGRPO with the clipped importance ratio against the rollout's own log-probs.
+
+    Args:
+        clip_range: ε: the ratio π/π_old is clipped to [1 − ε, 1 + ε].
+        ppo_epochs: passes over one drained buffer (each reshuffles its mini-batches).
+    """
+
+    algorithm_name = "MAPPOClip"
+
+    def __init__(self, clip_range: float = 0.2, ppo_epochs: int = 2, **kwargs: Any):
+        self._store(MAPPOClip.__init__, locals())
+        require(clip_range > 0, f"clip_range must be > 0 (got {clip_range}).")
+        require(ppo_epochs >= 1, f"ppo_epochs must be >= 1 (got {ppo_epochs}).")
+        super().__init__(**kwargs)
+
+    def after_rollout(self, rollout) -> None:
+        """π_old: the sampling weights' token log-probs of every fresh sample (no grad)."""
+        super().after_rollout(rollout)
+        for agent in range(self.num_agents):
+            samples, inputs = self.agent_inputs(rollout.nodes, agent)
+            logprobs = self.score_no_grad(agent, inputs).split([s.completion_ids.shape[0] for s in samples])
+            for sample, rows in zip(samples, logprobs):
+                sample.old_logprobs = rows[:, : sample.completion_ids.shape[1]]
+
+    def schedule(self, records: list[Any]) -> Iterator[list[Any]]:
+        for _ in range(self.ppo_epochs):
+            yield from super().schedule(records)
+
+    def policy_loss(self, agent: int, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        ratio = torch.exp(logp - batch.old_logprobs.to(logp.device))  # [B, T]
+        clipped = ratio.clamp(1 - self.clip_range, 1 + self.clip_range)
+        advantages = batch.advantages.to(logp.device)[:, None]
+        surrogate = torch.minimum(ratio * advantages, clipped * advantages)
+        loss = -(batch.weights.to(logp.device) * surrogate).sum()
+        mask = batch.inputs.completion_mask.to(logp.device)
+        return loss, {"clipped_tokens": ((ratio != clipped) & mask).sum().detach()}

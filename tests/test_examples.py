@@ -1,0 +1,151 @@
+"""The worked examples of docs/new_algorithm.md: each stays within its line budget, its maths is checked by hand, and
+it fits through the CLI with ``class_path``."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from comlrl_lightning import TaskDataModule
+from comlrl_lightning.algorithms.reinforce import PolicyBatch
+from comlrl_lightning.core.advantages import BASELINES, compute_advantages
+from comlrl_lightning.envs import toy
+from comlrl_lightning.examples.median_magrpo import MedianMAGRPO
+from comlrl_lightning.examples.ppo_clip import MAPPOClip
+from comlrl_lightning.rollout.sampling import ScoringInputs
+from comlrl_lightning.rollout.tree import Node
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "comlrl_lightning" / "examples"
+ITEMS = [{"prompt": f"topic {i}", "topic": f"topic {i}"} for i in range(8)]
+
+
+@pytest.mark.parametrize("name,budget", [("median_magrpo.py", 15), ("ppo_clip.py", 60)])
+def test_the_examples_stay_within_their_line_budget(name, budget):
+    assert len((EXAMPLES / name).read_text().splitlines()) <= budget
+
+
+def fit_cli(tmp_path, class_path, *overrides):
+    from comlrl_lightning.cli import main
+
+    cli = main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--model", class_path,
+                "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+                "--model.init_args.max_new_tokens", "4", "--model.init_args.eval_interval", "0", *overrides])
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
+    return cli, rows
+
+
+# ----------------------------------------------------------------------------------------------- median baseline
+def test_registering_the_median_makes_it_an_advantage_mode():
+    assert "median" in BASELINES  # registered by importing the example
+    returns = torch.tensor([[1.0, 2.0, 10.0], [4.0, 0.0, 1.0]])
+    # by hand: medians 2 and 1 -> [-1, 0, 8] and [3, -1, 0]
+    assert compute_advantages(returns, "median", normalize=False).tolist() == [[-1.0, 0.0, 8.0], [3.0, -1.0, 0.0]]
+    # with normalization any shift baseline gives MAGRPO's advantages (the example's comment says so)
+    torch.testing.assert_close(compute_advantages(returns, "median"), compute_advantages(returns, "mean"))
+
+
+def test_median_magrpo_fits_through_the_cli(tmp_path):
+    cli, rows = fit_cli(tmp_path, "comlrl_lightning.examples.median_magrpo.MedianMAGRPO",
+                        "--model.init_args.advantage_normalization", "false", "--trainer.max_steps", "2")
+    assert isinstance(cli.model, MedianMAGRPO) and cli.model.advantage_mode == "median"
+    assert cli.trainer.global_step == 2 and [r for r in rows if r.get("loss")]
+
+
+def test_an_unregistered_baseline_is_rejected_with_the_registered_names(tmp_path, capsys):
+    from comlrl_lightning.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--model.init_args.advantage_mode",
+              "mode", "--trainer.default_root_dir", str(tmp_path)])
+    assert "advantage_mode must be one of: mean, raw, max, rloo, median (got 'mode')" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- PPO-clip
+def batch_of(ratio, advantages):
+    """A PolicyBatch whose stored log-probs give ``ratio`` against log-probs 0, with weights 1/2 per token."""
+    ratio, mask = torch.tensor(ratio), torch.ones(len(ratio), len(ratio[0]), dtype=torch.bool)
+    inputs = ScoringInputs(input_ids=torch.zeros(1), attention_mask=torch.zeros(1), position_ids=torch.zeros(1),
+                           completion_ids=torch.zeros(1), completion_mask=mask)
+    return PolicyBatch(inputs, torch.tensor(advantages), mask.float() / 2, None, old_logprobs=-ratio.log())
+
+
+def test_ppo_clip_loss_by_hand():
+    module = MAPPOClip(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, clip_range=0.2)
+    logp = torch.zeros(1, 2)
+    # ratios 1.5 and 0.5, clipped to 1.2 and 0.8. A = +1: min(1.5, 1.2) = 1.2, min(0.5, 0.8) = 0.5;
+    # loss = -(0.5 * 1.2 + 0.5 * 0.5) = -0.85. A = -1: min(-1.5, -1.2) = -1.5, min(-0.5, -0.8) = -0.8; loss = 1.15.
+    loss, diagnostics = module.policy_loss(0, logp, batch_of([[1.5, 0.5]], [1.0]))
+    assert loss.item() == pytest.approx(-0.85) and diagnostics["clipped_tokens"].item() == 2
+    loss, _ = module.policy_loss(0, logp, batch_of([[1.5, 0.5]], [-1.0]))
+    assert loss.item() == pytest.approx(1.15)
+    loss, diagnostics = module.policy_loss(0, logp, batch_of([[1.1, 0.9]], [2.0]))  # inside the clip range
+    assert loss.item() == pytest.approx(-(0.5 * 2.2 + 0.5 * 1.8)) and diagnostics["clipped_tokens"].item() == 0
+
+
+def test_ppo_clip_fits_through_the_cli_with_several_epochs_per_rollout(tmp_path):
+    steps = 4
+    cli, rows = fit_cli(tmp_path, "comlrl_lightning.examples.ppo_clip.MAPPOClip", "--model.init_args.ppo_epochs",
+                        "2", "--trainer.max_steps", str(steps))
+    module = cli.model
+    assert isinstance(module, MAPPOClip) and cli.trainer.global_step == steps
+    updates = [r for r in rows if r.get("loss")]
+    # quickstart: 2 prompts per step, buffer 2 nodes, train_batch_size 2 -> one mini-batch per pass, 2 passes per
+    # rollout, so every step makes 2 updates: policy lag 0 on the first pass, 1 on the second (the same samples
+    # again), logged as the step's mean 0.5.
+    assert len(updates) == steps // 2
+    assert [float(r["rollout/policy_lag"]) for r in updates] == [0.5] * (steps // 2)
+    assert all(float(r["agent_0/clipped_tokens"]) >= 0 for r in updates)
+
+
+def test_ppo_clip_stores_rollout_logprobs_that_survive_a_checkpoint():
+    seed_everything(0)
+    module = MAPPOClip(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2,
+                       max_new_tokens=4, eval_interval=0, log_completions=False)
+    module.configure_model()
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, accelerator="cpu", devices=1)
+    module.trainer = trainer
+    rollout = module.collect_rollout(ITEMS[:2])
+    for node in rollout.nodes:
+        for agent, sample in enumerate(node.agents):
+            assert sample.old_logprobs.shape == sample.completion_ids.shape
+    # what the sampling weights give, recomputed: the stored values are the current policy's
+    samples, inputs = module.agent_inputs(rollout.nodes, 0)
+    torch.testing.assert_close(torch.cat([torch.nn.functional.pad(s.old_logprobs, (0, inputs.completion_ids.shape[1]
+                                                                                    - s.old_logprobs.shape[1]))
+                                          for s in samples]) * inputs.completion_mask,
+                               module.score_no_grad(0, inputs) * inputs.completion_mask)
+    buffer = io.BytesIO()  # a checkpoint holding the buffered samples, loaded the way Lightning loads it
+    torch.save([n.state_dict() for n in rollout.nodes], buffer)
+    buffer.seek(0)
+    restored = [Node.from_state_dict(s) for s in torch.load(buffer, weights_only=True)]
+    for before, after in zip(rollout.nodes, restored):
+        for a, b in zip(before.agents, after.agents):
+            assert torch.equal(a.old_logprobs, b.old_logprobs)
+
+
+def test_ppo_clip_resumes_exactly(tmp_path):
+    def run(root, ckpt_path=None, every=None):
+        seed_everything(0)
+        module = MAPPOClip(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2,
+                           max_new_tokens=4, rollout_buffer_size=2, agent_learning_rate=1e-3, eval_interval=0,
+                           log_completions=False, ppo_epochs=2)
+        callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=every, save_top_k=-1)] if every else []
+        trainer = Trainer(max_steps=8, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                          callbacks=callbacks, enable_checkpointing=bool(every), accelerator="cpu", devices=1)
+        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2, shuffle=True),
+                    ckpt_path=ckpt_path)
+        return module
+
+    full = run(tmp_path / "full", every=4)
+    resumed = run(tmp_path / "resumed", ckpt_path=str(next((tmp_path / "full" / "ckpt").glob("*step=4.ckpt"))))
+    assert resumed.env_step == full.env_step
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
