@@ -1,4 +1,4 @@
-"""Time one MAGRPO (and, with ``--actor-critic``, IAC / MAAC) team update, phase by phase (DESIGN §4).
+"""Time one MAGRPO (and, with ``--actor-critic``, IAC / MAAC) team update, phase by phase (benchmarks/README.md).
 
 Workload: N agents x M prompts x K samples x exactly T new tokens (EOS is suppressed with
 ``min_new_tokens=T`` so every implementation generates and scores the same number of tokens).
@@ -15,7 +15,7 @@ Implementations:
 
     ours        comlrl_lightning.MAGRPO: ``module.engine.rollout`` for generate/reward, then the pieces of
                 ``MAGRPO.update`` (policy_batch -> token_logprobs -> policy_gradient_loss -> backward -> step)
-    per-sample  (``--baseline``) a CoMLRL-style implementation written here from REFERENCE §3.4/§3.9/§11.2:
+    per-sample  (``--baseline``) a per-sample implementation in CoMLRL's style (docs/differences.md):
                 one generate per agent per prompt, one reward call per joint action, and for the loss one
                 forward per completion with a Python loop over token positions (log_softmax per position)
                 and one backward per sample, one AdamW per agent
@@ -423,7 +423,7 @@ class RewardModelUpdate:
 
 # ---------------------------------------------------------------------------------------------- per-sample
 class PerSampleBaseline:
-    """CoMLRL-style per-sample, per-token MAGRPO step, written from REFERENCE §3.4, §3.9 and §11.2.
+    """CoMLRL-style per-sample, per-token MAGRPO step in CoMLRL's style (docs/differences.md).
 
     generate: per agent, per prompt, one ``generate`` with ``num_return_sequences=K`` in eval mode with
     ``requires_grad`` switched off and under ``inference_mode``; reward: one call per joint action;

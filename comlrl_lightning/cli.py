@@ -25,7 +25,7 @@ from comlrl_lightning.agents.loading import ModelLoadError
 from comlrl_lightning.algorithms import MultiAgentModule
 from comlrl_lightning.callbacks.checkpoints import RunCheckpoints
 from comlrl_lightning.callbacks.progress import progress_bar
-from comlrl_lightning.config_errors import CONFIG_ERRORS, SECRET_FIELDS, describe, redact, tidy
+from comlrl_lightning.config_errors import CONFIG_ERRORS, ConfigurationError, SECRET_FIELDS, describe, redact, tidy
 from comlrl_lightning.data import TaskDataModule
 from comlrl_lightning.quiet import quiet_known_noise
 
@@ -134,7 +134,7 @@ class ComlrlCLI(LightningCLI):
         configuration mistake too, reported in one message."""
         try:
             super()._run_subcommand(subcommand)
-        except ModelLoadError as err:
+        except (ModelLoadError, ConfigurationError) as err:
             if os.environ.get("COMLRL_DEBUG"):
                 raise
             config = self.config[subcommand] if subcommand else self.config

@@ -22,6 +22,11 @@ _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]\.?\s*Got value:\s*(.
 CONFIG_ERRORS = (ValueError, TypeError, OSError, ImportError, LookupError, MemoryError)
 
 
+class ConfigurationError(ValueError):
+    """A configuration mistake found when the run starts (not when the classes are built): the CLI reports it in
+    one message, like the others."""
+
+
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
     """``text`` with every credential field's value, and every given secret string, replaced by ``<redacted>``."""
     text = _SECRET.sub(lambda m: m.group(1) + "<redacted>", str(text))

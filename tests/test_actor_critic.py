@@ -1,4 +1,4 @@
-"""IAC and MAAC end to end on tiny models (REFERENCE §4, appendices A.4 and C): fit of every critic layout, TD(0)
+"""IAC and MAAC end to end on tiny models (docs/algorithms.md#actor-critic): fit of every critic layout, TD(0)
 targets and returns of multi-turn rollouts, advantages, reward-length expansion, the MAAC critic text, the
 gradient of the documented objective, value clipping, export, validation, learning, metrics callback, resume."""
 

@@ -29,7 +29,7 @@ CASES = [
     ("magrpo", [M + "micro_batch_size=0"], "micro_batch_size must be >= 1"),
     ("magrpo", [M + "micro_batch_tokens=0"], "micro_batch_tokens must be >= 1"),
     ("magrpo", [M + "discount=1.5"], "discount must be in [0, 1]"),
-    ("magrpo", [M + "advantage_mode=median"], "advantage_mode must be one of"),
+    ("magrpo", [M + "advantage_mode=midrange"], "advantage_mode must be one of"),
     ("magrpo", [M + "loss_aggregation=mean_of_means"], "loss_aggregation must be one of"),
     ("magrpo", [M + "reference_kl_coef=-0.1"], "reference_kl_coef must be >= 0"),
     ("magrpo", [M + "reference_kl_estimator=k9"], "reference_kl_estimator must be one of"),

@@ -1,4 +1,4 @@
-"""Centralized adapters and the one-actor collaboration wrapper (REFERENCE §5.9, §5.15)."""
+"""Centralized adapters and the one-actor collaboration wrapper (docs/iterative.md#centralized-collaboration)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Centralized collaboration end to end on tiny models (REFERENCE §3.15, §5.15, §10.8): ONE actor writes a joint
-answer for ``num_agents`` roles; the module holds one agent whose prompt is the adapter's joint prompt and whose
-reward splits the joint completion and calls the user's N-role reward.
+"""Centralized collaboration end to end on tiny models (docs/iterative.md#centralized-collaboration): ONE actor
+writes a joint answer for ``num_agents`` roles; the module holds one agent whose prompt is the adapter's joint
+prompt and whose reward splits the joint completion and calls the user's N-role reward.
 
 Random tiny models never write ``<agent_i>`` tags, so most tests use :class:`HalfAdapter`, which splits a joint
 completion into N contiguous pieces: the user's per-role reward then varies across samples. The adapter's own unit
@@ -283,7 +283,7 @@ def test_evaluation_hands_the_user_logger_the_split_roles(tmp_path):
 # ----------------------------------------------------------------------------------------------- MADPO
 def test_madpo_centralized_trains_one_actor_on_joint_pairs(tmp_path):
     module = build(MADPO, **CENTRAL)
-    sampled = record_sampling(module.collection_engine)
+    sampled = record_sampling(module.pair_engine)
     before = params_of(module)
     trainer = trainer_for(tmp_path)
     seed_everything(0)
@@ -308,11 +308,12 @@ def test_madpo_iter_centralized_trains_one_actor_on_joint_pairs(comparator, tmp_
                    preference_replay_dir=str(tmp_path / "replay"), policy_checkpoint_dir=str(tmp_path / "policies"),
                    **CENTRAL)
     assert module.num_agents == 1 and module.comparator_generation_mode == "centralized"
-    sampled = record_sampling(module.collection_engine)  # the current side and the comparator sample here
+    sampled = record_sampling(module.pair_engine)  # the current side and the comparator sample here
     before = params_of(module)
     trainer = trainer_for(tmp_path)
     seed_everything(0)
-    trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS[:1], prompts_per_step=1, show_progress=False))
+    data = PreferenceDataModule(dataset=ITEMS[:1], prompts_per_step=1, show_progress=False)
+    trainer.fit(module, datamodule=data)
 
     assert len(sampled) == 4  # 2 rounds x (current + comparator), each one actor answering the joint prompt
     assert all(prompts == [[joint(ITEMS[0])]] for prompts in sampled)
@@ -334,8 +335,8 @@ def test_madpo_iter_centralized_trains_one_actor_on_joint_pairs(comparator, tmp_
         assert (policies / label / "agent_0").is_dir(), label
         assert not (policies / label / "agent_1").exists(), label
     if comparator == "history":
-        assert module.comparator.checkpoint.resolve() == (policies / "initial").resolve()
-        assert module.comparator.roles == [0]
+        assert data.rounds.comparator.checkpoint.resolve() == (policies / "initial").resolve()
+        assert data.rounds.comparator.roles == [0]
 
 
 # ----------------------------------------------------------------------------------------------- MARLHFIter

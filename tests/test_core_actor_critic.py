@@ -1,5 +1,5 @@
 """Hand-derived checks of the actor-critic math: TD(0) targets, Monte-Carlo returns, critic advantages, reward
-expansion and the (clipped) value loss (REFERENCE §2.4, §4.5-4.7, appendix A.4)."""
+expansion and the (clipped) value loss (docs/algorithms.md#actor-critic, example 10)."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Reward-distribution logging: bins, histograms, payload, metrics, validation and SVG charts (REFERENCE §5.13)."""
+"""Reward-distribution logging: bins, histograms, payload, metrics, validation and SVG charts
+(docs/iterative.md#metrics)."""
 
 import functools
 import json
@@ -7,16 +8,14 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from comlrl_lightning.callbacks.charts import COMPARATOR_COLOR, TARGET_COLOR, svg_chart
 from comlrl_lightning.core.distributions import (
-    COMPARATOR_COLOR,
     NUM_BINS,
-    TARGET_COLOR,
     bin_edges,
     distribution_metrics,
     distribution_record,
     histogram,
     reward_range_of,
-    svg_chart,
 )
 
 # Range (0, 3) in 16 bins: width 3 / 16 = 0.1875.

@@ -1,4 +1,4 @@
-"""Hand-derived checks of KL estimators, loss weights and the REINFORCE surrogate (REFERENCE §3.9, §3.10, E.8)."""
+"""Hand-derived checks of KL estimators, loss weights and the REINFORCE surrogate (docs/algorithms.md examples 8, 9)."""
 
 import math
 
@@ -49,7 +49,7 @@ def test_k3_nonnegative_and_sequence_sum_e8():
     per_token = kl_estimate(logp_pol, logp_ref)  # default k3
     assert per_token.shape == (4, 9) and (per_token >= 0).all()
     d = logp_ref - logp_pol
-    close(per_token.sum(-1), (torch.exp(d) - d - 1).sum(-1), atol=1e-5)  # E.8 KL_seq
+    close(per_token.sum(-1), (torch.exp(d) - d - 1).sum(-1), atol=1e-5)  # sequence KL (example 8)
 
 
 def test_kl_bad_estimator_names_the_field():

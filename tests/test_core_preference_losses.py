@@ -1,4 +1,5 @@
-"""MADPO joint loss and Bradley–Terry loss: hand values, gradients, detach-trick equivalence (§5.4, E.6)."""
+"""MADPO joint loss and Bradley–Terry loss: hand values, gradients, detach-trick equivalence
+(docs/algorithms.md example 6)."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Replay buffer weights/shards/sampling and iterative pair selection (REFERENCE §5.6, §5.11, §5.12, E.5, E.7)."""
+"""Replay buffer weights/shards/sampling and iterative pair selection (docs/algorithms.md#iterative-rounds,
+examples 5 and 7)."""
 
 import json
 import os
@@ -8,16 +9,16 @@ from collections import Counter
 import pytest
 import torch
 
-from comlrl_lightning.core.pairs import RECORD_KEYS, PreferencePair, load_pairs
+from comlrl_lightning.core.pairs import RECORD_KEYS, PreferencePair
 from comlrl_lightning.core.replay import (
     ITERATIVE_PAIR_SELECTIONS,
     REPLAY_MODES,
-    ReplayIndex,
-    ReplayShard,
     normalize_replay_mode,
     replay_weights,
     select_comparison_pairs,
 )
+from comlrl_lightning.data.files import load_pairs
+from comlrl_lightning.data.replay import ReplayIndex, ReplayShard
 
 
 def make_pairs(tag: str, n: int) -> list[PreferencePair]:

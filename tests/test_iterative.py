@@ -1,6 +1,6 @@
 """Iterative preference training (MADPOIter, MARLHFIter) on tiny models: config validation, pair construction
 against a comparator, comparator sources, round files and metrics, the fresh reward model per round, resume and
-empty rounds (REFERENCE §5.6–5.14, appendix E.7)."""
+empty rounds (docs/iterative.md; docs/algorithms.md example 7)."""
 
 from __future__ import annotations
 
@@ -41,13 +41,15 @@ def make_iter(cls=MADPOIter, **overrides):
     return cls(**kwargs)
 
 
-def fit_iter(module, root, items=ITEMS[:3], callbacks=(), ckpt_path=None, name="run", seed=0):
+def fit_iter(module, root, items=ITEMS[:3], callbacks=(), ckpt_path=None, name="run", seed=0, spy=None):
     seed_everything(seed)
     checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)
     trainer = Trainer(logger=CSVLogger(root, name=name), enable_checkpointing=checkpointing,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu", devices=1)
     data = PreferenceDataModule(dataset=items, show_progress=False, prompts_per_step=4)
+    if spy is not None:
+        spy(data)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer, data
 
@@ -197,6 +199,17 @@ class FakeComparator:
         return self.texts
 
 
+def rounds_of(module, comparator=None):
+    """The data module a fit would attach, outside a fit: its round collector is built from the module's plan;
+    ``comparator`` stands in for the one it would build."""
+    module.configure_model()
+    data = PreferenceDataModule(dataset=list(ITEMS), show_progress=False)
+    data.attach(module.pair_plan())
+    if comparator is not None:
+        data.rounds.comparator = comparator
+    return data
+
+
 def stub_sampling(monkeypatch, module, current_texts):
     calls = []
 
@@ -204,7 +217,7 @@ def stub_sampling(monkeypatch, module, current_texts):
         calls.append(([id(m) for m in models], [list(p) for p in prompts], K))
         return [SimpleNamespace(texts=list(t)) for t in current_texts]
 
-    monkeypatch.setattr(module.collection_engine, "sample", fake_sample)
+    monkeypatch.setattr(module.pair_engine, "sample", fake_sample)
     return calls
 
 
@@ -217,15 +230,15 @@ def test_pairs_from_current_vs_comparator_use_processed_scores_and_keep_raw(monk
     current = [["a3", "a1", "a5", "a2", "a4", "a0"], ["p0", "p0", "p0", "p1", "p0", "p0"]]
     comparator = [["a1", "a2", "a1", "a4"], ["q0", "q0", "q1", "q0"]]
     sample_calls = stub_sampling(monkeypatch, module, current)
-    module.comparator = FakeComparator(comparator)
-    module.start_round(0)
-    pairs = module.collect_pairs(items)
-    module.end_round()
+    data = rounds_of(module, FakeComparator(comparator))
+    data.rounds.start_round(0)
+    pairs = data.collect_pairs(items)
+    data.rounds.end_round()
 
-    assert module.comparator.events == [("start", 0), ("end",)]
+    assert data.rounds.comparator.events == [("start", 0), ("end",)]
     prompts = [["first topic 0", "first topic 1"], ["second topic 0", "second topic 1"]]
     assert sample_calls == [([id(module.policy_model(0)), id(module.policy_model(1))], prompts, 3)]
-    assert module.comparator.calls == [([0, 1], prompts, 2, items)]
+    assert data.rounds.comparator.calls == [([0, 1], prompts, 2, items)]
 
     # raw: current item0 [3, 1, 5], item1 [3, 4, 0]; comparator item0 [1, 2], item1 [2, 4]
     # processed 100 - 10 r: current [70, 90, 50] / [70, 60, 100]; comparator [90, 80] / [80, 60]
@@ -256,16 +269,16 @@ def test_pairs_from_current_vs_comparator_use_processed_scores_and_keep_raw(monk
 @pytest.mark.parametrize("selection,order", [("comparator_reward", [(1, False), (0, True)]),
                                              ("reward_gap", [(0, True), (1, False)])])
 def test_iterative_pair_selection_order(selection, order, monkeypatch):
-    """E.7: current [3, 1, 2] vs comparator [1, 2, 2], limit 2."""
+    """docs/algorithms.md example 7: current [3, 1, 2] vs comparator [1, 2, 2], limit 2."""
     module = make_iter(reward_func=digit_reward, preference_num_candidates=3, pair_selection=selection,
                        preference_pairs_per_sample=2)
     current = [["a3", "a1", "a2"], ["p0", "p0", "p0"]]
     comparator = [["a1", "a2", "a2"], ["q0", "q0", "q0"]]
     stub_sampling(monkeypatch, module, current)
-    module.comparator = FakeComparator(comparator)
-    module.start_round(0)
-    pairs = module.collect_pairs(ITEMS[:1])
-    assert module.comparator.calls[0][2] == 3  # comparator_num_candidates defaults to preference_num_candidates
+    data = rounds_of(module, FakeComparator(comparator))
+    data.rounds.start_round(0)
+    pairs = data.collect_pairs(ITEMS[:1])
+    assert data.rounds.comparator.calls[0][2] == 3  # comparator_num_candidates defaults to preference_num_candidates
     got = []
     for pair in pairs:
         current_wins = pair.winner_completions[1] == "p0"
@@ -280,8 +293,9 @@ def test_iterative_pair_selection_order(selection, order, monkeypatch):
 def test_current_comparator_uses_its_own_random_stream():
     module = make_iter(preference_num_candidates=2)
     torch.manual_seed(1234)
-    module.start_round(0)
-    comparator, engine = module.comparator, module.collection_engine
+    data = rounds_of(module)
+    data.rounds.start_round(0)
+    comparator, engine = data.rounds.comparator, module.pair_engine
     assert type(comparator).__name__ == "CurrentComparator"
     items = ITEMS[:2]
     prompts = engine.first_prompts(items)
@@ -306,7 +320,7 @@ def test_current_comparator_uses_its_own_random_stream():
     comparator_sample()  # in between: the policy's sequence does not notice
     assert policy_sample() == policy_b
 
-    saved = copy.deepcopy(module.comparator_rng.state_dict())
+    saved = copy.deepcopy(data.comparator_rng.state_dict())
     second, third = comparator_sample(), comparator_sample()
     assert second != first and third != second  # the stream advances
     restored = IndependentRNG(seed=0)
@@ -393,14 +407,14 @@ def test_model_comparator_objects_use_the_agents_tokenizers_or_comparator_tokeni
     model, tok = MODEL_FACTORIES["tiny"](seed=3)
     module = make_iter(comparator_policy="model", comparator_agents=[model], preference_num_candidates=2,
                        num_iterations=1)
-    trainer, _ = fit_iter(module, tmp_path / "agents_tokenizers", items=ITEMS[:2])
+    trainer, data = fit_iter(module, tmp_path / "agents_tokenizers", items=ITEMS[:2])
     assert trainer.global_step >= 1
-    assert [module.comparator.model_for(r)[1] for r in range(2)] == list(module.tokenizers)
+    assert [data.rounds.comparator.model_for(r)[1] for r in range(2)] == list(module.tokenizers)
     other_tok = MODEL_FACTORIES["tiny"]()[1]
     module = make_iter(comparator_policy="model", comparator_agents=[model, copy.deepcopy(model)],
                        comparator_tokenizers=other_tok, preference_num_candidates=2, num_iterations=1)
-    fit_iter(module, tmp_path / "own_tokenizers", items=ITEMS[:2])
-    assert all(module.comparator.model_for(r)[1] is other_tok for r in range(2))
+    _, data = fit_iter(module, tmp_path / "own_tokenizers", items=ITEMS[:2])
+    assert all(data.rounds.comparator.model_for(r)[1] is other_tok for r in range(2))
 
 
 # ----------------------------------------------------------------------------------------------- fits
@@ -433,15 +447,17 @@ def test_two_rounds_write_shards_distributions_and_metrics(cls, tmp_path):
         initial_head = copy.deepcopy(module.reward_model.reward_head.state_dict())
         probe = RewardHeadProbe()
         callbacks.append(probe)
-        original_oracle = module.oracle
 
-        def oracle():
-            caller = original_oracle()
-            oracle_calls.append((module.current_epoch, caller is module.learned_reward))
-            return caller
+    def spy(data):  # which reward scores each collection call (the oracle the policy carries then)
+        collect = data.collect_pairs
 
-        module.oracle = oracle
-    trainer, data = fit_iter(module, tmp_path, callbacks=callbacks)
+        def collect_pairs(items):
+            oracle_calls.append((module.current_epoch, data.plan.policy.reward is module.learned_reward))
+            return collect(items)
+
+        data.collect_pairs = collect_pairs
+
+    trainer, data = fit_iter(module, tmp_path, callbacks=callbacks, spy=spy if cls is MARLHFIter else None)
     log_dir = Path(trainer.log_dir)
 
     shards = [read_json(log_dir / "preference_replay" / f"iteration_{v:04d}.json") for v in (1, 2)]
@@ -492,7 +508,7 @@ def test_two_rounds_write_shards_distributions_and_metrics(cls, tmp_path):
         assert not heads_equal(probe.epoch_end[2], initial_head)
         # round 1 is scored by the task reward, round 2 by round 1's reward model
         assert sorted(set(oracle_calls)) == [(0, False), (2, True)]
-        assert module.oracle() is module.learned_reward
+        assert module.collection_reward() is module.learned_reward
 
 
 def test_marlhfiter_reward_model_scoring_keeps_raw_scores_unprocessed(tmp_path):
@@ -613,7 +629,8 @@ def test_current_copy_on_other_devices_samples_a_frozen_copy_for_one_round():
 
     module = make_iter()
     # torch.device("cpu", 0) != torch.device("cpu"): a stand-in for "another device" on a CPU-only machine.
-    comparator = CurrentCopyComparator(module, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
+    module.configure_model()
+    comparator = CurrentCopyComparator(module.policy, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
     comparator.start_round(0)
     copies = [comparator.model_for(i)[0] for i in range(2)]
     for i, copy_ in enumerate(copies):
@@ -622,7 +639,7 @@ def test_current_copy_on_other_devices_samples_a_frozen_copy_for_one_round():
         assert same_weights(copy_, module.policy_model(i))
     comparator.end_round()
     assert comparator.model_for(0)[0] is module.policy_model(0)  # released: the live agent again
-    same_device = CurrentCopyComparator(module, IndependentRNG(1), [torch.device("cpu")] * 2)
+    same_device = CurrentCopyComparator(module.policy, IndependentRNG(1), [torch.device("cpu")] * 2)
     same_device.start_round(0)
     assert same_device.model_for(1)[0] is module.policy_model(1)
 
@@ -634,7 +651,7 @@ def test_current_copy_shares_one_copy_for_shared_weights():
 
     model, tokenizer = MODEL_FACTORIES["tiny"]()
     module = make_iter(agents=[model, model], tokenizers=tokenizer)
-    comparator = CurrentCopyComparator(module, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
+    comparator = CurrentCopyComparator(module.policy, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
     comparator.start_round(0)
     assert comparator.model_for(0)[0] is comparator.model_for(1)[0]
 
@@ -668,15 +685,15 @@ def test_centralized_comparator_generation_splits_joint_answers(monkeypatch):
     become empty roles and are counted."""
     module = make_iter(comparator_generation_mode="centralized", comparator_centralized_agent_index=1,
                        preference_num_candidates=2)
-    module.comparator = FakeComparator([["<agent_0>a0</agent_0><agent_1>b0</agent_1>", "no tags at all"]])
+    data = rounds_of(module, FakeComparator([["<agent_0>a0</agent_0><agent_1>b0</agent_1>", "no tags at all"]]))
     stub_sampling(monkeypatch, module, [["x", "y"], ["x", "y"]])
-    module.start_round(0)
-    texts = module.comparator_candidates(ITEMS[:1], module.collection_engine.first_prompts(ITEMS[:1]), 2)
-    roles, prompts, K, _ = module.comparator.calls[0]
+    data.rounds.start_round(0)
+    texts = data.rounds.comparator_candidates(ITEMS[:1], module.pair_engine.first_prompts(ITEMS[:1]), 2)
+    roles, prompts, K, _ = data.rounds.comparator.calls[0]
     assert roles == [1] and K == 2  # the centralized agent's model answers the joint prompt
     assert "Agent 0 original prompt" in prompts[0][0] and "<agent_1>" in prompts[0][0]
     assert texts == [["a0", ""], ["b0", ""]]
-    assert module._round_parse_failures == 1
+    assert data.rounds.parse_failures == 1
 
 
 def test_each_pair_pass_is_a_permutation_of_its_own():

@@ -1,6 +1,6 @@
 """MADPOIter against an OpenAI-chat-compatible comparator on a loopback HTTP server (127.0.0.1 only): the requests,
 the pairs built from the API's texts, retries, and that the API key never reaches a file, a log, a checkpoint or
-the hyper-parameters (REFERENCE §5.8, §5.10)."""
+the hyper-parameters (docs/iterative.md#api-comparators)."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_api_comparator_fit_requests_pairs_and_no_key_leak(server, tmp_path, cap
     assert caplog.records  # the run did log (so the check above looked at something)
     assert SECRET not in str(module.hparams) and SECRET not in repr(module.hparams)
     assert "comparator_api_key" not in module.hparams
-    assert SECRET not in repr(module.comparator.client)
+    assert SECRET not in repr(data.rounds.comparator.client)
 
 
 def test_api_server_error_is_retried_and_the_fit_completes(server, tmp_path):

@@ -47,8 +47,23 @@ def make_madpo(**overrides):
     return MADPO(**kwargs)
 
 
+def count_collections(data, calls, value=lambda items: len(items)):
+    """Record ``value(items)`` for every ``collect_pairs`` call of the data module."""
+    collect = data.collect_pairs
+    data.collect_pairs = lambda items: calls.append(value(items)) or collect(items)
+    return data
+
+
+def collected(module, items):
+    """The pairs the data side collects for ``items`` with the module's plan (outside a fit)."""
+    module.configure_model()
+    data = PreferenceDataModule(dataset=list(items), show_progress=False)
+    data.attach(module.pair_plan())
+    return data.collect_pairs(items)
+
+
 def fit_madpo(module, tmp_path, items=ITEMS[:3], max_epochs=2, max_steps=-1, callbacks=(), ckpt_path=None,
-              seed=0, name="run", **data_kwargs):
+              seed=0, name="run", calls=None, **data_kwargs):
     seed_everything(seed)
     checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)
     trainer = Trainer(max_epochs=max_epochs, max_steps=max_steps, logger=CSVLogger(tmp_path, name=name),
@@ -57,6 +72,8 @@ def fit_madpo(module, tmp_path, items=ITEMS[:3], max_epochs=2, max_steps=-1, cal
                       devices=1)
     data_kwargs.setdefault("prompts_per_step", 4)
     data = PreferenceDataModule(dataset=items, show_progress=False, **data_kwargs)
+    if calls is not None:
+        count_collections(data, calls)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer, data
 
@@ -100,7 +117,7 @@ def test_fit_collects_pairs_updates_and_logs(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
     updates_per_epoch = math.ceil(len(pairs) / 3)
     assert trainer.global_step == 2 * updates_per_epoch
-    assert module.env_step == 2 * len(pairs) * 2  # environment_steps_per_pair=2 x pairs x epochs (REFERENCE E.4)
+    assert module.env_step == 2 * len(pairs) * 2  # environment_steps_per_pair=2 x pairs x epochs (example 4)
 
     rows = read_metrics(trainer)
     env_steps = column(rows, "env_step")
@@ -143,7 +160,7 @@ def test_pairs_keep_the_sampled_token_ids():
     module = make_madpo(formatters=formatters, reward_processor=lambda r: 2.0 * r + 1.0,
                         generation_kwargs=varied_lengths())
     items = ITEMS[:4]
-    pairs = module.collect_pairs(items)
+    pairs = collected(module, items)
     assert len(pairs) == 4 * 2  # 2 per item: random text hardly ever ties
     ended, full = 0, 0
     for p in pairs:
@@ -170,7 +187,7 @@ def test_pairs_keep_the_sampled_token_ids():
 def test_agent_margins_match_per_sequence_scoring():
     seed_everything(1)
     module = make_madpo(generation_kwargs=varied_lengths())
-    pairs = module.collect_pairs(ITEMS[:3])
+    pairs = collected(module, ITEMS[:3])
     lengths = {len(p.winner_ids[0]) for p in pairs} | {len(p.loser_ids[0]) for p in pairs}
     assert len(lengths) > 1  # padding is exercised
     module.eval()
@@ -183,7 +200,7 @@ def test_agent_margins_match_per_sequence_scoring():
 # ----------------------------------------------------------------------------------------------- gradients
 def test_gradient_matches_the_joint_objective_and_the_detach_form(tmp_path):
     """grad of one update == autograd of mean_p -log σ(η Σ_i Δ_i) scored one sequence at a time; per agent, also ==
-    CoMLRL's form mean_p -log σ(η (Δ_i + Σ_{j≠i} stopgrad Δ_j)) (REFERENCE §5.4, E.6)."""
+    CoMLRL's form mean_p -log σ(η (Δ_i + Σ_{j≠i} stopgrad Δ_j)) (docs/algorithms.md example 6)."""
     beta = 0.05  # margins of the varied-length pairs are tens of nats: σ(-ηΔ) then differs clearly between pairs
     module = make_madpo(train_batch_size=4, dpo_beta=beta, generation_kwargs=varied_lengths())
     captured = {}
@@ -274,9 +291,7 @@ def test_resume_restores_the_pairs_and_matches_the_uninterrupted_run(tmp_path):
     def run(ckpt_path=None, callbacks=(), name="run"):
         module = make_madpo(generation_kwargs=varied_lengths())
         calls = []
-        collect = module.collect_pairs
-        module.collect_pairs = lambda items: calls.append(len(items)) or collect(items)
-        trainer, data = fit_madpo(module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name)
+        trainer, data = fit_madpo(module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name, calls=calls)
         return module, trainer, data, calls
 
     ckpt_dir = tmp_path / "ckpt"
@@ -304,13 +319,12 @@ def test_resume_restores_the_pairs_and_matches_the_uninterrupted_run(tmp_path):
 def test_reloading_the_loader_recollects_pairs(tmp_path):
     module = make_madpo()
     calls = []
-    collect = module.collect_pairs
-    module.collect_pairs = lambda items: calls.append(module.global_step) or collect(items)
     seed_everything(0)
     trainer = Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       accelerator="cpu", devices=1)
     data = PreferenceDataModule(dataset=ITEMS[:2], prompts_per_step=2, show_progress=False)
+    count_collections(data, calls, lambda items: module.global_step)
     trainer.fit(module, datamodule=data)
     per_epoch = trainer.global_step // 2
     assert calls == [0, per_epoch]  # each epoch's pairs come from the agents as they are then

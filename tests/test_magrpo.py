@@ -333,7 +333,7 @@ def test_save_pretrained_round_trip(tmp_path):
     ({"train_batch_size": 0}, "train_batch_size"),
     ({"num_turns": 0}, "num_turns"),
     ({"num_turns": 2}, "Multi-turn MAGRPO requires an external_transition"),
-    ({"advantage_mode": "median"}, "advantage_mode must be one of: mean, raw, max, rloo"),
+    ({"advantage_mode": "midrange"}, "advantage_mode must be one of: mean, raw, max, rloo"),
     ({"loss_aggregation": "sum"}, "loss_aggregation"),
     ({"reference_kl_coef": -1.0}, "reference_kl_coef must be >= 0"),
     ({"reference_kl_estimator": "k4"}, "reference_kl_estimator"),

@@ -1,5 +1,5 @@
 """MARLHF end to end on tiny models: the two stages (reward model, then RL on it) for every backend, which reward
-scores what, env_step accounting, validation, export, resume and the CLI config (REFERENCE §5.5, A.3, C)."""
+scores what, env_step accounting, validation, export, resume and the CLI config (docs/algorithms.md#marlhf)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ def make_marlhf(rl_algorithm="magrpo", **overrides):
     return MARLHF(**kwargs)
 
 
-def fit_marlhf(module, tmp_path, max_epochs=2, callbacks=(), ckpt_path=None, name="run", items=ITEMS[:4]):
+def fit_marlhf(module, tmp_path, max_epochs=2, callbacks=(), ckpt_path=None, name="run", items=ITEMS[:4],
+               collects=None):
+    """``collects``: a list that gets the epoch of every collection call of the data module."""
     seed_everything(0)
     checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)
     trainer = Trainer(max_epochs=max_epochs, logger=CSVLogger(tmp_path, name=name), enable_checkpointing=checkpointing,
@@ -56,6 +58,9 @@ def fit_marlhf(module, tmp_path, max_epochs=2, callbacks=(), ckpt_path=None, nam
                       log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu", devices=1)
     data = PreferenceDataModule(dataset=items, eval_dataset=ITEMS[:2], prompts_per_step=2, eval_batch_size=2,
                                 show_progress=False)
+    if collects is not None:
+        collect = data.collect_pairs
+        data.collect_pairs = lambda items: collects.append(module.current_epoch) or collect(items)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer, data
 
@@ -116,11 +121,11 @@ def test_two_stages_for_every_backend(algo, tmp_path):
     if mode is not None:
         assert module.rl.advantage_mode == mode
 
-    collects = count_calls(module, "collect_pairs")
+    collects = []
     rm_steps = count_calls(module, "update")  # the reward-model stage's updates
     rl_updates = count_calls(module.rl, "update")  # the backend's
     probe = StageProbe()
-    trainer, data = fit_marlhf(module, tmp_path, callbacks=[probe])
+    trainer, data = fit_marlhf(module, tmp_path, callbacks=[probe], collects=collects)
 
     assert collects == [0, 0]  # 4 tasks, 2 per collection call, all in epoch 0
     pairs = data.pairs
@@ -382,9 +387,10 @@ def test_reloaded_tiny_tokenizer_splits_digits_like_the_original(tmp_path):
 def test_resume_in_the_rl_stage_neither_recollects_nor_retrains(algo, tmp_path):
     def run(ckpt_path=None, callbacks=(), name="run"):
         module = make_marlhf(algo)
-        counts = {"collect_pairs": count_calls(module, "collect_pairs"), "reward_model_step": count_calls(module, "update"),
+        counts = {"collect_pairs": [], "reward_model_step": count_calls(module, "update"),
                   "update": count_calls(module.rl, "update")}
-        trainer, data = fit_marlhf(module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name)
+        trainer, data = fit_marlhf(module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name,
+                                   collects=counts["collect_pairs"])
         return module, trainer, data, counts
 
     ckpt_dir = tmp_path / "ckpt"

@@ -1,4 +1,5 @@
-"""JointRewardModel, joint_text and RewardModelReward on the tiny Qwen2 model (REFERENCE §5.5, §11.1 item 15)."""
+"""JointRewardModel, joint_text and RewardModelReward on the tiny Qwen2 model (docs/algorithms.md#marlhf,
+docs/differences.md)."""
 
 import json
 from types import SimpleNamespace

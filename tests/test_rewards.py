@@ -1,4 +1,5 @@
-"""User-code adapters of ``comlrl_lightning.rollout.rewards`` (REFERENCE §2.2, §2.3, §2.5)."""
+"""User-code adapters of ``comlrl_lightning.rollout.rewards``
+(docs/algorithms.md#formatters-rewards-and-transitions)."""
 
 from __future__ import annotations
 

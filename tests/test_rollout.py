@@ -1,4 +1,5 @@
-"""Sampling, token scoring and the rollout tree (REFERENCE §3.4–3.6, appendix E.2/E.3).
+"""Sampling, token scoring and the rollout tree (docs/algorithms.md#rollout-trees-and-joint-actions,
+#returns-and-credit, examples 2 and 3).
 
 Model-backed tests use the offline ``tiny`` Qwen2 (pad == eos, left padding). The tree tests replace
 ``sample_completions`` with a deterministic fake so every reward, return and credit is known in advance.
@@ -375,7 +376,7 @@ def fake(monkeypatch):
 MODELS = [Agent("A"), Agent("B")]
 TOKS = ["tokA", "tokB"]
 
-# E.2 numbers: root r = [1, 2]; child of action 0 has [a, b] = [0.5, 1.5], child of action 1 [c, d] = [3, 5].
+# Example 2 of docs/algorithms.md: root r = [1, 2]; child of action 0 has [0.5, 1.5], child of action 1 [3, 5].
 E2_TABLE = {
     ("p", (0, 0)): 1.0, ("p", (1, 1)): 2.0,
     ("p>00", (0, 0)): 0.5, ("p>00", (1, 1)): 1.5,

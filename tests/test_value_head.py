@@ -1,4 +1,4 @@
-"""ValueHead and CausalLMWithValueHead on the tiny Qwen2 model (REFERENCE §4.3)."""
+"""ValueHead and CausalLMWithValueHead on the tiny Qwen2 model (docs/algorithms.md#actor-critic)."""
 
 from types import SimpleNamespace
 

@@ -1,6 +1,6 @@
 """Device specifications for agents (and critics, reference and comparator models).
 
-The grammar follows CoMLRL's ``DeviceScheduler`` (REFERENCE §6.1):
+The grammar follows CoMLRL's ``DeviceScheduler`` (docs/algorithms.md#agents-and-devices):
 
 - ``None`` or ``"auto"``: automatic — no CUDA: ``n × cpu``; fewer GPUs than ``n``: ``n × cuda:0``;
   otherwise ``cuda:0 … cuda:{n-1}``. (MPS is never chosen automatically; ask for ``"mps"``.)
@@ -11,8 +11,8 @@ The grammar follows CoMLRL's ``DeviceScheduler`` (REFERENCE §6.1):
 Each entry is checked with ``torch.device`` so a typo (``"gpu0"``) fails at configuration time with a
 message naming the field; whether the device exists is checked when a model is moved there.
 
-``parallel_training`` selects how agents are placed (REFERENCE §6.2): ``"none"`` puts every agent on one
-device (:func:`resolve_single_device`); ``"mp"`` places each agent on its own device from
+``parallel_training`` selects how agents are placed (docs/algorithms.md#agents-and-devices): ``"none"`` puts
+every agent on one device (:func:`resolve_single_device`); ``"mp"`` places each agent on its own device from
 ``agent_devices``. Data parallelism is Lightning's job (``Trainer(strategy="ddp")``), not a mode here.
 """
 

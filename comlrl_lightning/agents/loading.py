@@ -1,6 +1,6 @@
 """Loading the agent team: models, tokenizers, special tokens, export.
 
-``agents`` (the config field) names the team, as in CoMLRL (REFERENCE §2.9):
+``agents`` (the config field) names the team, as in CoMLRL (docs/algorithms.md#agents-and-devices):
 
 - a **string** — a factory name from :data:`~comlrl_lightning.agents.factories.MODEL_FACTORIES`
   (``"tiny"``, ``"tiny-5m"``, ``"smollm2-135m-instruct"``), a local directory written by
@@ -11,13 +11,13 @@
 - a **list** of strings and/or model objects — a *heterogeneous* team, one entry per agent
   (``num_agents`` defaults to the list length). A string repeated in the list still yields independent
   copies; the **same model object** repeated in the list is kept as that object, so those agents
-  **share weights** (parameter sharing, REFERENCE §6.2).
+  **share weights** (parameter sharing, docs/algorithms.md#agents-and-devices).
 
 Every configuration error is raised by :func:`validate_agent_sources` (which the LightningModule calls
 in ``__init__``) *before* any model is loaded.
 
 Differences from CoMLRL, on purpose: ``special_tokens`` that grow a tokenizer also resize the agents'
-token embeddings (CoMLRL's §11 item 14 left them too small, an index error on first use); tokenizers get
+token embeddings (CoMLRL left them too small, an index error on first use; docs/differences.md); tokenizers get
 ``padding_side="left"`` (batched generation); a hub id that cannot be fetched offline fails at once with
 a message naming it instead of a bare hub error.
 """
@@ -313,7 +313,7 @@ def _merge_model_kwargs(dtype: Any, attn_implementation: str | None, model_kwarg
         kwargs["dtype"] = inner
     elif dtype is not None:
         kwargs["dtype"] = _normalize_dtype(dtype)
-    # attn_implementation inside model_kwargs wins over the top-level default (REFERENCE §2.8).
+    # attn_implementation inside model_kwargs wins over the top-level default (docs/algorithms.md#agents-and-devices).
     if attn_implementation is not None:
         kwargs.setdefault("attn_implementation", attn_implementation)
     return kwargs

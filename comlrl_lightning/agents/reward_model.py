@@ -1,4 +1,4 @@
-"""MARLHF's joint reward model (REFERENCE §5.5) and its use as a team reward.
+"""MARLHF's joint reward model (docs/algorithms.md#marlhf) and its use as a team reward.
 
 ``JointRewardModel`` scores one *joint* multi-agent response: every agent's prompt and response laid out by
 :func:`joint_text`, tokenised with the reward model's own tokenizer, read by a causal-LM body, and mapped to one
@@ -10,8 +10,8 @@ without the ``[B, L, vocab]`` LM-head projection), its float32 head output and i
 
 Differences from CoMLRL:
 
-* pooling: CoMLRL reads position ``sum(attention_mask) - 1``, right only for right padding (REFERENCE §11.1
-  item 15; a left-padding tokenizer pools a pad). Here the index is the position of the last 1 in the mask, and
+* pooling: CoMLRL reads position ``sum(attention_mask) - 1``, right only for right padding (docs/differences.md;
+  a left-padding tokenizer pools a pad). Here the index is the position of the last 1 in the mask, and
   position ids follow the mask (``cumsum - 1``), so a row scores the same under left padding, right padding or
   none;
 * the head is initialised N(0, 0.02) with zero bias (the ``ValueHead`` init), not ``nn.Linear``'s default.
@@ -48,7 +48,7 @@ REWARD_MODEL_CONFIG_NAME = "reward_model_config.json"
 
 
 def joint_text(prompts: Sequence[str], responses: Sequence[str]) -> str:
-    """The text the reward model reads for one joint response (REFERENCE §5.5)::
+    """The text the reward model reads for one joint response (docs/algorithms.md#marlhf)::
 
         Joint multi-agent response
 
@@ -111,7 +111,7 @@ def last_token_positions(attention_mask: Tensor) -> Tensor:
 
 
 class JointRewardModel(nn.Module):
-    """Causal-LM backbone + scalar head ``Linear(hidden, 1)``: one score per joint response (REFERENCE §5.5).
+    """Causal-LM backbone + scalar head ``Linear(hidden, 1)``: one score per joint response (docs/algorithms.md#marlhf).
 
     Args:
         backbone: a causal LM (``PreTrainedModel``; hidden size from its config's ``hidden_size``, ``n_embd`` or

@@ -1,4 +1,4 @@
-"""Value heads for actor-critic agents (IAC, MAAC; REFERENCE §4.3).
+"""Value heads for actor-critic agents (IAC, MAAC; docs/algorithms.md#actor-critic).
 
 ``ValueHead`` maps a hidden state to a scalar. ``CausalLMWithValueHead`` puts one on top of any Hugging Face
 causal LM and serves both roles:

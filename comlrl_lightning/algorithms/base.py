@@ -1,6 +1,6 @@
 """MultiAgentModule: N agents in one LightningModule, one optimizer step per team update.
 
-Lightning decisions (DESIGN §2):
+Lightning decisions (README, docs/differences.md):
 
 * Fields are declared once, in the groups of ``algorithms/fields.py``; a module is the groups it uses. Building a
   module only checks its configuration; the models are loaded in ``configure_model`` (Lightning calls it before
@@ -48,6 +48,7 @@ from comlrl_lightning.algorithms.fields import (
     TaskFields,
     require,
 )
+from comlrl_lightning.config_errors import ConfigurationError
 from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
@@ -200,10 +201,14 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                                       eps=1e-8)
         if self.lr_warmup_steps == 0 and self.lr_decay == "constant":
             return optimizer
-        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else \
-            self.trainer.estimated_stepping_batches
-        schedule = LearningRateSchedule(self.lr_warmup_steps, self.lr_decay, int(total), self.lr_min_ratio)
-        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)}
+        total = self.lr_decay_steps or (self.trainer.max_steps if self.trainer.max_steps > 0 else None)
+        if total is None and self.lr_decay != "constant":
+            raise ConfigurationError(
+                f"lr_decay={self.lr_decay!r} needs the number of updates it spans: set model lr_decay_steps, or "
+                "trainer.max_steps (updates; a fit's update count is not known in advance: rollouts, pairs and "
+                "rounds vary).")
+        schedule = LearningRateSchedule(self.lr_warmup_steps, self.lr_decay, int(total or 1), self.lr_min_ratio)
+        return {"optimizer": optimizer, "lr_scheduler": UpdateScheduler(optimizer, schedule)}
 
     # ------------------------------------------------------------------ the update skeleton
     def update(self, batch: Any) -> dict[str, float]:
@@ -219,10 +224,11 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             metrics = {**self.clip_and_measure_gradients(), **self.batch_metrics(batch), **sums}
             for group in optimizer.param_groups:  # the rate this update used
                 metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
+            trained = [any(p.grad is not None for p in group["params"]) for group in optimizer.param_groups]
             optimizer.step()
             scheduler = self.lr_schedulers()
             if scheduler is not None:
-                scheduler.step()
+                scheduler.step_groups(trained)
         return metrics
 
     @abc.abstractmethod
@@ -441,9 +447,10 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
 
 
 class LearningRateSchedule:
-    """Multiplier of each group's learning rate at update ``step``: linear warm-up over ``warmup`` updates, then
-    ``constant``, ``linear`` or ``cosine`` decay to ``min_ratio`` at update ``total`` (a callable object, so the
-    scheduler's checkpointed state restores it)."""
+    """Multiplier of a group's learning rate at its update ``step`` (0-based): linear warm-up over ``warmup``
+    updates ((step + 1) / warmup), then ``constant``, or ``linear``/``cosine`` decay from 1 at update ``warmup``
+    towards ``min_ratio``, reached at update ``total`` — just after the last of ``total`` updates, as in the usual
+    Hugging Face schedules (so no update runs at a zero rate) — and kept after it."""
 
     def __init__(self, warmup: int, decay: str, total: int, min_ratio: float):
         self.warmup, self.decay, self.total, self.min_ratio = warmup, decay, max(total, 1), min_ratio
@@ -456,6 +463,33 @@ class LearningRateSchedule:
         progress = min((step - self.warmup) / max(self.total - self.warmup, 1), 1.0)
         shape = 1.0 - progress if self.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
         return self.min_ratio + (1.0 - self.min_ratio) * shape
+
+
+class UpdateScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """Each parameter group's rate follows ``schedule`` over the updates that trained that group (MARLHF's agents
+    do not warm up during its reward-model stage, nor its reward model during RL). Its state — each group's update
+    count and the schedule's settings — is checkpointed, so a resumed run continues where it stopped."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: LearningRateSchedule):
+        self.schedule = schedule
+        self.group_updates = [0] * len(optimizer.param_groups)
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        return [base * self.schedule(n) for base, n in zip(self.base_lrs, self.group_updates)]
+
+    def step_groups(self, trained: Sequence[bool]) -> None:
+        """After an optimizer step: advance the groups that had gradients in it."""
+        self.group_updates = [n + int(t) for n, t in zip(self.group_updates, trained)]
+        self.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "schedule": dict(vars(self.schedule))}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        self.schedule.__dict__.update(state.pop("schedule", {}))
+        super().load_state_dict(state)
 
 
 @dataclass

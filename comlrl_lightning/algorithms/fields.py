@@ -18,7 +18,14 @@ Checks that involve several groups (the reward against the team size, devices ag
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 from typing import Any, Callable, Literal, Sequence, get_args, get_origin
+
+from comlrl_lightning.agents import check_model_sources
+from comlrl_lightning.comparators.api import ApiComparatorConfig, normalize_api_format
+from comlrl_lightning.comparators.sources import normalize_comparator_policy, normalize_generation_mode
+from comlrl_lightning.core.replay import normalize_replay_mode
+from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check_adapter
 
 ParallelTraining = Literal["none", "mp"]
 CollaborationMode = Literal["decentralized", "centralized"]
@@ -164,8 +171,9 @@ class OptimizationFields(FieldGroup):
         weight_decay: AdamW weight decay (PyTorch's 0.01, as CoMLRL).
         max_grad_norm: clip each model's gradient norm to this (null: no clipping, as CoMLRL).
         lr_warmup_steps: updates of linear warm-up from 0 to the learning rate (0: none).
-        lr_decay: after warm-up: ``constant``, ``linear`` or ``cosine`` decay to ``lr_min_ratio`` x the rate at
-            the last update (``trainer.max_steps``, else the fit's estimated updates).
+        lr_decay: after warm-up: ``constant``, or ``linear``/``cosine`` decay towards ``lr_min_ratio`` x the rate,
+            reached just after the last of ``lr_decay_steps`` updates.
+        lr_decay_steps: updates the schedule spans, warm-up included (null: ``trainer.max_steps``).
         lr_min_ratio: the decayed learning rate's floor, as a fraction of the learning rate.
         micro_batch_size: rows per forward of an update (gradients accumulate; null: all rows at once).
         micro_batch_tokens: at most this many tokens per forward (rows x longest row): bounds update memory for
@@ -174,7 +182,7 @@ class OptimizationFields(FieldGroup):
 
     def __init__(self, agent_learning_rate: float | list[float] = 5e-6, weight_decay: float = 0.01,
                  max_grad_norm: float | None = None, lr_warmup_steps: int = 0, lr_decay: LrDecay = "constant",
-                 lr_min_ratio: float = 0.0, micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
+                 lr_decay_steps: int | None = None, lr_min_ratio: float = 0.0, micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
                  **kwargs: Any):
         self._store(OptimizationFields.__init__, locals())
         rates = agent_learning_rate if isinstance(agent_learning_rate, (list, tuple)) else [agent_learning_rate]
@@ -182,6 +190,7 @@ class OptimizationFields(FieldGroup):
         require(weight_decay >= 0, f"weight_decay must be >= 0 (got {weight_decay}).")
         require(max_grad_norm is None or max_grad_norm > 0, f"max_grad_norm must be > 0 or null (got {max_grad_norm}).")
         require(lr_warmup_steps >= 0, f"lr_warmup_steps must be >= 0 (got {lr_warmup_steps}).")
+        require(lr_decay_steps is None or lr_decay_steps >= 1, f"lr_decay_steps must be >= 1 or null (got {lr_decay_steps}).")
         require(0.0 <= lr_min_ratio <= 1.0, f"lr_min_ratio must be in [0, 1] (got {lr_min_ratio}).")
         require(micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null.")
         require(micro_batch_tokens is None or micro_batch_tokens >= 1, "micro_batch_tokens must be >= 1 or null.")
@@ -330,3 +339,169 @@ class PreferenceFields(JointActionFields):
         require(pair_selection != "all" or preference_pairs_per_sample is None,
                 "preference_pairs_per_sample must be null when pair_selection='all'.")
         super().__init__(**kwargs)
+
+
+# Iterative preference training. Choices list the canonical names first, then CoMLRL's aliases (any case from
+# Python; the CLI takes the spellings listed).
+ReplayMode = Literal["current", "nearest_k", "all_history", "lambda_decay", "latest", "new", "recent_k", "last_k",
+                     "k", "lambda", "td_lambda", "td-lambda"]
+ComparatorPolicy = Literal["current", "current_copy", "model", "history", "api", "self", "online", "copy",
+                           "online_copy", "current-offload", "current_offload", "external", "comparator", "reference",
+                           "ref", "checkpoint", "previous", "previous_iteration", "http", "endpoint"]
+GenerationMode = Literal["decentralized", "centralized", "decentralised", "multi_agent", "multi-agent", "centralised",
+                         "single_agent", "single-agent"]
+ApiFormat = Literal["generic", "openai", "anthropic", "openai_responses", "openai_chat", "chat",
+                    "anthropic_messages", "messages", "responses", "codex"]
+
+
+class ReplayFields(FieldGroup):
+    """The rounds of iterative preference training and what each round trains on.
+
+    Args:
+        num_iterations: rounds of collect → replay → train.
+        preference_replay_mode: which stored rounds a round trains on: ``current``, ``nearest_k``, ``all_history``
+            or ``lambda_decay`` (aliases latest, recent_k, lambda, ...).
+        preference_replay_k: rounds ``nearest_k`` draws from.
+        preference_replay_lambda: weight decay per round back for ``lambda_decay``, in [0, 1].
+        preference_replay_sample_size: pairs drawn from the history per round (null: as many as the round has).
+        preference_replay_dir: where the rounds' pairs are stored (null: ``<log dir>/preference_replay``).
+        log_reward_distribution: per round, histograms of both sides' rewards (needs ``reward_func.reward_range``).
+        policy_checkpoint_dir: save the agents every round here (null: only when the comparator is ``history``).
+    """
+
+    def __init__(self, num_iterations: int = 6, preference_replay_mode: ReplayMode = "current",
+                 preference_replay_k: int | None = None, preference_replay_lambda: float | None = None,
+                 preference_replay_sample_size: int | None = None, preference_replay_dir: str | None = None,
+                 log_reward_distribution: bool = False, policy_checkpoint_dir: str | None = None, **kwargs: Any):
+        require(isinstance(num_iterations, int) and num_iterations >= 1, "num_iterations must be >= 1.")
+        preference_replay_mode = normalize_replay_mode(preference_replay_mode)
+        self._store(ReplayFields.__init__, locals())
+        mode, k, lam = preference_replay_mode, preference_replay_k, preference_replay_lambda
+        historical = "preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', " \
+                     "'all_history', or 'lambda_decay'."
+        require(mode != "current" or k in (None, 1),
+                "preference_replay_k is only valid when preference_replay_mode='nearest_k'.")
+        require(mode != "current" or preference_replay_sample_size is None, historical)
+        require(mode != "nearest_k" or k is not None,
+                "preference_replay_k is required when preference_replay_mode='nearest_k'.")
+        require(mode != "nearest_k" or (isinstance(k, int) and k >= 1), "preference_replay_k must be >= 1.")
+        require(mode in ("current", "nearest_k") or k is None,
+                "preference_replay_k is only valid when preference_replay_mode='nearest_k'.")
+        require(mode != "lambda_decay" or lam is not None,
+                "preference_replay_lambda is required when preference_replay_mode='lambda_decay'.")
+        require(mode != "lambda_decay" or (isinstance(lam, (int, float)) and 0.0 <= float(lam) <= 1.0),
+                "preference_replay_lambda must be in [0, 1].")
+        require(mode == "lambda_decay" or lam is None,
+                "preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'.")
+        require_positive_or_none(preference_replay_sample_size, "preference_replay_sample_size")
+        for name, given in (("preference_replay_dir", preference_replay_dir),
+                            ("policy_checkpoint_dir", policy_checkpoint_dir)):
+            require(given is None or not Path(given).expanduser().exists() or Path(given).expanduser().is_dir(),
+                    f"{name} must be a directory; {given!r} is a file.")
+        super().__init__(**kwargs)
+
+
+class ComparatorFields(FieldGroup):
+    """The other side of each comparison in iterative preference training.
+
+    Args:
+        comparator_policy: the other side of each comparison: ``current``, ``current_copy``, ``model``,
+            ``history`` or ``api``.
+        comparator_generation_mode: ``decentralized`` (a comparator per role) or ``centralized`` (one writes all).
+        comparator_centralized_agent_index: the role whose comparator writes the joint answer (centralized).
+        comparator_model_name: the ``model`` comparator's source, for every role.
+        comparator_agents: ``model`` comparators, one source or model per role (or one for all).
+        comparator_tokenizers: tokenizers of ``comparator_agents`` given as models (default: the agents').
+        comparator_devices: where comparator models sample (default: the agents' devices).
+        comparator_num_candidates: the comparator's samples per task (null: ``preference_num_candidates``).
+        comparator_history_k: ``history``: compare with the policy as it was k rounds back.
+        centralized_comparator_adapter: builds the joint prompt and splits the joint answer (default: tags).
+        comparator_api_url: the ``api`` comparator's endpoint.
+        comparator_api_format: ``generic``, ``openai``, ``anthropic`` or ``openai_responses``.
+        comparator_api_model: the model name sent to the API.
+        comparator_api_max_n_per_request: completions per request (null: all at once where the format allows).
+        comparator_api_timeout: seconds per request.
+        comparator_api_headers: extra HTTP headers.
+        comparator_api_key: the API key itself (never saved or logged; prefer ``comparator_api_key_env``).
+        comparator_api_key_env: the environment variable holding the API key.
+        comparator_api_key_header: the header the key is sent in.
+        comparator_api_key_prefix: the key's prefix in that header (``Bearer``).
+        comparator_api_response_field: where the completions are in a ``generic`` response.
+        comparator_api_extra_body: extra fields of every request body.
+        comparator_api_max_retries: retries of a request on timeouts, 429 and 5xx.
+        comparator_api_backoff_s: first retry wait, doubled each retry.
+        comparator_api_max_concurrency: requests in flight at once.
+        comparator_api_max_retry_after_s: the longest ``Retry-After`` honoured (longer ones are capped, logged).
+        comparator_api_deadline_s: the total time one request may take with its retries (null: no limit).
+    """
+
+    def __init__(self, comparator_policy: ComparatorPolicy = "current",
+                 comparator_generation_mode: GenerationMode = "decentralized",
+                 comparator_centralized_agent_index: int = 0, comparator_model_name: str | None = None,
+                 comparator_agents: list[Any] | None = None, comparator_tokenizers: Any = None,
+                 comparator_devices: str | list[str] | None = None, comparator_num_candidates: int | None = None,
+                 comparator_history_k: int | None = None, centralized_comparator_adapter: Any = None,
+                 comparator_api_url: str | None = None, comparator_api_format: ApiFormat = "generic",
+                 comparator_api_model: str | None = None, comparator_api_max_n_per_request: int | None = None,
+                 comparator_api_timeout: float = 120.0, comparator_api_headers: dict[str, str] | None = None,
+                 comparator_api_key: str | None = None, comparator_api_key_env: str | None = None,
+                 comparator_api_key_header: str = "Authorization", comparator_api_key_prefix: str | None = "Bearer",
+                 comparator_api_response_field: str = "completions",
+                 comparator_api_extra_body: dict[str, Any] | None = None, comparator_api_max_retries: int = 3,
+                 comparator_api_backoff_s: float = 1.0, comparator_api_max_concurrency: int = 4,
+                 comparator_api_max_retry_after_s: float = 60.0, comparator_api_deadline_s: float | None = None,
+                 **kwargs: Any):
+        comparator_policy = normalize_comparator_policy(comparator_policy)
+        comparator_generation_mode = normalize_generation_mode(comparator_generation_mode)
+        comparator_api_format = normalize_api_format(comparator_api_format)
+        fields = {k: v for k, v in locals().items() if k != "comparator_api_key"}  # never a hyper-parameter
+        self._store(ComparatorFields.__init__, fields)
+        require_positive_or_none(comparator_num_candidates, "comparator_num_candidates")
+        require_positive_or_none(comparator_api_max_n_per_request, "comparator_api_max_n_per_request")
+        object.__setattr__(self, "api_config", None)  # set before nn.Module's __init__ runs
+        if comparator_policy == "api":  # every comparator_api_* check, now rather than at round 1
+            require(bool(comparator_api_url), "comparator_api_url is required when comparator_policy='api'.")
+            object.__setattr__(self, "api_config", ApiComparatorConfig(key=comparator_api_key, **{
+                name[len("comparator_api_"):]: value for name, value in fields.items()
+                if name.startswith("comparator_api_")}))
+        super().__init__(**kwargs)
+
+    def check_comparator(self, roles: int, centralized_team: bool) -> None:
+        """The rules that involve the team: ``roles`` comparator roles; a centralized team (one joint actor)."""
+        index = self.comparator_centralized_agent_index
+        if self.comparator_generation_mode == "centralized":
+            require(index >= 0, "comparator_centralized_agent_index must be >= 0.")
+            require(index < roles, "comparator_centralized_agent_index must be smaller than num_agents.")
+        if centralized_team:  # one joint actor: its comparator answers the same joint prompt, keeping joint text
+            require(index == 0, "Centralized collaboration has only actor index 0.")
+            self.comparator_generation_mode = "centralized"
+        named_model = self.comparator_model_name is not None or self.comparator_agents is not None
+        if self.comparator_policy == "model":
+            require(named_model, "comparator_model_name or comparator_agents is required when comparator_policy='model'.")
+            agents = self.comparator_agents
+            require(agents is None or (isinstance(agents, (list, tuple)) and len(agents) in (1, roles)),
+                    f"comparator_agents must list 1 or num_agents ({roles}) models.")
+            check_model_sources(agents, "comparator_agents")
+            check_model_sources(self.comparator_model_name, "comparator_model_name")
+            tokenizers = self.comparator_tokenizers
+            require(not isinstance(tokenizers, (list, tuple)) or len(tokenizers) in (1, roles),
+                    f"comparator_tokenizers must list 1 or num_agents ({roles}) tokenizers "
+                    f"(got {len(tokenizers) if isinstance(tokenizers, (list, tuple)) else 0}).")
+        else:
+            require(not named_model,
+                    "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.")
+            require(self.comparator_tokenizers is None,
+                    "comparator_tokenizers is only valid when comparator_policy='model'.")
+        if self.comparator_policy == "history":
+            self.comparator_history_k = 1 if self.comparator_history_k is None else self.comparator_history_k
+            require(self.comparator_history_k >= 1, "comparator_history_k must be >= 1.")
+        else:
+            require(self.comparator_history_k is None,
+                    "comparator_history_k is only valid when comparator_policy='history'.")
+        self.centralized_comparator_adapter = check_adapter(
+            self.centralized_comparator_adapter or TaggedCentralizedAdapter(), "centralized_comparator_adapter")
+
+
+def require_positive_or_none(value: Any, name: str) -> None:
+    require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+            f"{name} must be >= 1 or null.")

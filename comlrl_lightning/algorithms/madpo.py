@@ -11,8 +11,9 @@ gradient is −η·σ(−ηΔ)·∇Δ_i: the team margin sets the weight, the ag
 this by stepping agents one after another with the others' margins detached; we take one simultaneous step on
 the joint loss, whose gradient with respect to each agent's weights is the same. No reference model.
 
-Collection happens in ``PreferenceDataModule.train_dataloader`` from the current agents (once per fit); each
-Lightning epoch is one pass over the pairs in batches of ``train_batch_size`` pairs, one update each.
+Collection happens in ``PreferenceDataModule.train_dataloader`` from the current agents (once per fit), with what
+the module hands the data module when the fit starts (``pair_plan``: the team policy and the selection rules);
+each Lightning epoch is one pass over the pairs in batches of ``train_batch_size`` pairs, one update each.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from comlrl_lightning.algorithms.iterative import IterativePreference
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
-from comlrl_lightning.rollout.preferences import collect_preference_pairs
+from comlrl_lightning.data.preferences import PairPlan, PreferenceDataModule
 from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs
+from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.tree import RolloutEngine
 
 
@@ -55,16 +57,39 @@ class PreferenceModule(PreferenceFields, MultiAgentModule):
         require(self.pair_selection in self.pair_selections,
                 f"pair_selection must be one of: {', '.join(self.pair_selections)} (got {self.pair_selection!r}).")
 
+    # ------------------------------------------------------------------ what the data side collects
     @property
-    def collection_engine(self) -> RolloutEngine:
-        """Formatters, sampling and task reward of pair collection."""
-        return self.pair_engine
+    def policy(self) -> TeamPolicy:
+        """The team as the data side sees it (the live agents sampling through the pair engine, the task reward
+        as the oracle); built once the models are loaded."""
+        if getattr(self, "_policy", None) is None:
+            self._policy = TeamPolicy(self.pair_engine, self.policy_models(), self.tokenizers, reward=self.task_reward,
+                                      collaboration=self.collaboration)
+        return self._policy
 
-    def collect_pairs(self, items: Sequence[Any]) -> list[PreferencePair]:
-        """Sample K_c joint candidates per item with the current weights, score them, select pairs."""
-        return collect_preference_pairs(self.collection_engine, self.policy_models(), self.tokenizers, items,
-                                        selection=self.pair_selection, limit=self.preference_pairs_per_sample,
-                                        policy_version=self.global_step)
+    @property
+    def pair_batch_size(self) -> int:
+        """Pairs per update."""
+        return self.train_batch_size
+
+    @property
+    def pair_passes(self) -> int:
+        """Passes over the pairs in one pair epoch."""
+        return 1
+
+    def pair_plan(self) -> PairPlan:
+        """What ``PreferenceDataModule`` collects and serves for this module (handed over in ``on_fit_start``)."""
+        return PairPlan(self.policy, self.preference_num_candidates, self.pair_selection,
+                        self.preference_pairs_per_sample, self.pair_batch_size, passes=self.pair_passes,
+                        name=self.algorithm_name)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        data = self.trainer.datamodule
+        if not isinstance(data, PreferenceDataModule):
+            raise TypeError(f"{self.algorithm_name} trains on preference pairs its data module collects: use "
+                            f"comlrl_lightning.PreferenceDataModule as the data (got {type(data).__name__}).")
+        data.attach(self.pair_plan())
 
     def pair_records(self, max_nodes: int) -> list[dict[str, Any]]:
         """What the agents wrote in the last batch of pairs (CompletionsLogger)."""
@@ -98,11 +123,6 @@ class MADPO(PreferenceModule):
         super().__init__(**kwargs)
         self.engine = self.pair_engine  # evaluation samples one trajectory per item through it
         self._margins: list[Tensor] = []
-
-    @property
-    def pair_batch_size(self) -> int:
-        """Pairs per update (what PreferenceDataModule batches by)."""
-        return self.train_batch_size
 
     def training_step(self, batch: list[PreferencePair], batch_idx: int):
         metrics = self.update(batch)

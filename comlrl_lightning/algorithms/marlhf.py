@@ -44,6 +44,7 @@ from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, M
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
+from comlrl_lightning.data.preferences import PairPlan
 from comlrl_lightning.rollout.rewards import RewardCaller
 
 BACKENDS: dict[str, type[MultiAgentModule]] = {
@@ -215,6 +216,11 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
     def pair_passes(self) -> int:
         return self.reward_num_train_epochs
 
+    def pair_plan(self) -> PairPlan:
+        plan = super().pair_plan()
+        plan.pair_epochs = 1  # the reward-model epoch serves pairs, the RL epochs task items
+        return plan
+
     def on_fit_start(self) -> None:
         super().on_fit_start()
         self.rl.on_fit_start()
@@ -277,6 +283,7 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
         self.rl.on_load_checkpoint(checkpoint)
 
 
+ScoringReward = Literal["task", "reward_model", "oracle", "environment", "env", "model", "learned"]
 SCORING_REWARDS = {**{a: "task" for a in ("task", "oracle", "environment", "env")},
                    **{a: "reward_model" for a in ("reward_model", "model", "learned")}}
 
@@ -302,7 +309,8 @@ class MARLHFIter(IterativePreference, MARLHF):
     pair_selections = ITERATIVE_PAIR_SELECTIONS
     keep_comparator_loaded = False  # free 'model' comparators after each collection: the RL stage needs the memory
 
-    def __init__(self, num_train_epochs: int = 2, reward_num_train_epochs: int = 2, preference_scoring_reward: str = "task",
+    def __init__(self, num_train_epochs: int = 2, reward_num_train_epochs: int = 2,
+                 preference_scoring_reward: ScoringReward = "task",
                  preference_num_candidates: int = 20, preference_pairs_per_sample: int | None = 4,
                  pair_selection: PairSelection = "comparator_reward", **kwargs: Any):
         scoring = str(preference_scoring_reward).strip().lower()
@@ -327,18 +335,29 @@ class MARLHFIter(IterativePreference, MARLHF):
     def in_reward_model_stage(self) -> bool:
         return self.current_epoch % self.epochs_per_iteration == 0
 
-    def oracle(self) -> RewardCaller:
+    def collection_reward(self) -> RewardCaller:
+        """What scores a round's comparisons: the task reward, or (``preference_scoring_reward: reward_model``)
+        the previous round's reward model, raw (no ``reward_processor``), once one has been trained."""
         if self.preference_scoring_reward == "reward_model" and self._reward_model_round >= 0:
-            return self.learned_reward  # raw reward-model scores: no reward_processor
-        return super().oracle()
+            return self.learned_reward
+        return self.task_reward
 
-    def finish_collection(self, iteration, fresh, train, index) -> None:
-        # After the collection (which may have used the previous round's reward model as its oracle), and only
-        # when there is something to train it on: an empty round keeps the previous reward model, as CoMLRL.
-        super().finish_collection(iteration, fresh, train, index)
-        if train:
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self.policy.reward = self.collection_reward()  # a resumed run may already have a trained reward model
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        # A round with pairs to train on starts from a fresh reward model (an empty round keeps the previous one,
+        # as CoMLRL), once its collection — which may have used the previous reward model as the oracle — is done.
+        report = getattr(self.trainer.datamodule, "last_round", None)
+        if report is not None and report.iteration == self.iteration != self._reward_model_round and report.train:
             self.reset_reward_model()
-            self._reward_model_round = iteration
+            self._reward_model_round = self.iteration
+
+    def on_train_epoch_end(self) -> None:
+        super().on_train_epoch_end()
+        self.policy.reward = self.collection_reward()  # for the next round's collection
 
     def reset_reward_model(self) -> None:
         """A fresh reward model for this round: initial weights and no optimizer state."""

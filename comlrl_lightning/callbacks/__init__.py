@@ -5,6 +5,7 @@ from comlrl_lightning.callbacks.completions import CompletionsLogger
 from comlrl_lightning.callbacks.evaluation import EvaluationCallback
 from comlrl_lightning.callbacks.policy_checkpoints import PolicyCheckpoints
 from comlrl_lightning.callbacks.reference import ReferenceModels
+from comlrl_lightning.callbacks.rounds import RoundMetrics
 from comlrl_lightning.callbacks.timing import PhaseTimer
 
-__all__ = ["RunCheckpoints", "CompletionsLogger", "EvaluationCallback", "PhaseTimer", "PolicyCheckpoints", "ReferenceModels"]
+__all__ = ["RunCheckpoints", "CompletionsLogger", "EvaluationCallback", "PhaseTimer", "PolicyCheckpoints", "ReferenceModels", "RoundMetrics"]

@@ -1,4 +1,4 @@
-"""Periodic evaluation during training with the task reward (REFERENCE §3.11, §7.3).
+"""Periodic evaluation during training with the task reward (docs/algorithms.md#evaluation-and-step-accounting).
 
 Every ``eval_interval`` training batches (batch 0 of each epoch included, before training on that batch), the
 first ``eval_num_samples`` items of the data module's eval set are played once each (one sampled trajectory per
@@ -30,7 +30,7 @@ class EvaluationCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self.eval_interval == 0 or batch_idx % self.eval_interval != 0:
             return
-        if getattr(pl_module, "in_reward_model_stage", False):  # MARLHF evaluates in its RL stage (REFERENCE §7.3)
+        if getattr(pl_module, "in_reward_model_stage", False):  # MARLHF evaluates in its RL stage (docs/algorithms.md)
             return
         datamodule = trainer.datamodule
         items = datamodule.eval_items(self.eval_num_samples) if hasattr(datamodule, "eval_items") else []

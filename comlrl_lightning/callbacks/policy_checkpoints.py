@@ -1,4 +1,5 @@
-"""Policy checkpoints of iterative preference training (REFERENCE §5.14), read by the ``history`` comparator.
+"""Policy checkpoints of iterative preference training (docs/iterative.md, step 6 of a round), read by the
+``history`` comparator.
 
 ``<policy_checkpoint_dir>/initial/`` before the first round and ``iteration_{ν:04d}/`` (0-based, CoMLRL's names)
 after round ν, also after an empty round; each holds ``agent_i/`` (``save_pretrained`` weights and tokenizer).

@@ -1,6 +1,6 @@
 """HTTP API comparator (``comparator_policy="api"``), stdlib only.
 
-Supports the four request formats of the reference (REFERENCE §5.10):
+Supports CoMLRL's four request formats (docs/iterative.md#api-comparators):
 
 * ``generic``           -- ``{prompt, agent_idx, num_return_sequences, ...}``, all candidates in one request;
 * ``openai``            -- Chat Completions (``n`` per request, split by ``max_n_per_request``; one per
@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 
 class ComparatorAPIError(ValueError):
-    """Request/response failure of the API comparator (a ``ValueError``, as in the reference)."""
+    """Request/response failure of the API comparator (a ``ValueError``, as in CoMLRL)."""
 
     def __init__(self, message: str, status: Optional[int] = None):
         super().__init__(message)
@@ -116,7 +116,7 @@ class ApiComparatorConfig:
     extra_body: Optional[Dict[str, Any]] = None
     response_field: str = "completions"
     max_n_per_request: Optional[int] = None
-    # Robustness knobs (not in the reference).
+    # Robustness knobs (not in CoMLRL).
     max_retries: int = 3
     backoff_s: float = 1.0
     max_concurrency: int = 4

@@ -1,4 +1,5 @@
-"""Comparator sources: the "other side" of each comparison in iterative preference training (REFERENCE §5.8).
+"""Comparator sources: the "other side" of each comparison in iterative preference training
+(docs/iterative.md, Comparators).
 
 In round ν the current agents sample K_c candidates per item; a comparator samples K_cmp more, and candidate k of
 one side is compared with candidate k of the other. Every source has one interface::
@@ -19,7 +20,7 @@ Sources (``comparator_policy`` and its aliases):
 * ``history``       the policy as it was at the start of round ν−k (``comparator_history_k``), read from the
                     policy checkpoints (``PolicyCheckpoints``): ``iteration_{ν−k−1:04d}`` (saved after round
                     ν−k−1), ``initial`` when ν ≤ k. CoMLRL's k = 1 picks the policy saved after round ν−1, which
-                    equals the current weights; ours is one round further back, as "k rounds back" says (DESIGN §3);
+                    equals the current weights; ours is one round further back, as "k rounds back" says (docs/differences.md);
 * ``api``           a remote endpoint (``comlrl_lightning.comparators.api``).
 
 Local comparators sample through the rollout engine (batched ``generate``, K per prompt, chat template as the
@@ -39,6 +40,7 @@ import torch
 
 from comlrl_lightning.agents import load_agents, resolve_devices
 from comlrl_lightning.comparators.api import ApiComparator, ApiComparatorConfig
+from comlrl_lightning.rollout.policy import TeamPolicy
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +123,8 @@ class LocalComparator(abc.ABC):
     """Samples with local models through the agents' rollout engine, inside the comparator's random stream.
     Subclasses say which model and tokenizer answer for a role (``model_for``)."""
 
-    def __init__(self, module, rng: IndependentRNG):
-        self.module, self.rng = module, rng
+    def __init__(self, policy: TeamPolicy, rng: IndependentRNG):
+        self.policy, self.rng = policy, rng
 
     @abc.abstractmethod
     def model_for(self, role: int) -> tuple[torch.nn.Module, Any]:
@@ -140,7 +142,7 @@ class LocalComparator(abc.ABC):
         models, tokenizers = zip(*(self.model_for(r) for r in roles))
         devices = {next(m.parameters()).device for m in models}
         with self.rng.active(sorted(devices, key=str)):
-            completions = self.module.collection_engine.sample(list(models), list(tokenizers), prompts, K)
+            completions = self.policy.sample(prompts, K, models=models, tokenizers=tokenizers)
         return [c.texts for c in completions]
 
 
@@ -148,14 +150,14 @@ class CurrentComparator(LocalComparator):
     """The live agents (same weights), sampled from the comparator's own stream."""
 
     def model_for(self, role: int):
-        return self.module.policy_model(role), self.module.tokenizers[role]
+        return self.policy.model(role)
 
 
 class CurrentCopyComparator(CurrentComparator):
     """A frozen copy of the agents on ``devices`` for one round; the live agents when the devices are theirs."""
 
-    def __init__(self, module, rng: IndependentRNG, devices: list[torch.device] | None):
-        super().__init__(module, rng)
+    def __init__(self, policy: TeamPolicy, rng: IndependentRNG, devices: list[torch.device] | None):
+        super().__init__(policy, rng)
         self.devices = devices
         self.copies: dict[int, torch.nn.Module] = {}
 
@@ -163,9 +165,9 @@ class CurrentCopyComparator(CurrentComparator):
         if self.devices is None:
             return
         by_model: dict[int, torch.nn.Module] = {}  # shared weights are copied once
-        for role in range(self.module.num_agents):
+        for role in range(self.policy.num_agents):
             device = self.devices[role]
-            live = self.module.policy_model(role)
+            live = self.policy.models[role]
             if next(live.parameters()).device == torch.device(device):
                 continue
             if id(live) not in by_model:
@@ -177,7 +179,7 @@ class CurrentCopyComparator(CurrentComparator):
 
     def model_for(self, role: int):
         if role in self.copies:
-            return self.copies[role], self.module.tokenizers[role]
+            return self.copies[role], self.policy.tokenizers[role]
         return super().model_for(role)
 
 
@@ -187,10 +189,10 @@ class ModelComparator(LocalComparator):
     per role) where given; else a model loaded by name brings its own and a model object uses its role's agent
     tokenizer (as CoMLRL does)."""
 
-    def __init__(self, module, rng: IndependentRNG, sources: Sequence[Any], devices: list[torch.device] | None,
-                 keep_loaded: bool = True, roles: Sequence[int] | None = None, tokenizers: Sequence[Any] | None = None,
-                 field: str = "comparator_agents"):
-        super().__init__(module, rng)
+    def __init__(self, policy: TeamPolicy, rng: IndependentRNG, sources: Sequence[Any],
+                 devices: list[torch.device] | None, keep_loaded: bool = True, roles: Sequence[int] | None = None,
+                 tokenizers: Sequence[Any] | None = None, field: str = "comparator_agents"):
+        super().__init__(policy, rng)
         self.sources, self.devices, self.keep_loaded = list(sources), devices, keep_loaded
         self.roles = list(range(len(self.sources))) if roles is None else list(roles)
         self.tokenizers = list(tokenizers) if tokenizers is not None else None
@@ -200,7 +202,7 @@ class ModelComparator(LocalComparator):
     def tokenizer_for(self, role: int) -> Any:
         if self.tokenizers is not None:
             return self.tokenizers[role]
-        return None if isinstance(self.sources[role], str) else self.module.tokenizers[role]
+        return None if isinstance(self.sources[role], str) else self.policy.tokenizers[role]
 
     def start_round(self, iteration: int) -> None:
         if self.loaded:
@@ -208,7 +210,7 @@ class ModelComparator(LocalComparator):
         models, tokenizers = load_agents([self.sources[r] for r in self.roles], num_agents=len(self.roles),
                                          tokenizers=[self.tokenizer_for(r) for r in self.roles], field=self.field,
                                          tokenizer_field="comparator_tokenizers")
-        default_device = self.module.agent_device(0)
+        default_device = self.policy.device(0)
         for r, model, tokenizer in zip(self.roles, models, tokenizers):
             device = self.devices[r] if self.devices is not None else default_device
             self.loaded[r] = (_frozen(model, device), tokenizer)
@@ -227,9 +229,9 @@ class ModelComparator(LocalComparator):
 class HistoryComparator(ModelComparator):
     """The policy as it was at the start of round ν−k, read from ``directory`` (written by PolicyCheckpoints)."""
 
-    def __init__(self, module, rng: IndependentRNG, directory: Path, k: int, devices: list[torch.device] | None,
-                 roles: Sequence[int]):
-        super().__init__(module, rng, sources=[], devices=devices, keep_loaded=False, roles=roles)
+    def __init__(self, policy: TeamPolicy, rng: IndependentRNG, directory: Path, k: int,
+                 devices: list[torch.device] | None, roles: Sequence[int]):
+        super().__init__(policy, rng, sources=[], devices=devices, keep_loaded=False, roles=roles)
         self.directory, self.k = Path(directory), k
         self.checkpoint: Path | None = None
 
@@ -281,30 +283,30 @@ class ApiComparatorSource:
         return [[t for texts_m in texts[j * M:(j + 1) * M] for t in texts_m] for j in range(len(roles))]
 
 
-def build_comparator(policy: str, module, rng: IndependentRNG, *, roles: Sequence[int],
+def build_comparator(kind: str, policy: TeamPolicy, rng: IndependentRNG, *, roles: Sequence[int],
                      model_sources: Sequence[Any] | None = None, model_tokenizers: Any = None,
                      model_field: str = "comparator_agents", devices: Any = None,
                      history_dir: Path | None = None, history_k: int = 1, keep_loaded: bool = True,
                      api_config: ApiComparatorConfig | None = None):
-    """The comparator source for ``policy`` (canonical name). ``roles`` are the roles whose comparator models
+    """The comparator source ``kind`` (a canonical ``comparator_policy``) for the team ``policy``. ``roles`` are the roles whose comparator models
     are needed (all of them, or the one centralized role); ``devices`` is ``comparator_devices`` (default: the
     agents' devices); ``model_tokenizers`` is ``comparator_tokenizers`` (one, or one per model source)."""
-    resolved = resolve_devices(devices, module.num_agents, kind="comparator_devices") if devices is not None \
-        else None
-    if policy == "current":
-        return CurrentComparator(module, rng)
-    if policy == "current_copy":
-        return CurrentCopyComparator(module, rng, resolved)
-    if policy == "model":
+    N = policy.num_agents
+    resolved = resolve_devices(devices, N, kind="comparator_devices") if devices is not None else None
+    if kind == "current":
+        return CurrentComparator(policy, rng)
+    if kind == "current_copy":
+        return CurrentCopyComparator(policy, rng, resolved)
+    if kind == "model":
         sources = list(model_sources)
         if len(sources) == 1:
-            sources = sources * module.num_agents
+            sources = sources * N
         tokenizers = model_tokenizers
         if tokenizers is not None:
             tokenizers = list(tokenizers) if isinstance(tokenizers, (list, tuple)) else [tokenizers]
-            tokenizers = tokenizers * module.num_agents if len(tokenizers) == 1 else tokenizers
-        return ModelComparator(module, rng, sources, resolved, keep_loaded=keep_loaded, roles=roles,
+            tokenizers = tokenizers * N if len(tokenizers) == 1 else tokenizers
+        return ModelComparator(policy, rng, sources, resolved, keep_loaded=keep_loaded, roles=roles,
                                tokenizers=tokenizers, field=model_field)
-    if policy == "history":
-        return HistoryComparator(module, rng, history_dir, history_k, resolved, roles=roles)
-    return ApiComparatorSource(api_config, module.collection_engine.sampling)
+    if kind == "history":
+        return HistoryComparator(policy, rng, history_dir, history_k, resolved, roles=roles)
+    return ApiComparatorSource(api_config, policy.engine.sampling)

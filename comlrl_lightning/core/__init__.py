@@ -26,14 +26,7 @@ from comlrl_lightning.core.losses import (
     token_loss_weights,
     value_loss,
 )
-from comlrl_lightning.core.pairs import (
-    PAIR_SELECTIONS,
-    RECORD_KEYS,
-    PreferencePair,
-    load_pairs,
-    save_pairs,
-    select_pairs,
-)
+from comlrl_lightning.core.pairs import PAIR_SELECTIONS, RECORD_KEYS, PreferencePair, select_pairs
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -53,11 +46,9 @@ __all__ = [
     "discounted_returns",
     "expand_rewards",
     "kl_estimate",
-    "load_pairs",
     "madpo_loss",
     "policy_gradient_loss",
     "register_baseline",
-    "save_pairs",
     "select_pairs",
     "suffix_returns",
     "td_targets",

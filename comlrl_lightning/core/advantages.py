@@ -1,4 +1,4 @@
-"""Returns, credit assignment and advantages: pure tensor math (REFERENCE §3.6, §3.8, §4.5, §4.6, appendix E).
+"""Returns, credit assignment and advantages: pure tensor math (docs/algorithms.md).
 
 Conventions: the *group* is always the last dimension. For one rollout-tree node and one agent it holds the
 K returns of that agent's K completions; any leading dimensions are independent batches of groups.
@@ -80,7 +80,7 @@ def register_baseline(name: str, baseline: Callable[[Tensor], Tensor] | None = N
 
 
 def compute_advantages(returns: Tensor, mode: str = "mean", normalize: bool = True, eps: float = 1e-6) -> Tensor:
-    """Group-relative advantages over the last dimension (REFERENCE §3.8).
+    """Group-relative advantages over the last dimension (docs/algorithms.md#baselines-and-advantages).
 
     A = baseline_mode(G); then, if ``normalize`` and K > 1:
         A <- (A - mean(A)) / max(std_pop(A), eps)        (population std, unbiased=False)
@@ -145,7 +145,7 @@ def cross_joint_indices(num_agents: int, num_samples: int) -> Tensor:
 
 
 def cross_credit(joint_returns: Tensor, num_agents: int, num_samples: int) -> Tensor:
-    """Per-completion credit in cross mode (REFERENCE §3.6, E.3).
+    """Per-completion credit in cross mode (docs/algorithms.md#returns-and-credit, example 3).
 
     credit[i, k] = SUM over all K**(N-1) joint actions in which agent i used its sample k of their return.
     (A sum, not a mean, as in CoMLRL.) Joint actions must be in itertools.product order.
@@ -197,7 +197,7 @@ def suffix_returns(rewards: Tensor, discount: float = 1.0) -> Tensor:
     return out
 
 
-# --- Actor-critic (IAC / MAAC, REFERENCE §4.5, §4.6, appendix A.4) ------------------------------------------
+# --- Actor-critic (IAC / MAAC, docs/algorithms.md#actor-critic) ---------------------------------------------
 # Trajectory tensors are [..., T]: one agent trajectory (or one joint trajectory) per row, turns along the last
 # dim. Early-terminated episodes have fewer turns; ``valid`` marks the executed ones, always a prefix of the row.
 
@@ -215,7 +215,7 @@ def _turn_mask(valid: Tensor | None, like: Tensor) -> Tensor:
 
 
 def td_targets(rewards: Tensor, next_values: Tensor, discount: float, valid: Tensor | None = None) -> Tensor:
-    """One-step TD(0) targets along the turn dimension (multi-turn IAC/MAAC, REFERENCE §4.5 step 5).
+    """One-step TD(0) targets along the turn dimension (multi-turn IAC/MAAC, docs/algorithms.md#actor-critic).
 
         target_t = r_t + discount * V_old(h_{t+1})     for every executed turn t but the last
         target_t = r_t                                  at the last executed turn (terminal: no bootstrap)
@@ -246,7 +246,7 @@ def td_targets(rewards: Tensor, next_values: Tensor, discount: float, valid: Ten
 
 
 def discounted_returns(rewards: Tensor, discount: float, valid: Tensor | None = None) -> Tensor:
-    """Monte-Carlo returns over the executed turns (logged as ``expected_return``, REFERENCE §4.5 step 5).
+    """Monte-Carlo returns over the executed turns (logged as ``expected_return``, docs/algorithms.md#actor-critic).
 
         G_t = r_t + discount * G_{t+1}   for executed turns (G = 0 past the last one);   0 for turns not executed.
 
@@ -263,7 +263,7 @@ def discounted_returns(rewards: Tensor, discount: float, valid: Tensor | None = 
 
 
 def critic_advantages(targets: Tensor, old_values: Tensor, normalize: bool = True, eps: float = 1e-6) -> Tensor:
-    """Actor-critic advantages of one update group (one agent, one turn; REFERENCE §4.6).
+    """Actor-critic advantages of one update group (one agent, one turn; docs/algorithms.md#actor-critic).
 
         A = target - V_old
         if normalize and the group has more than one sample:  A <- (A - mean(A)) / max(std_pop(A), eps)
@@ -291,7 +291,7 @@ def critic_advantages(targets: Tensor, old_values: Tensor, normalize: bool = Tru
 
 def expand_rewards(rewards: Sequence[float] | Tensor, num_agents: int, num_generations: int,
                    per_agent: bool = True) -> Tensor:
-    """Spread one reward call's output over the N x K samples of a joint rollout (REFERENCE §2.4, §4.5 step 2).
+    """Spread one reward call's output over the N x K samples of a joint rollout (docs/algorithms.md#actor-critic).
 
     The reward function returns one list per prompt; its length decides who gets what:
 

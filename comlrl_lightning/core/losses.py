@@ -1,4 +1,4 @@
-"""Per-token KL estimators, loss aggregation weights and the REINFORCE surrogate (REFERENCE §3.9, §3.10, E.8).
+"""Per-token KL estimators, loss aggregation weights and the REINFORCE surrogate (docs/algorithms.md).
 
 Pure tensor math: no models, no Lightning. Shapes: B sequences (completions) x T completion tokens.
 """
@@ -143,7 +143,7 @@ def value_loss(
     old_values: Tensor | None = None,
     clip_range: float | None = None,
 ) -> Tensor:
-    """Critic regression loss of IAC / MAAC (REFERENCE §4.7), a mean over the B samples.
+    """Critic regression loss of IAC / MAAC (docs/algorithms.md#actor-critic), a mean over the B samples.
 
     Plain (separate critics, MAAC, or ``clip_range=None``):
         loss = mean_b (target_b - V_b)**2
@@ -185,7 +185,7 @@ def value_loss(
 
 
 def madpo_loss(margins: Tensor, beta: float) -> tuple[Tensor, dict[str, Tensor]]:
-    """Reference-free multi-agent DPO loss on the team margin (REFERENCE §5.4, E.6).
+    """Reference-free multi-agent DPO loss on the team margin (docs/algorithms.md example 6).
 
     For pair p and agent i, Delta_{p,i} = log pi_i(a^w_i | h_i) - log pi_i(a^l_i | h_i) (agent i's own sequence
     log-likelihood margin); the joint margin is Delta_p = sum_i Delta_{p,i} and
@@ -237,7 +237,7 @@ def madpo_loss(margins: Tensor, beta: float) -> tuple[Tensor, dict[str, Tensor]]
 
 
 def bradley_terry_loss(winner_scores: Tensor, loser_scores: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-    """Bradley–Terry reward-model loss (MARLHF's joint reward model, REFERENCE §5.5).
+    """Bradley–Terry reward-model loss (MARLHF's joint reward model, docs/algorithms.md#marlhf).
 
         loss = mean_b -log sigma(s_w - s_l) = mean_b softplus(-(s_w - s_l))
 

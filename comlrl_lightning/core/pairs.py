@@ -1,4 +1,5 @@
-"""Preference pairs: selection from oracle scores and the replay record format (REFERENCE §5.1, §5.3, §5.12).
+"""Preference pairs: selection from oracle scores and the replay record format
+(docs/algorithms.md#preference-pairs-and-madpo).
 
 Pure torch + stdlib. A *candidate* is one joint response (agent_1 sample k, ..., agent_N sample k) scored by
 the oracle (processed task reward). A *pair* (w, l) says candidate w is preferred to candidate l.
@@ -16,18 +17,14 @@ by re-tokenising on load.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 PAIR_SELECTIONS = ("reward_gap", "random", "all")
-# Keys of one serialised pair, in file order (REFERENCE §5.1).
+# Keys of one serialised pair, in file order (docs/algorithms.md#preference-pairs-and-madpo).
 RECORD_KEYS = (
     "prompts",
     "winner_completions",
@@ -48,7 +45,7 @@ def select_pairs(
     limit: int | None = 16,
     generator: torch.Generator | None = None,
 ) -> list[tuple[int, int]]:
-    """Choose (winner, loser) index pairs among K scored candidates (REFERENCE §5.3).
+    """Choose (winner, loser) index pairs among K scored candidates (docs/algorithms.md#preference-pairs-and-madpo).
 
     Args:
         scores: [K] oracle scores (processed rewards) of the K joint candidates; must be finite.
@@ -99,7 +96,7 @@ def _optional_float(value: Any) -> float | None:
 
 @dataclass
 class PreferencePair:
-    """One preference between two joint responses (REFERENCE §5.1); per-agent lists have one entry per agent.
+    """One preference between two joint responses; per-agent lists have one entry per agent.
 
     Text and rewards are serialised (``to_record``); the token tensors are in-memory only:
         prompt_ids[i]  [Lp_i] agent i's prompt tokens
@@ -138,7 +135,7 @@ class PreferencePair:
         return len(self.prompts)
 
     def to_record(self) -> dict[str, Any]:
-        """JSON-ready dict with exactly the keys of REFERENCE §5.1 (no token tensors)."""
+        """JSON-ready dict with exactly the keys of ``RECORD_KEYS`` (no token tensors)."""
         return {
             "prompts": [str(p) for p in self.prompts],
             "winner_completions": [str(c) for c in self.winner_completions],
@@ -170,68 +167,4 @@ class PreferencePair:
         )
 
 
-def write_json_atomic(payload: Any, path: str | os.PathLike) -> Path:
-    """Write ``payload`` as UTF-8 JSON (``ensure_ascii=False``) to ``path`` atomically: a temporary sibling is
-    written, flushed and moved into place with ``os.replace``, so a reader (or a crash) never sees a half-written
-    file. Parent directories are created. Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, ensure_ascii=False, indent=2)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
-        raise
-    return path
-
-
-def remove_orphaned_writes(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
-    """Delete the temporary siblings ``write_json_atomic`` leaves when its process is killed mid-write
-    (``.<name>.<random>.tmp``; only those of ``name`` when given). Call it when a run starts using ``directory``,
-    before anything writes there. Returns what was removed."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    pattern = f".{name}.*.tmp" if name else ".*.tmp"
-    removed = []
-    for path in directory.glob(pattern):
-        if path.is_file():
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
-
-
-def save_pairs(
-    pairs: Sequence[PreferencePair], path: str | os.PathLike, metadata: Mapping[str, Any] | None = None
-) -> Path:
-    """Write ``{**metadata, "num_pairs": n, "pairs": [records]}`` with ``write_json_atomic``.
-
-    ``metadata`` adds leading keys, e.g. ``{"iteration": 3}`` for the replay shards of REFERENCE §5.12.
-    """
-    payload: dict[str, Any] = dict(metadata or {})
-    payload["num_pairs"] = len(pairs)
-    payload["pairs"] = [pair.to_record() for pair in pairs]
-    return write_json_atomic(payload, path)
-
-
-def load_pairs(path: str | os.PathLike) -> list[PreferencePair]:
-    """Read a file written by ``save_pairs``; token tensors are empty (re-tokenise from text if needed)."""
-    path = Path(path)
-    with path.open("r", encoding="utf-8") as handle:
-        payload = json.load(handle)
-    if not isinstance(payload, Mapping) or not isinstance(payload.get("pairs"), list):
-        raise ValueError(f"{path} is not a preference pair file (expected an object with a 'pairs' list).")
-    pairs = [PreferencePair.from_record(record) for record in payload["pairs"]]
-    expected = payload.get("num_pairs", len(pairs))
-    if expected != len(pairs):
-        raise ValueError(f"{path}: num_pairs is {expected} but the file holds {len(pairs)} pairs.")
-    return pairs
-
-
-__all__ = ["PAIR_SELECTIONS", "RECORD_KEYS", "PreferencePair", "load_pairs", "save_pairs", "select_pairs",
-           "write_json_atomic", "remove_orphaned_writes"]
+__all__ = ["PAIR_SELECTIONS", "RECORD_KEYS", "PreferencePair", "select_pairs"]

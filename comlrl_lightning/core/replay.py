@@ -1,4 +1,4 @@
-"""Preference replay buffer and iterative pair selection (REFERENCE §5.6, §5.11, §5.12, appendix E.5, E.7).
+"""Preference replay buffer and iterative pair selection (docs/algorithms.md#iterative-rounds, examples 5, 7).
 
 Pure torch + stdlib. Records and files are those of ``comlrl_lightning.core.pairs`` (``save_pairs`` /
 ``load_pairs``); this module adds the per-round shard index, the replay weights and the sampling rule.
@@ -12,7 +12,7 @@ Weights over the K eligible shards, listed oldest -> newest (index j = 0..K-1, a
     nearest_k     eligible = last k shards: w_j = 1/min(k, K) for the last min(k, K), 0 for older ones
     all_history   w_j = 1/K
     lambda_decay  w_a = (1-λ) λ^a / Σ_b (1-λ) λ^b = λ^a / Σ_b λ^b   (λ ∈ [0, 1]; 0^0 = 1)
-                  λ = 1 -> 1/K each; λ = 0 -> newest only; K = 3, λ = 0.8 -> [0.262, 0.328, 0.410]  (E.5)
+                  λ = 1 -> 1/K each; λ = 0 -> newest only; K = 3, λ = 0.8 -> [0.262, 0.328, 0.410]  (example 5)
 
 Sampling (historical modes), S draws:
     S = sample_size  if set  else |current pairs|  if > 0  else |newest shard|  if any  else 0
@@ -28,19 +28,15 @@ k < min(K_c, K_cmp); gap_k = r^cur_k - r^cmp_k; gap > 0 current wins, gap < 0 co
 
 from __future__ import annotations
 
-import os
-import random
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair, load_pairs, save_pairs
+from comlrl_lightning.core.pairs import PAIR_SELECTIONS
 
 REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
-# Every accepted spelling (lower-cased, stripped) -> canonical mode (REFERENCE §5.6).
+# Every accepted spelling (lower-cased, stripped) -> canonical mode (docs/iterative.md).
 REPLAY_MODE_ALIASES: dict[str, str] = {
     "current": "current",
     "latest": "current",
@@ -60,7 +56,7 @@ _SHARD_NAME = "iteration_{:04d}.json"
 
 
 def normalize_replay_mode(value: str) -> str:
-    """Canonical ``preference_replay_mode`` for ``value`` (case-insensitive, aliases of §5.6)."""
+    """Canonical ``preference_replay_mode`` for ``value`` (case-insensitive, aliases in docs/iterative.md)."""
     key = str(value).strip().lower()
     if key not in REPLAY_MODE_ALIASES:
         raise ValueError(
@@ -109,122 +105,6 @@ def replay_weights(num_shards: int, mode: str, k: int | None = None, lam: float 
     return [r / total for r in raw]
 
 
-@dataclass
-class ReplayShard:
-    """One non-empty round's replay file: ``iteration`` (1-based round), ``path``, ``num_pairs`` (> 0)."""
-
-    iteration: int
-    path: str
-    num_pairs: int
-
-
-class ReplayIndex:
-    """The shard list of one trainer run (newest last) plus file writing and §5.12 sampling.
-
-    Checkpoint it with ``state_dict()`` / ``load_state_dict()`` (plain dicts/lists/ints/strs).
-    """
-
-    def __init__(self, shards: Sequence[ReplayShard] | None = None) -> None:
-        self.shards: list[ReplayShard] = list(shards or [])
-
-    def __len__(self) -> int:
-        return len(self.shards)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"shards": [asdict(shard) for shard in self.shards]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if not isinstance(state, Mapping) or not isinstance(state.get("shards"), (list, tuple)):
-            raise ValueError("replay index state must be a mapping with a 'shards' list.")
-        self.shards = [
-            ReplayShard(iteration=int(s["iteration"]), path=str(s["path"]), num_pairs=int(s["num_pairs"]))
-            for s in state["shards"]
-        ]
-
-    def add(self, iteration: int, pairs: Sequence[PreferencePair], directory: str | os.PathLike) -> Path:
-        """Write round ``iteration``'s pairs to ``directory/iteration_{iteration:04d}.json`` (atomic, via
-        ``save_pairs(..., metadata={"iteration": iteration})``), also when empty; register it iff non-empty.
-
-        Re-adding an iteration replaces its earlier shard (e.g. a round re-run after a resume).
-        """
-        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
-            raise ValueError(f"iteration must be an int >= 0. (got {iteration!r})")
-        path = save_pairs(pairs, Path(directory) / _SHARD_NAME.format(iteration), metadata={"iteration": iteration})
-        self.shards = [shard for shard in self.shards if shard.iteration != iteration]
-        if len(pairs) > 0:
-            self.shards.append(ReplayShard(iteration=iteration, path=str(path), num_pairs=len(pairs)))
-        return path
-
-    def eligible(self, mode: str, k: int | None = None) -> list[ReplayShard]:
-        """Shards a mode may draw from: ``current`` the newest, ``nearest_k`` the last k, else all."""
-        mode = normalize_replay_mode(mode)
-        if mode == "current":
-            return self.shards[-1:]
-        if mode == "nearest_k":
-            replay_weights(1, mode, k=k)  # validates k
-            return self.shards[-int(k) :]
-        return list(self.shards)
-
-    def sample(
-        self,
-        mode: str,
-        current_pairs: Sequence[PreferencePair],
-        sample_size: int | None = None,
-        k: int | None = None,
-        lam: float | None = None,
-        rng: random.Random | None = None,
-    ) -> list[PreferencePair]:
-        """Training pairs of this round (REFERENCE §5.12; algorithm in the module docstring).
-
-        ``current`` returns ``list(current_pairs)`` (the same objects, no file reads). Historical modes draw S
-        records from the eligible shards' files; loaded pairs have empty token tensors (re-tokenise from text).
-        ``rng`` defaults to the ``random`` module's global generator.
-        """
-        mode = normalize_replay_mode(mode)
-        if mode == "current":
-            return list(current_pairs)
-        if sample_size is not None and (
-            isinstance(sample_size, bool) or int(sample_size) != sample_size or sample_size < 1
-        ):
-            raise ValueError(f"preference_replay_sample_size must be an int >= 1 or null. (got {sample_size!r})")
-        rng = rng if rng is not None else random  # the module-level functions share the global Random
-        shards = self.eligible(mode, k)
-        weights = replay_weights(len(shards), mode, k=k, lam=lam)
-        if sample_size is not None:
-            S = int(sample_size)
-        elif len(current_pairs) > 0:
-            S = len(current_pairs)
-        elif self.shards:
-            S = self.shards[-1].num_pairs
-        else:
-            S = 0
-        if S == 0 or not shards:
-            return []
-
-        draws = rng.choices(range(len(shards)), weights=weights, k=S)
-        counts = [0] * len(shards)
-        for j in draws:
-            counts[j] += 1
-        out: list[PreferencePair] = []
-        for shard, c in zip(shards, counts):
-            if c == 0:
-                continue
-            records = load_pairs(shard.path)
-            size = len(records)
-            if size != shard.num_pairs:
-                raise ValueError(f"{shard.path}: replay index says num_pairs={shard.num_pairs}, file holds {size}.")
-            remaining = c
-            while remaining >= size:  # nested copies: whole shuffled passes over the shard
-                copy = list(records)
-                rng.shuffle(copy)
-                out.extend(copy)
-                remaining -= size
-            if remaining:
-                out.extend(rng.sample(records, remaining))
-        rng.shuffle(out)
-        return out
-
-
 def select_comparison_pairs(
     current_scores: Sequence[float] | Tensor,
     comparator_scores: Sequence[float] | Tensor,
@@ -232,14 +112,15 @@ def select_comparison_pairs(
     limit: int | None = 4,
     generator: torch.Generator | None = None,
 ) -> list[tuple[int, bool]]:
-    """Iterative pair selection (REFERENCE §5.11): compare current[k] with comparator[k], k < min(K_c, K_cmp).
+    """Iterative pair selection: compare current[k] with comparator[k], k < min(K_c, K_cmp)
+    (docs/algorithms.md#iterative-rounds).
 
     gap_k = r^cur_k - r^cmp_k (processed scores); gap_k = 0 dropped; current_wins = gap_k > 0. Order:
         reward_gap         |gap_k| descending (stable: ties keep k order)
         random             uniform shuffle (``torch.randperm`` with ``generator``)
         all                k ascending (``limit`` must be None)
         comparator_reward  (r^cmp_k, |gap_k|) descending (stable)
-    then the first ``limit`` (None = all). E.7: current [3, 1, 2], comparator [1, 2, 2], comparator_reward,
+    then the first ``limit`` (None = all). Example 7: current [3, 1, 2], comparator [1, 2, 2], comparator_reward,
     limit 2 -> [(1, False), (0, True)].
 
     Returns:
@@ -286,8 +167,6 @@ __all__ = [
     "ITERATIVE_PAIR_SELECTIONS",
     "REPLAY_MODES",
     "REPLAY_MODE_ALIASES",
-    "ReplayIndex",
-    "ReplayShard",
     "normalize_replay_mode",
     "replay_weights",
     "select_comparison_pairs",

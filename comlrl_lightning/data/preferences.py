@@ -1,23 +1,31 @@
 """PreferenceDataModule: task items in, preference pairs collected from the current agents out.
 
-``train_dataloader`` asks the LightningModule (``collect_pairs(items)``, e.g. MADPO) to sample and score joint
-candidates for every task — ``prompts_per_step`` tasks per batched generation, with a progress bar — and serves
-the pairs in shuffled batches of the module's ``train_batch_size``. Lightning builds the train loader once per fit,
-so the pairs are collected once and every epoch is one pass over them (``reload_dataloaders_every_n_epochs=1``
-would recollect each epoch: the iterative variants' rounds).
+The data module owns pair collection, the round's comparator and the replay. Its module hands it one explicit
+interface when the fit starts (:meth:`PreferenceDataModule.attach`): a :class:`PairPlan` — the team's
+:class:`~comlrl_lightning.rollout.policy.TeamPolicy` (current weights, sampling, the oracle reward) and the rules
+of collection and serving — never the module itself.
 
-Iterative modules (MADPOIter, MARLHFIter) make every round a reload: ``collect_round`` collects the round's pairs
-(current vs comparator), writes them as the round's replay shard ``iteration_XXXX.json``, registers the shard in
-the replay index and serves the pairs the module's replay mode chooses (REFERENCE §5.12).
+* **MADPO**: the loader samples K_c joint candidates per task from the policy (``prompts_per_step`` tasks per
+  batched generation, with a progress bar), scores them with the oracle, turns score differences into pairs and
+  serves them in shuffled batches of ``batch_size`` pairs. Lightning builds the train loader once per fit, so the
+  pairs are collected once and every epoch is one pass over them.
+* **MARLHF**: the first ``pair_epochs`` epoch(s) serve pairs (the reward-model stage), later epochs serve task
+  items (the RL stage); the loader is rebuilt every epoch.
+* **Iterative** (MADPOIter, MARLHFIter; a ``RoundPlan``): every round's first epoch collects the round's pairs
+  (current agents vs the comparator, ``data/rounds.py``), writes them as the replay shard ``iteration_XXXX.json``,
+  registers the shard in the replay index and serves the pairs the replay mode draws (docs/iterative.md). The
+  round's report (``last_round``) is logged by the ``RoundMetrics`` callback.
 
-The served pairs and the replay index are part of the data module's state: a checkpoint holds them (prompts,
-texts, scores and token ids) and a resumed run trains on the same pairs instead of sampling new ones.
-``pairs_file`` writes the collected pairs of a non-iterative run as JSON (REFERENCE §5.1 records).
+The served pairs, the replay index, the comparator's random stream and the run directories are part of the data
+module's state: a checkpoint holds them and a resumed run trains on the same pairs instead of sampling new ones.
+``pairs_file`` writes the collected pairs of a non-iterative run as JSON (docs/algorithms.md).
 """
 
 from __future__ import annotations
 
 import logging
+import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +34,51 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from comlrl_lightning.core.pairs import PreferencePair, remove_orphaned_writes, save_pairs
-from comlrl_lightning.core.replay import ReplayIndex
+from comlrl_lightning.comparators.sources import IndependentRNG
+from comlrl_lightning.core.pairs import PreferencePair
+from comlrl_lightning.data.files import RunDirectories, remove_orphaned_writes, save_pairs
+from comlrl_lightning.data.replay import ReplayIndex
+from comlrl_lightning.data.rounds import RoundCollector, RoundPlan, RoundReport
 from comlrl_lightning.data.tasks import EpochSampler, ResumableDataLoader, TaskDataModule, _as_list, _Items
+from comlrl_lightning.rollout.policy import TeamPolicy
+from comlrl_lightning.rollout.preferences import collect_preference_pairs, tokenize_pairs
 
 log = logging.getLogger(__name__)
 
 _TENSOR_FIELDS = ("prompt_ids", "winner_ids", "loser_ids")
+
+
+@dataclass
+class PairPlan:
+    """What a preference module hands its data module: the policy and the rules of collection and serving.
+
+    Args:
+        policy: the team now (sampling and the oracle reward that scores candidates).
+        num_candidates: K_c, each agent's candidates per task.
+        selection / limit: ``pair_selection`` and ``preference_pairs_per_sample``.
+        batch_size: pairs per update.
+        passes: passes over the pairs in one pair epoch, each in its own shuffled order.
+        pair_epochs: of each round's epochs (of the fit's, without rounds), how many serve pairs; the rest serve
+            task items (MARLHF's RL stage). None: every epoch serves pairs.
+        rounds: iterative collection (None: collect once per fit).
+        name: the algorithm's name, for messages.
+    """
+
+    policy: TeamPolicy
+    num_candidates: int
+    selection: str
+    limit: int | None
+    batch_size: int
+    passes: int = 1
+    pair_epochs: int | None = None
+    rounds: RoundPlan | None = None
+    name: str = "module"
+
+    def round_epoch(self, epoch: int) -> int:
+        return epoch % self.rounds.epochs_per_round if self.rounds is not None else epoch
+
+    def serves_pairs(self, epoch: int) -> bool:
+        return self.pair_epochs is None or self.round_epoch(epoch) < self.pair_epochs
 
 
 class PreferenceDataModule(TaskDataModule):
@@ -48,86 +94,126 @@ class PreferenceDataModule(TaskDataModule):
                 log.info("removed %s, left by an interrupted write", orphan)
         self.pairs_file = pairs_file
         self.show_progress = show_progress
+        self.plan: PairPlan | None = None
         self.pairs: list[PreferencePair] | None = None
-        self.replay = ReplayIndex()  # iterative modules: one shard per non-empty round of this run
+        self.replay = ReplayIndex()  # iterative: one shard per non-empty round of this run
+        self.dirs = RunDirectories()  # the replay directory, kept in checkpoints so a resumed run finds it
+        self.comparator_rng = IndependentRNG(seed=_comparator_seed())
+        self.rounds: RoundCollector | None = None
+        self.last_round: RoundReport | None = None
         self._restored = False  # pairs came from a checkpoint and no loader has served them yet
 
-    def setup(self, stage: str | None = None) -> None:
-        super().setup(stage)
-        module = self.trainer.lightning_module if self.trainer is not None else None
-        if module is not None and (hasattr(module, "in_reward_model_stage") or getattr(module, "iterative", False)):
-            # Two-stage modules (MARLHF) switch between pairs and tasks, iterative ones recollect every round:
-            # rebuild the loader each epoch.
+    def attach(self, plan: PairPlan) -> None:
+        """Called by the module when the fit starts (its models are loaded): what to collect and serve."""
+        self.plan = plan
+        if plan.rounds is not None:
+            self.rounds = RoundCollector(plan.rounds, plan.policy, self.comparator_rng)
+            if self.pairs_file:
+                log.warning("pairs_file is not written by %s: every round's pairs are in its replay shards "
+                            "(preference_replay_dir, default <log dir>/preference_replay/iteration_XXXX.json).",
+                            plan.name)
+        if self.trainer is not None and (plan.rounds is not None or plan.pair_epochs is not None):
+            # Rounds recollect and stages switch between pairs and tasks: rebuild the loader each epoch.
             self.trainer.reload_dataloaders_every_n_epochs = 1
-        if module is not None and getattr(module, "iterative", False) and self.pairs_file:
-            log.warning("pairs_file is not written by %s: every round's pairs are in its replay shards "
-                        "(preference_replay_dir, default <log dir>/preference_replay/iteration_XXXX.json).",
-                        module.algorithm_name)
 
     def train_dataloader(self) -> DataLoader:
-        module = self.trainer.lightning_module
+        plan = self._attached()
         restored, self._restored = self._restored, False
-        iterative = getattr(module, "iterative", False)
-        reward_model_stage = getattr(module, "in_reward_model_stage", True)
-        if reward_model_stage and (self.pairs is None or not restored):  # each (re)load collects, except on resume
-            self.pairs = self.collect_round(module) if iterative else self.collect(module)
-        if iterative and not self.pairs:
+        epoch = self.trainer.current_epoch
+        serves_pairs = plan.serves_pairs(epoch)
+        if serves_pairs and not restored:  # every (re)load collects afresh, except the first after a resume
+            self.pairs = self.collect_round(epoch) if plan.rounds is not None else self.collect()
+        if plan.rounds is not None and not self.pairs:
             # An empty round trains nothing (not even MARLHF's RL epochs) and the run goes on to the next round.
             # Lightning ends a fit at an empty loader, so every epoch of the round gets one no-op batch instead.
-            if reward_model_stage:
-                log.warning("round %d: no pairs to train on; skipping this round's training.", module.iteration + 1)
+            if serves_pairs:
+                log.warning("round %d: no pairs to train on; skipping this round's training.",
+                            epoch // plan.rounds.epochs_per_round + 1)
             return DataLoader(_Items([[]]), batch_size=None, collate_fn=_as_list)
-        if not reward_model_stage:
+        if not serves_pairs:
             return super().train_dataloader()  # MARLHF's RL stage: task items
         if not self.pairs:
-            log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.",
-                        getattr(module, "algorithm_name", type(module).__name__))
-        # ``pair_passes`` passes over the pairs in one epoch (MARLHF's reward_num_train_epochs, MADPOIter's
-        # num_train_epochs), each in its own shuffled order.
-        passes = getattr(module, "pair_passes", 1)
-        skip = self._resume_offset(batch_size=module.pair_batch_size, size=len(self.pairs) * passes)
-        sampler = EpochSampler(len(self.pairs), shuffle=True, seed=self.seed, skip=skip, passes=passes)
-        return ResumableDataLoader(_Items(self.pairs), seed=self.seed, batch_size=module.pair_batch_size,
+            log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.", plan.name)
+        skip = self._resume_offset(batch_size=plan.batch_size, size=len(self.pairs) * plan.passes)
+        sampler = EpochSampler(len(self.pairs), shuffle=True, seed=self.seed, skip=skip, passes=plan.passes)
+        return ResumableDataLoader(_Items(self.pairs), seed=self.seed, batch_size=plan.batch_size,
                                    sampler=sampler, collate_fn=_as_list, num_workers=0)
 
-    def collect_round(self, module) -> list[PreferencePair]:
-        """One round of an iterative module: collect, write and register the shard, choose the training pairs."""
-        iteration = module.iteration
-        module.start_round(iteration)
-        try:
-            fresh = self.collect(module, desc=f"round {iteration + 1}/{module.num_iterations}: collecting pairs")
-        finally:
-            module.end_round()
-        self.replay.add(iteration + 1, fresh, module.run_dir("preference_replay", module.preference_replay_dir))
-        train = module.replay_pairs(self.replay, fresh)
-        module.finish_collection(iteration, fresh, train, self.replay)
-        return train
+    def _attached(self) -> PairPlan:
+        if self.plan is None:
+            raise RuntimeError("PreferenceDataModule serves preference modules (MADPO, MARLHF and their iterative "
+                               "variants): the module attaches its pair plan when the fit starts.")
+        return self.plan
 
-    def collect(self, module, desc: str = "collecting preference pairs") -> list[PreferencePair]:
+    # ------------------------------------------------------------------ collection
+    def collect_pairs(self, items) -> list[PreferencePair]:
+        """Pairs for ``items``: the round's comparisons (iterative), else the policy's own candidates."""
+        plan, version = self._attached(), self.trainer.global_step if self.trainer is not None else 0
+        if self.rounds is not None:
+            return self.rounds.collect_pairs(items, policy_version=version)
+        policy = plan.policy
+        return collect_preference_pairs(policy.engine, policy.models, policy.tokenizers, items,
+                                        selection=plan.selection, limit=plan.limit, policy_version=version,
+                                        reward=policy.reward)
+
+    def collect(self, desc: str = "collecting preference pairs") -> list[PreferencePair]:
         items = self.train_items
         pairs: list[PreferencePair] = []
         bar = tqdm(total=len(items), desc=desc, unit="task",
                    disable=not self.show_progress or not rank_zero_only.rank == 0)
         for start in range(0, len(items), self.prompts_per_step):
             chunk = [items[i] for i in range(start, min(start + self.prompts_per_step, len(items)))]
-            pairs.extend(module.collect_pairs(chunk))
+            pairs.extend(self.collect_pairs(chunk))
             bar.update(len(chunk))
             bar.set_postfix(pairs=len(pairs))
         bar.close()
         log.info("collected %d preference pairs from %d tasks", len(pairs), len(items))
-        if self.pairs_file and not getattr(module, "iterative", False):
+        if self.pairs_file and self.rounds is None:
             save_pairs(pairs, self.pairs_file)
         return pairs
 
+    def collect_round(self, epoch: int) -> list[PreferencePair]:
+        """One round: collect, write and register the shard, draw the training pairs, report."""
+        plan = self.plan.rounds
+        iteration = epoch // plan.epochs_per_round
+        self.rounds.start_round(iteration)
+        try:
+            fresh = self.collect(desc=f"round {iteration + 1}/{plan.num_rounds}: collecting pairs")
+        finally:
+            self.rounds.end_round()
+        self.replay.add(iteration + 1, fresh, self.dirs.get(self.trainer, "preference_replay", plan.replay_dir))
+        train = self.replay_pairs(fresh)
+        self.last_round = self.rounds.report(iteration, fresh, train, sum(s.num_pairs for s in self.replay.shards))
+        wins, losses, ties = self.last_round.outcomes
+        log.info("round %d/%d: %d new pairs (current wins %.0f, comparator wins %.0f, ties %.0f), %d to train on",
+                 iteration + 1, plan.num_rounds, len(fresh), wins, losses, ties, len(train))
+        return train
+
+    def replay_pairs(self, fresh: list[PreferencePair]) -> list[PreferencePair]:
+        """The round's training pairs by ``preference_replay_mode`` (drawn with a seed from the global RNG, so
+        runs and resumes repeat), tokenised from text where they came from files."""
+        plan, policy = self.plan.rounds, self.plan.policy
+        rng = random.Random(int(torch.randint(0, 2**31 - 1, ())))
+        pairs = self.replay.sample(plan.replay_mode, fresh, plan.replay_sample_size, k=plan.replay_k,
+                                   lam=plan.replay_lambda, rng=rng)
+        tokenize_pairs([p for p in pairs if not p.prompt_ids], policy.tokenizers, policy.model_input)
+        return pairs
+
+    # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        if self.pairs is None:
-            return {}
-        return {"pairs": [{**p.to_record(), **{f: list(getattr(p, f)) for f in _TENSOR_FIELDS}} for p in self.pairs],
-                "replay": self.replay.state_dict()}
+        state: dict[str, Any] = {"replay": self.replay.state_dict(), "comparator_rng": self.comparator_rng.state_dict(),
+                                 "run_dirs": self.dirs.state_dict()}
+        if self.pairs is not None:
+            state["pairs"] = [{**p.to_record(), **{f: list(getattr(p, f)) for f in _TENSOR_FIELDS}}
+                              for p in self.pairs]
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "replay" in state_dict:
             self.replay.load_state_dict(state_dict["replay"])
+        if "comparator_rng" in state_dict:
+            self.comparator_rng.load_state_dict(state_dict["comparator_rng"])
+        self.dirs.load_state_dict(state_dict.get("run_dirs", {}))
         if "pairs" in state_dict:
             self.pairs = []
             for record in state_dict["pairs"]:
@@ -136,3 +222,8 @@ class PreferenceDataModule(TaskDataModule):
                     setattr(pair, f, [torch.as_tensor(t) for t in record[f]])
                 self.pairs.append(pair)
             self._restored = True
+
+
+def _comparator_seed() -> int:
+    """A seed for the comparator's stream that differs from the policy's but follows ``seed_everything``."""
+    return (torch.initial_seed() * 6364136223846793005 + 1442695040888963407) % (2**63)

@@ -1,4 +1,5 @@
-"""Cooperative native parallel function calling on BFCL v4 (REFERENCE §9.4, ``OpenMLRL/LLM_Collab_BFCL-v4``).
+"""Cooperative native parallel function calling on BFCL v4 (docs/environments.md; after
+``OpenMLRL/LLM_Collab_BFCL-v4``).
 
 N decentralized agents each read the same user request and the JSON function schemas and answer, without
 communicating, with Python-style calls (one per line, keyword arguments) or exactly ``[]``; an aggregator

@@ -97,7 +97,7 @@ AGENT1_FIELDS = ("breakfast", "attraction", "lunch")
 EMPTY = "-"
 REWARD_MIN, REWARD_MAX = -0.5, 1.2
 TRAVEL_HUB_ID = "osunlp/TravelPlanner"
-TRAIN_HEAD = 40  # the shared 45 annotated train rows: first 40 train, last 5 eval (§9.3's 40/5 split)
+TRAIN_HEAD = 40  # the shared 45 annotated train rows: first 40 train, last 5 eval (as in LLM_Collab_Travel)
 MAX_REFERENCE_CHARS = 4000
 PENALTY_COEFFICIENTS = {
     "overlap": 0.15, "conflict": 0.30, "coverage_deficit": 0.25, "invalid_slot": 0.15, "over_capacity": 0.25,

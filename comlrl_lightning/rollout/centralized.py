@@ -1,4 +1,5 @@
-"""Centralized joint completions: one model writes the outputs of all N roles (REFERENCE §5.9, §5.15).
+"""Centralized joint completions: one model writes the outputs of all N roles
+(docs/iterative.md#centralized-collaboration).
 
 A team task normally has N agents, each writing its own completion from its own prompt. In *centralized* mode a
 single model receives one joint prompt holding every role's prompt and answers with one joint completion that
@@ -14,9 +15,9 @@ The adapter serves two different uses:
 * **Centralized collaboration** (:class:`CentralizedCollaboration`): the centralized model *is* the team. The
   team task becomes a one-actor task whose formatter builds the joint prompt and whose reward splits each joint
   completion and scores the N role outputs with the user's unchanged N-agent reward function.
-* **Centralized comparator generation** (§5.9): the centralized model only produces a joint reference answer
-  that a comparator contrasts with the decentralized agents' outputs; the decentralized agents stay the
-  learners. That path reuses :func:`joint_prompt` and :func:`split_joint` (and CoMLRL's error name
+* **Centralized comparator generation** (docs/iterative.md, Comparators): the centralized model only produces a
+  joint reference answer that a comparator contrasts with the decentralized agents' outputs; the decentralized
+  agents stay the learners. That path reuses :func:`joint_prompt` and :func:`split_joint` (and CoMLRL's error name
   ``CentralizedComparatorParseError``) but not the collaboration wrapper.
 """
 

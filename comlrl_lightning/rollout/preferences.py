@@ -1,4 +1,5 @@
-"""Preference pairs from sampled joint candidates (REFERENCE §5.3), shared by MADPO and MARLHF."""
+"""Preference pairs from sampled joint candidates, shared by MADPO and MARLHF
+(docs/algorithms.md#preference-pairs-and-madpo)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from comlrl_lightning.core.pairs import PreferencePair, select_pairs
+from comlrl_lightning.rollout.rewards import RewardCaller
 from comlrl_lightning.rollout.tree import RolloutEngine
 
 
@@ -20,10 +22,12 @@ def collect_preference_pairs(
     selection: str,
     limit: int | None,
     policy_version: int = 0,
+    reward: RewardCaller | None = None,
 ) -> list[PreferencePair]:
     """Sample the engine's K candidates per agent per item (aligned joint candidates, one turn), score them with
-    the engine's reward (the oracle) and turn score differences into pairs that keep the sampled token ids."""
-    rollout = engine.rollout(models, tokenizers, items, policy_version=policy_version)
+    ``reward`` (the oracle; default the engine's) and turn score differences into pairs that keep the sampled
+    token ids."""
+    rollout = engine.rollout(models, tokenizers, items, policy_version=policy_version, reward=reward)
     generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))  # seeded via the global RNG
     pairs = []
     for node in rollout.roots:

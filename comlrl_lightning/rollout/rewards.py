@@ -1,6 +1,6 @@
 """Calling user code: formatters, the joint reward, reward processors and external transitions.
 
-One documented reward signature (DESIGN §3)::
+One documented reward signature (docs/differences.md)::
 
     reward_func(*agent_completions, prompts=None, batch_items=None) -> list[float]
 
@@ -35,8 +35,8 @@ def default_formatter(item: Mapping[str, Any], external_prompts: str | None = No
 
 
 def build_formatters(formatters: Formatter | Sequence[Formatter] | None, num_agents: int) -> list[Formatter]:
-    """One ``(item, external_prompts=None) -> str`` callable per agent (REFERENCE §2.2); one callable (or a
-    one-element list) serves every agent."""
+    """One ``(item, external_prompts=None) -> str`` callable per agent; one callable (or a one-element list) serves
+    every agent (docs/algorithms.md#formatters-rewards-and-transitions)."""
     if formatters is None:
         return [default_formatter] * num_agents
     if callable(formatters):
@@ -88,7 +88,7 @@ def _wrap_formatter(func: Formatter) -> Formatter:
 def format_prompt(
     formatter: Formatter, item: Mapping[str, Any], external_prompt: str | None, passthrough: bool
 ) -> str:
-    """The model input for one agent at one node (REFERENCE §2.5).
+    """The model input for one agent at one node (docs/algorithms.md#formatters-rewards-and-transitions).
 
     Turn 1 formats the item. Later turns either use the external prompt verbatim (passthrough) or format a
     shallow copy of the item whose ``prompt`` is the external prompt (original kept in ``_original_prompt``).
@@ -239,7 +239,7 @@ def call_external_transition(
     prompt_history_per_agent: Sequence[Sequence[str]],
     response_history_per_agent: Sequence[Sequence[str]],
 ) -> list[str]:
-    """Next-turn prompts for one branch (REFERENCE §2.5), validated."""
+    """Next-turn prompts for one branch (docs/algorithms.md#formatters-rewards-and-transitions), validated."""
     prompts = transition(
         prompt=prompt,
         agent_completions=list(agent_completions),

@@ -1,8 +1,8 @@
-"""Batched sampling and token scoring (DESIGN §4).
+"""Batched sampling and token scoring (docs/algorithms.md#policy-loss-and-token-scoring).
 
 Layout shared by both: a row is ``[left-padded prompt | completion right-padded after EOS]``, exactly what
 ``generate`` returns. The completion mask covers the generated tokens up to and including the first EOS and
-never padding (our fix of CoMLRL's last-token / pad-target bug, DESIGN §3).
+never padding (our fix of CoMLRL's last-token / pad-target bug, docs/differences.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The multi-turn rollout tree (REFERENCE §3.5–3.6), built breadth-first and batched.
+"""The multi-turn rollout tree (docs/algorithms.md#rollout-trees-and-joint-actions), built breadth-first and batched.
 
 Every node holds K samples per agent for one prompt per agent. Its joint actions are either ``aligned``
 (K actions: agent i's k-th sample with every other agent's k-th sample) or ``cross`` (the Kᴺ Cartesian

@@ -1,0 +1,66 @@
+"""The layout keeps its promises: layers import one way, ``core/`` is pure maths, algorithm functions stay short, and
+the package cites what its users have (the paper, ``docs/``), not private notes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "comlrl_lightning"
+# Each layer may import the ones after it, never the ones before it (leaves such as cli/callbacks sit on top).
+LAYERS = ["algorithms", "callbacks", "data", "comparators", "rollout", "agents", "core"]
+
+
+def imports_of(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def modules(layer: str) -> list[Path]:
+    return sorted((PACKAGE / layer).glob("*.py"))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_layers_import_one_way(layer):
+    above = LAYERS[: LAYERS.index(layer)]
+    for path in modules(layer):
+        for name in imports_of(path):
+            for other in above + ["cli", "examples"]:
+                assert not name.startswith(f"comlrl_lightning.{other}"), f"{path.name} ({layer}) imports {name}"
+
+
+def test_core_is_pure_tensor_maths():
+    impure = {"os", "io", "json", "tempfile", "pathlib", "shutil", "xml", "csv", "pickle", "subprocess"}
+    for path in modules("core"):
+        roots = {name.split(".")[0] for name in imports_of(path)} | {name.split(".")[0] + "." + name.split(".")[1]
+                                                                     for name in imports_of(path) if "." in name}
+        assert not roots & impure, f"core/{path.name} imports {sorted(roots & impure)}"
+        tree = ast.parse(path.read_text())
+        calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert "open" not in calls and "print" not in calls, f"core/{path.name} does I/O"
+
+
+def test_algorithm_functions_read_in_one_screen():
+    for path in modules("algorithms"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 60, f"algorithms/{path.name}:{node.lineno} {node.name} is {length} lines"
+
+
+def test_the_package_cites_what_its_users_have():
+    private = ("REFERENCE §", "DESIGN §", "REFERENCE.md", "DESIGN.md")
+    files = [*PACKAGE.rglob("*.py"), *(REPO / "docs").glob("*.md"), *(REPO / "configs").rglob("*.yaml"),
+             REPO / "README.md", *(REPO / "benchmarks").glob("*.py"), *(REPO / "benchmarks").glob("*.md")]
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for marker in private:
+            assert marker not in text, f"{path.relative_to(REPO)} cites {marker!r}, a file users do not have"
