@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 from comlrl_lightning import MAGRPO, MAREINFORCE, MARLOO, MAReMax, TaskDataModule
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.core.advantages import compute_advantages
+from comlrl_lightning.data.tasks import RolloutBatch
 from comlrl_lightning.envs import toy
 
 ITEMS = [{"prompt": f"topic {i}", "topic": f"topic {i}"} for i in range(8)]
@@ -120,9 +121,11 @@ def test_rollouts_come_from_the_weights_after_the_previous_update(tmp_path):
     sampled_with, updated_to = [], []
     collect, update = module.collect_rollout, module.update
 
-    def spy_collect(items):
+    def spy_collect(batch):
+        # the data module serves the step's items with the team policy; the trees are sampled now, in the step
+        assert isinstance(batch, RolloutBatch) and batch.policy is module.policy
         sampled_with.append((module.global_step, [p.detach().clone() for p in module.parameters()]))
-        return collect(items)
+        return collect(batch)
 
     def spy_update(nodes):
         assert all(n.policy_version == module.global_step for n in nodes)
@@ -131,8 +134,9 @@ def test_rollouts_come_from_the_weights_after_the_previous_update(tmp_path):
         return out
 
     module.collect_rollout, module.update = spy_collect, spy_update
-    fit(module, tmp_path, max_steps=3)
+    trainer = fit(module, tmp_path, max_steps=3)
     assert [v for v, _ in sampled_with] == [0, 1, 2]
+    assert column(read_metrics(trainer), "rollout/policy_lag") == [0.0, 0.0, 0.0]
     for t in range(1, 3):
         assert all(torch.equal(a, b) for a, b in zip(sampled_with[t][1], updated_to[t - 1]))
 

@@ -1,12 +1,13 @@
 """OnPolicyModule: what the MAGRPO family and the actor-critic family share.
 
-Every training step samples the rollout trees of its dataset items with the current weights (one engine,
-``rollout/tree.py``; one record type, the tree ``Node``), adds what they hold to a buffer and, once the buffer
-holds ``rollout_buffer_size`` records (or the epoch ends), trains on it: turn by turn, shuffled, in mini-batches of
-``train_batch_size`` records, one team update (one ``global_step``) per mini-batch (``schedule``). The reference-KL
-penalty (``reference_kl_*``) is attached to the sampled completions here, for every family. A family says what a
-record is (:meth:`buffer_records`), what it prepares per turn group (:meth:`prepare_group`) and the losses of an
-update (:meth:`losses`).
+Every training step resolves the experience its data module serves, a ``RolloutBatch``: the rollout trees of its
+dataset items, sampled at that moment by the current weights through the team policy this module handed over when
+the fit started (one engine, ``rollout/tree.py``; one record type, the tree ``Node``). The step adds what they hold
+to a buffer and, once the buffer holds ``rollout_buffer_size`` records (or the epoch ends), trains on it: turn by
+turn, shuffled, in mini-batches of ``train_batch_size`` records, one team update (one ``global_step``) per
+mini-batch (``schedule``). The reference-KL penalty (``reference_kl_*``) is attached to the sampled completions
+here, for every family. A family says what a record is (:meth:`buffer_records`), what it prepares per turn group
+(:meth:`prepare_group`) and the losses of an update (:meth:`losses`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from comlrl_lightning.agents import resolve_devices
 from comlrl_lightning.algorithms.base import MultiAgentModule, mean_over
 from comlrl_lightning.algorithms.fields import ReferenceKLFields, RolloutFields, require
 from comlrl_lightning.core.losses import kl_estimate
+from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
+from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.sampling import ScoringInputs, collate_rows
 from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
 
@@ -83,11 +86,26 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         metrics.update(mean_over(updates))
         return metrics, len(batch), ("reward", metrics["rollout/turn_1/reward_mean"])
 
+    @property
+    def policy(self) -> TeamPolicy:
+        """The team as the data side sees it: the live agents sampling through the rollout engine."""
+        if getattr(self, "_policy", None) is None:
+            self._policy = TeamPolicy(self.engine, self.policy_models(), self.tokenizers, reward=self.task_reward,
+                                      collaboration=self.collaboration)
+        return self._policy
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        data = self.trainer.datamodule
+        if isinstance(data, TaskDataModule):  # also MARLHF's data module, for its RL stage
+            data.attach_rollouts(self.policy)  # its loader now yields RolloutBatch-es of this policy
+
     @torch.no_grad()
-    def collect_rollout(self, items: Sequence[Mapping[str, Any]]) -> Rollout:
-        """Sample, reward and expand the trees of ``items`` with the current weights."""
-        rollout = self.engine.rollout(self.policy_models(), self.tokenizers, items, policy_version=self.global_step,
-                                      env_step=self.env_step, reward=self.rollout_reward())
+    def collect_rollout(self, batch: RolloutBatch | Sequence[Mapping[str, Any]]) -> Rollout:
+        """The step's experience, sampled now by the current weights: the data module's ``RolloutBatch``
+        resolved, or (items from any other loader) the items' trees sampled here; rewarded and expanded."""
+        stamps = dict(policy_version=self.global_step, env_step=self.env_step, reward=self.rollout_reward())
+        rollout = batch.resolve(**stamps) if isinstance(batch, RolloutBatch) else self.policy.rollout(batch, **stamps)
         self.env_step += rollout.num_joint_actions
         for phase, seconds in rollout.timings.items():
             self.phase_seconds[phase] += seconds

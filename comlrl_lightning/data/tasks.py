@@ -1,8 +1,11 @@
-"""TaskDataModule: the dataset items the agents act on.
+"""TaskDataModule: the dataset items the agents act on, and the experience they produce.
 
-It yields plain items (lists of dicts); the algorithm samples the rollout for them inside ``training_step`` with
-the current weights. Keeping sampling out of the loader is what makes rollouts fresh: Lightning prefetches the
-next batch before running the current step, so a rollout sampled in ``__iter__`` would be one update stale.
+For an on-policy module (the MAGRPO family, IAC/MAAC, MARLHF's RL stage) the training loader yields
+``RolloutBatch``-es: the step's items plus the team policy the module handed over when the fit started
+(``attach_rollouts``). The training step resolves the batch — the rollout trees are sampled then, by the current
+weights. Sampling in the loader itself would be stale: Lightning fetches the next batch before running the current
+step, so a rollout sampled in ``__iter__`` would come from the weights one update back. Without a policy the loader
+yields plain lists of items (evaluation, a module used outside the CLI).
 
 Sources (``dataset`` / ``eval_dataset``): a list of dicts; a local ``.json``/``.jsonl``(``.gz``)/``.csv``/
 ``.parquet`` file or a ``save_to_disk`` directory; the import path of a function returning items
@@ -19,6 +22,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from comlrl_lightning.rollout.policy import TeamPolicy
+from comlrl_lightning.rollout.tree import Rollout
 
 DatasetSource = str | Sequence[Mapping[str, Any]] | Callable[[], Any] | None
 
@@ -153,6 +159,36 @@ def _as_list(batch: list) -> list:
     return batch
 
 
+class RolloutBatch:
+    """A batch of experience for an on-policy module: ``items`` whose rollout trees are sampled when the training
+    step resolves the batch — by the weights of that moment. (Lightning fetches a batch one step ahead of its
+    training step, so trees sampled in the loader would come from the weights one update back.) Iterating it
+    gives the items."""
+
+    def __init__(self, items: list[Mapping[str, Any]], policy: TeamPolicy):
+        self.items, self.policy = list(items), policy
+
+    def resolve(self, **stamps: Any) -> Rollout:
+        """The rollout trees of the items, sampled now (``stamps``: policy_version, env_step, reward)."""
+        return self.policy.rollout(self.items, **stamps)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+class _Rollouts:
+    """The collate function of a rollout loader: a batch of items becomes a ``RolloutBatch`` of ``policy``."""
+
+    def __init__(self, policy: TeamPolicy):
+        self.policy = policy
+
+    def __call__(self, items: list) -> RolloutBatch:
+        return RolloutBatch(items, self.policy)
+
+
 class ResumableDataLoader(DataLoader):
     """A DataLoader that Lightning treats as resumable mid-epoch.
 
@@ -220,6 +256,7 @@ class TaskDataModule(LightningDataModule):
         self.shuffle, self.seed = shuffle, seed
         self.max_train_items, self.max_eval_items = max_train_items, max_eval_items
         self.load_kwargs = load_kwargs or {}
+        self.rollout_policy: TeamPolicy | None = None  # set by an on-policy module when the fit starts
         # Loaded now, so that a missing, empty or unreadable dataset is reported before any model loads.
         self.train_items = _head(load_items(self.dataset_source, self.split, **self.load_kwargs), self.max_train_items)
         if len(self.train_items) == 0:
@@ -234,10 +271,17 @@ class TaskDataModule(LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Nothing left to do: the items were loaded (and checked) when the module was built."""
 
+    def attach_rollouts(self, policy: TeamPolicy | None) -> None:
+        """Serve ``RolloutBatch``-es of ``policy`` (on-policy modules hand theirs over when the fit starts; None:
+        plain lists of items)."""
+        self.rollout_policy = policy
+
     def train_dataloader(self) -> DataLoader:
         sampler = EpochSampler(len(self.train_items), self.shuffle, self.seed, skip=self._resume_offset())
+        policy = self.rollout_policy
         return ResumableDataLoader(_Items(self.train_items), seed=self.seed, batch_size=self.prompts_per_step,
-                                   sampler=sampler, collate_fn=_as_list, num_workers=0)
+                                   sampler=sampler, collate_fn=_Rollouts(policy) if policy else _as_list,
+                                   num_workers=0)
 
     def _resume_offset(self, batch_size: int | None = None, size: int | None = None) -> int:
         """Items of the current epoch already trained on, when Lightning is resuming a checkpoint mid-epoch.
