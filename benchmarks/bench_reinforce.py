@@ -63,7 +63,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF  # noqa: E402
+from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF, PreferenceDataModule  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
@@ -283,9 +283,10 @@ def attach_trainer(module, device: str, logging_step: bool = False) -> None:
 class ActorCritic:
     """``IAC`` / ``MAAC`` on the workload (one update on all M x K joint samples); ``once()`` times one update.
 
-    generate / reward / score: ``collect_rollout``'s own ``_last_timings`` (score = reward shaping + the critics'
-    no-grad old values and targets); its peak memory is reported on the generate row. update: ``_set_advantages``
-    (untimed), then the module's real ``update(steps)``: actor and critic forwards, one backward, one AdamW step.
+    generate / reward / score: ``collect_rollout``'s own phase timings (score = reward shaping + the critics'
+    no-grad old values and targets); its peak memory is reported on the generate row. update: the module's own
+    schedule of the drained buffer (``prepare_group``: the advantages, then one mini-batch of every record) and its
+    real ``update``: actor and critic forwards, one backward, one AdamW step.
     """
 
     def __init__(self, variant: str, model: str, args, num_agents: int):
@@ -293,21 +294,23 @@ class ActorCritic:
         cls, critic_kwargs = AC_VARIANTS[variant]
         self.impl, self.model, self.num_agents, self.args = variant, model, num_agents, args
         self.module = cls(**workload_kwargs(model, args, num_agents), **critic_kwargs(model),
-                          critic_type=args.critic_type, rollout_buffer_size=args.prompts * args.k).to(args.device)
+                          critic_type=args.critic_type, rollout_buffer_size=args.prompts * args.k,
+                          train_batch_size=args.prompts * args.k).to(args.device)
         attach_trainer(self.module, args.device)
         self.items = workload_items(args)
         self.params = n_params(self.module.agents[0])  # iac-shared: the actor plus its value head
 
     def once(self) -> dict[str, tuple[float, float | None]]:
         device = self.args.device
+        self.module.phase_seconds.clear()
         with Phase(device) as rollout_phase:
-            steps = self.module.collect_rollout(self.items)
-        assert_forced([a.completion_mask for s in steps for a in s.agents], self.args, self.num_agents)
-        self.module._set_advantages(steps)  # what training_step does before its updates
+            rollout = self.module.collect_rollout(self.items)
+        assert_forced([a.completion_mask for n in rollout.nodes for a in n.agents], self.args, self.num_agents)
+        (batch,) = self.module.schedule(self.module.buffer_records(rollout))  # advantages, then one mini-batch
         with warnings.catch_warnings(), Phase(device) as update:
             warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
-            self.module.update(steps)
-        t = self.module._last_timings
+            self.module.update(batch)
+        t = self.module.phase_seconds
         return {"generate": (t["generate"], rollout_phase.peak_mib), "reward": (t["reward"], None),
                 "score": (t["score"], None), "update": (update.seconds, update.peak_mib)}
 
@@ -336,7 +339,7 @@ def add_pair_rates(result: dict, counts: list[dict[str, tuple[int, int]]]) -> No
 class PairCollection:
     """``MADPO`` on the preference workload; ``once()`` collects pairs and runs one update on a pair batch.
 
-    collect: ``collect_pairs(items)`` — K_c candidates per agent per prompt (one batched ``generate`` per agent),
+    collect: the data module's ``collect_pairs(items)`` with the module's pair plan — K_c candidates per agent per prompt (one batched ``generate`` per agent),
     the oracle reward of every joint candidate, pair selection (``reward_gap``, ``--pairs-per-sample`` per prompt);
     tokens = the N·M·K_c·T generated tokens. update: the module's real ``training_step`` on the first
     ``--pair-batch`` pairs (per agent one forward over winner and loser rows, ``madpo_loss``, one ``manual_backward``,
@@ -356,6 +359,8 @@ class PairCollection:
         self.counts: list[dict[str, tuple[int, int]]] = []
         self.generate_seconds: list[float] = []
         self.batch: list = []
+        self.data = PreferenceDataModule(dataset=self.items, show_progress=False)
+        self.data.attach(self.module.pair_plan())
         engine, rollout = self.module.engine, self.module.engine.rollout
 
         def timed_rollout(*a, **kw):  # keep the engine's own generate / reward split of the collection
@@ -368,7 +373,7 @@ class PairCollection:
     def once(self) -> dict[str, tuple[float, float]]:
         args, device = self.args, self.args.device
         with Phase(device) as collect:
-            pairs = self.module.collect_pairs(self.items)
+            pairs = self.data.collect_pairs(self.items)
         lengths = {len(ids) for p in pairs for ids in (*p.winner_ids, *p.loser_ids)}
         assert pairs and lengths == {args.tokens}, f"{len(pairs)} pairs, completion lengths {lengths}"
         self.batch = batch = pairs[: args.pair_batch]  # fewer when candidates tied (the pair count shows it)
@@ -385,7 +390,7 @@ class PairCollection:
 
 
 class RewardModelUpdate:
-    """``MARLHF(rl_algorithm="magrpo")`` in its reward-model stage; ``once()`` runs one real ``reward_model_step``
+    """``MARLHF(rl_algorithm="magrpo")`` in its reward-model stage; ``once()`` runs one real reward-model ``update``
     (winner and loser joint texts through the joint reward model, Bradley–Terry loss, ``manual_backward``, one AdamW
     step) on the pair batch that ``source`` (a ``PairCollection`` measured just before it) last updated on.
     tokens = the tokens of the 2·P re-tokenized joint texts (counted outside the timed block)."""
@@ -413,7 +418,7 @@ class RewardModelUpdate:
             prompts, [[getattr(p, side)[i] for p in pairs] for i in range(self.num_agents)])]
         tokens = int(rm.tokenize(texts)["attention_mask"].sum())
         with Phase(self.args.device) as update:
-            self.module.reward_model_step(pairs)
+            self.module.update(pairs)
         self.counts.append({"reward-model update": (len(pairs), tokens)})
         return {"reward-model update": (update.seconds, update.peak_mib)}
 

@@ -182,7 +182,7 @@ def test_the_actor_reads_the_adapters_joint_prompt():
     item = ITEMS[0]
     for cls in (MAGRPO, MADPO, MARLHF):
         module = build(cls, **CENTRAL)
-        engines = [module.rl.engine, module.pair_engine] if cls is MARLHF else [module.engine]
+        engines = [module.rl.engine, module.engine] if cls is MARLHF else [module.engine]
         for engine in engines:
             assert len(engine.formatters) == 1
             assert engine.formatters[0](item) == "joint left cats | right cats" == joint(item)
@@ -283,7 +283,7 @@ def test_evaluation_hands_the_user_logger_the_split_roles(tmp_path):
 # ----------------------------------------------------------------------------------------------- MADPO
 def test_madpo_centralized_trains_one_actor_on_joint_pairs(tmp_path):
     module = build(MADPO, **CENTRAL)
-    sampled = record_sampling(module.pair_engine)
+    sampled = record_sampling(module.engine)
     before = params_of(module)
     trainer = trainer_for(tmp_path)
     seed_everything(0)
@@ -308,7 +308,7 @@ def test_madpo_iter_centralized_trains_one_actor_on_joint_pairs(comparator, tmp_
                    preference_replay_dir=str(tmp_path / "replay"), policy_checkpoint_dir=str(tmp_path / "policies"),
                    **CENTRAL)
     assert module.num_agents == 1 and module.comparator_generation_mode == "centralized"
-    sampled = record_sampling(module.pair_engine)  # the current side and the comparator sample here
+    sampled = record_sampling(module.engine)  # the current side and the comparator sample here
     before = params_of(module)
     trainer = trainer_for(tmp_path)
     seed_everything(0)

@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from comlrl_lightning import TaskDataModule
+from comlrl_lightning import MultiAgentModule, TaskDataModule
 from comlrl_lightning.algorithms.reinforce import PolicyBatch
 from comlrl_lightning.core.advantages import BASELINES, compute_advantages
 from comlrl_lightning.envs import toy
@@ -149,3 +149,37 @@ def test_ppo_clip_resumes_exactly(tmp_path):
     assert resumed.env_step == full.env_step
     for a, b in zip(full.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------- a new family
+class WeightDecayOnly(MultiAgentModule):
+    """The smallest family on the base class: a training step and the losses of an update, nothing else declared."""
+
+    algorithm_name = "WeightDecayOnly"
+
+    def training_step(self, batch, batch_idx):
+        self.log_metrics(self.update(batch), len(batch))
+
+    def losses(self, items):
+        for i in range(self.num_agents):
+            yield 1e-3 * sum(p.pow(2).sum() for p in self.agents[i].parameters()), {f"agent_{i}/items": len(items)}
+
+
+def test_a_new_family_needs_only_its_own_hooks(tmp_path):
+    """Fit, the update skeleton (gradient norms, learning rates, one global_step per update) and evaluation (the
+    base engine samples one trajectory per item with the task reward) work without setting anything by hand."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    seed_everything(0)
+    module = WeightDecayOnly(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, max_new_tokens=4)
+    trainer = Trainer(max_steps=2, logger=CSVLogger(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, accelerator="cpu", devices=1, log_every_n_steps=1)
+    data = TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:2], prompts_per_step=2, eval_batch_size=2)
+    before = [p.detach().clone() for p in module.agents.parameters()]
+    trainer.fit(module, datamodule=data)
+    assert trainer.global_step == 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.agents.parameters()))
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
+    assert {"agent_0/grad_norm", "agent_0/learning_rate", "agent_1/items"} <= set(rows[0])
+    (metrics,) = trainer.validate(module, datamodule=data, verbose=False)
+    assert 0.0 <= metrics["eval/turn_1/reward_mean"] <= 1.0

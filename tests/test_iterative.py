@@ -217,7 +217,7 @@ def stub_sampling(monkeypatch, module, current_texts):
         calls.append(([id(m) for m in models], [list(p) for p in prompts], K))
         return [SimpleNamespace(texts=list(t)) for t in current_texts]
 
-    monkeypatch.setattr(module.pair_engine, "sample", fake_sample)
+    monkeypatch.setattr(module.engine, "sample", fake_sample)
     return calls
 
 
@@ -295,7 +295,7 @@ def test_current_comparator_uses_its_own_random_stream():
     torch.manual_seed(1234)
     data = rounds_of(module)
     data.rounds.start_round(0)
-    comparator, engine = data.rounds.comparator, module.pair_engine
+    comparator, engine = data.rounds.comparator, module.engine
     assert type(comparator).__name__ == "CurrentComparator"
     items = ITEMS[:2]
     prompts = engine.first_prompts(items)
@@ -688,7 +688,7 @@ def test_centralized_comparator_generation_splits_joint_answers(monkeypatch):
     data = rounds_of(module, FakeComparator([["<agent_0>a0</agent_0><agent_1>b0</agent_1>", "no tags at all"]]))
     stub_sampling(monkeypatch, module, [["x", "y"], ["x", "y"]])
     data.rounds.start_round(0)
-    texts = data.rounds.comparator_candidates(ITEMS[:1], module.pair_engine.first_prompts(ITEMS[:1]), 2)
+    texts = data.rounds.comparator_candidates(ITEMS[:1], module.engine.first_prompts(ITEMS[:1]), 2)
     roles, prompts, K, _ = data.rounds.comparator.calls[0]
     assert roles == [1] and K == 2  # the centralized agent's model answers the joint prompt
     assert "Agent 0 original prompt" in prompts[0][0] and "<agent_1>" in prompts[0][0]

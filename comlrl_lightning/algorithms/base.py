@@ -53,6 +53,7 @@ from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
 from comlrl_lightning.rollout.sampling import SamplingConfig, ScoringInputs, select_rows, token_logprobs
+from comlrl_lightning.rollout.tree import RolloutEngine
 
 MODEL_CONFIG_KEYS = ("dtype", "torch_dtype", "attn_implementation", "special_tokens", "model_kwargs",
                      "gradient_checkpointing")
@@ -78,6 +79,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         self.task_reward = RewardCaller(self.team.reward_func, self.reward_processor, self.reward_timeout,
                                         where=self.describe_step)
         self.prompt_formatters = build_formatters(self.team.formatters, self.num_agents)
+        self.engine = self.build_engine()
         self.env_step = 0
         self.phase_seconds: dict[str, float] = defaultdict(float)  # logged by the PhaseTimer callback
         self._eval_records: list[dict[str, Any]] = []
@@ -116,6 +118,16 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         roles = self.collaboration.num_roles if self.collaboration is not None else self.num_agents
         check_reward_signature(self.reward_func, roles)
         build_formatters(self.formatters, roles)  # one per role (or one for all), each callable
+
+    def build_engine(self, **options: Any) -> RolloutEngine:
+        """The module's rollout engine: the team's formatters, task reward, sampling settings, chat template and
+        generation backend, plus a family's ``options`` (samples per prompt, turns, joint mode, ...). The base
+        engine samples one single-turn trajectory per item: what evaluation needs."""
+        return RolloutEngine(num_agents=self.num_agents, formatters=self.prompt_formatters, reward=self.task_reward,
+                             sampling=self.sampling, use_chat_template=self.use_chat_template,
+                             generation_batch_size=self.generation_batch_size,
+                             generation_kwargs=self.generation_kwargs, parallel_agents=self.samples_concurrently,
+                             **{"num_generations": 1, **options})
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -230,6 +242,11 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             if scheduler is not None:
                 scheduler.step_groups(trained)
         return metrics
+
+    def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
+        """What the agents wrote in the last training step, for ``CompletionsLogger`` (a family with samples to
+        show overrides it; the base has none)."""
+        return []
 
     @abc.abstractmethod
     def losses(self, batch: Any) -> Iterator[tuple[Tensor, dict[str, Tensor | float]]]:

@@ -42,12 +42,12 @@ class PreferenceModule(PreferenceFields, MultiAgentModule):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self.pair_engine = RolloutEngine(
-            num_agents=self.num_agents, formatters=self.prompt_formatters, reward=self.task_reward,
-            sampling=self.sampling, num_generations=self.preference_num_candidates, num_turns=1, joint_mode="aligned",
-            use_chat_template=self.use_chat_template, generation_batch_size=self.generation_batch_size,
-            generation_kwargs=self.generation_kwargs, parallel_agents=self.samples_concurrently)
         self.last_pair_batch: list[PreferencePair] = []
+
+    def build_engine(self, **options: Any) -> RolloutEngine:
+        """K_c aligned joint candidates per task, one turn (evaluation asks it for one trajectory per item)."""
+        return super().build_engine(num_generations=self.preference_num_candidates, num_turns=1, joint_mode="aligned",
+                                    **options)
 
     def check_config(self) -> None:
         super().check_config()
@@ -63,7 +63,7 @@ class PreferenceModule(PreferenceFields, MultiAgentModule):
         """The team as the data side sees it (the live agents sampling through the pair engine, the task reward
         as the oracle); built once the models are loaded."""
         if getattr(self, "_policy", None) is None:
-            self._policy = TeamPolicy(self.pair_engine, self.policy_models(), self.tokenizers, reward=self.task_reward,
+            self._policy = TeamPolicy(self.engine, self.policy_models(), self.tokenizers, reward=self.task_reward,
                                       collaboration=self.collaboration)
         return self._policy
 
@@ -121,7 +121,6 @@ class MADPO(PreferenceModule):
         require(environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1.")
         require(train_batch_size >= 1, "train_batch_size must be >= 1.")
         super().__init__(**kwargs)
-        self.engine = self.pair_engine  # evaluation samples one trajectory per item through it
         self._margins: list[Tensor] = []
 
     def training_step(self, batch: list[PreferencePair], batch_idx: int):

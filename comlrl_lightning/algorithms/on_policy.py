@@ -33,20 +33,19 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self.engine = RolloutEngine(
-            num_agents=self.num_agents, formatters=self.prompt_formatters, reward=self.task_reward,
-            sampling=self.sampling, num_generations=self.num_generations, num_turns=self.num_turns,
-            joint_mode=self.joint_mode, discount=self.discount,
-            early_termination_threshold=self.early_termination_threshold,
-            external_transition=self.external_transition,
-            external_prompt_passthrough=self.external_prompt_passthrough, use_chat_template=self.use_chat_template,
-            generation_batch_size=self.generation_batch_size, generation_kwargs=self.generation_kwargs,
-            parallel_agents=self.samples_concurrently if self.parallel_training == "mp" else False,
-            reward_per_node=self.reward_per_node, per_agent_rewards=not getattr(self, "centralized_critic", False))
         self.buffer: list[Any] = []
         self.last_rollout: Rollout | None = None
         self.reference = None  # set by the ReferenceModels callback when the reference-KL penalty is on
         self.reward_override = None  # a reward that replaces the task reward in rollouts (MARLHF's learned one)
+
+    def build_engine(self, **options: Any) -> RolloutEngine:
+        """The rollout tree: K samples per prompt, turns, joint actions, returns, early termination, transitions."""
+        return super().build_engine(
+            num_generations=self.num_generations, num_turns=self.num_turns, joint_mode=self.joint_mode,
+            discount=self.discount, early_termination_threshold=self.early_termination_threshold,
+            external_transition=self.external_transition, external_prompt_passthrough=self.external_prompt_passthrough,
+            reward_per_node=self.reward_per_node, per_agent_rewards=not getattr(self, "centralized_critic", False),
+            **options)
 
     def check_config(self) -> None:
         super().check_config()
