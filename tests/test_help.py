@@ -155,6 +155,16 @@ def test_model_help_describes_every_field(name, capsys, no_models):
     assert missing_in(descriptions, fields) == [], f"{name}: fields without a description in --model.help"
 
 
+@pytest.mark.parametrize("name", ["TaskDataModule", "PreferenceDataModule"])
+def test_data_help_describes_every_field(name, capsys):
+    fields = init_fields(getattr(comlrl_lightning, name))
+    code, out, err = run_cli(["fit", "--data.help", f"comlrl_lightning.{name}"], capsys)
+    assert code == 0, err
+    descriptions = help_descriptions(out, prefix="--data.")
+    assert sorted(descriptions) == sorted(fields)
+    assert missing_in(descriptions, fields) == [], f"{name}: fields without a description in --data.help"
+
+
 def test_the_checker_reports_a_field_without_a_description(capsys, no_models):
     """The checker itself: a subclass field with no ``Args:`` line is reported, the documented ones are not."""
     fields = init_fields(Undocumented)

@@ -82,7 +82,12 @@ class PairPlan:
 
 
 class PreferenceDataModule(TaskDataModule):
-    """``TaskDataModule`` fields, plus ``pairs_file`` (write the collected pairs as JSON) and ``show_progress``."""
+    """Task items in, preference pairs out (module docstring); the ``TaskDataModule`` fields, plus:
+
+    Args:
+        pairs_file: write the pairs a non-iterative run collects to this JSON file (null: don't).
+        show_progress: a progress bar while pairs are collected.
+    """
 
     def __init__(self, *args: Any, pairs_file: str | None = None, show_progress: bool = True, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -214,13 +214,15 @@ class TaskDataModule(LightningDataModule):
     Args:
         dataset: training items (see module docstring for the accepted sources).
         eval_dataset: evaluation items (default: none; periodic evaluation is then skipped with a warning).
-        split / eval_split: splits for hub datasets.
+        split: the training split of a hub dataset.
+        eval_split: the evaluation split of a hub dataset.
         prompts_per_step: items per training step; their trees are sampled together (batched generation).
             1 reproduces CoMLRL's batch size of one.
         eval_batch_size: items per evaluation batch.
         shuffle: reshuffle the training order every epoch (seeded); False keeps CoMLRL's fixed order.
         seed: seed of the shuffled order.
-        max_train_items / max_eval_items: use only the first n items.
+        max_train_items: train on the first n items only (null: all).
+        max_eval_items: evaluate on the first n items only (null: all).
         load_kwargs: extra arguments of ``datasets.load_dataset`` (e.g. ``name`` for a config).
     """
 
