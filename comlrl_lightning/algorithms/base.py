@@ -326,6 +326,12 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str) -> None:
+        if self.trainer.world_size > 1:
+            raise ConfigurationError(
+                f"trainer.strategy runs {self.trainer.world_size} processes (devices x num_nodes), and data-parallel "
+                "training is not supported yet: every update runs one backward per agent, which DDP's gradient "
+                "reducer cannot follow (docs/scaling.md). Use one process (trainer.devices: 1), and place agents on "
+                "several devices of it with parallel_training: mp and agent_devices.")
         if stage == "fit":
             # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback), not in Lightning's validation
             # loop: switch the loop off for this fit (restored in teardown, so a later trainer.validate works).
