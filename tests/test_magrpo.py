@@ -459,3 +459,15 @@ def test_resume_from_the_checkpoint_that_closed_an_epoch(tmp_path):
     assert trainer.global_step == full_trainer.global_step == 4
     for a, b in zip(full.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_choices_accept_any_case_from_python():
+    """From Python a choice is accepted in any case and stored in its canonical spelling (CoMLRL lower-cases);
+    the CLI takes the listed spellings."""
+    module = make_module(joint_mode="CROSS", loss_aggregation="Token_Mean", reference_kl_placement="LOSS",
+                         parallel_training="None", advantage_mode="mean")
+    assert (module.joint_mode, module.loss_aggregation, module.reference_kl_placement, module.parallel_training) == \
+        ("cross", "token_mean", "loss", "none")
+    assert module.hparams["joint_mode"] == "cross"
+    with pytest.raises(ValueError, match=r"joint_mode must be one of: aligned, cross, align, crossed \(got 'diagonal'\)"):
+        make_module(joint_mode="diagonal")

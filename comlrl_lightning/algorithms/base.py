@@ -228,12 +228,13 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         with self.timed("update"):
             optimizer = self.optimizers()
             optimizer.zero_grad()
-            sums: dict[str, float] = defaultdict(float)
+            sums: dict[str, Any] = defaultdict(float)
             for loss, diagnostics in self.losses(batch):  # one graph at a time
                 self.manual_backward(loss)
                 for key, value in diagnostics.items():
-                    sums[key] += float(value)
-            metrics = {**self.clip_and_measure_gradients(), **self.batch_metrics(batch), **sums}
+                    sums[key] = _add(sums[key], value)  # summed on the device; read once per update below
+            metrics = {**self.clip_and_measure_gradients(), **self.batch_metrics(batch),
+                       **{key: float(value) for key, value in sums.items()}}
             for group in optimizer.param_groups:  # the rate this update used
                 metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
             trained = [any(p.grad is not None for p in group["params"]) for group in optimizer.param_groups]
@@ -572,6 +573,14 @@ def call_filtered(func, **kwargs):
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return func(**kwargs)
     return func(**{k: v for k, v in kwargs.items() if k in params})
+
+
+def _add(total: Any, value: Any) -> Any:
+    """``total + value`` for floats and tensors; a tensor joins the device of the running total (agents placed on
+    different devices add to one ``loss``)."""
+    if isinstance(total, Tensor) and isinstance(value, Tensor):
+        return total + value.detach().to(total.device)
+    return total + (value.detach() if isinstance(value, Tensor) else value)
 
 
 def plain_hparams(values: Mapping[str, Any]) -> dict[str, Any]:

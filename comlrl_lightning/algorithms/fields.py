@@ -49,14 +49,21 @@ def choices_of(annotation: Any) -> tuple[str, ...] | None:
     return None
 
 
-def check_choices(function: Callable, values: dict[str, Any]) -> None:
-    """Reject a value outside its ``Literal``: ``<field> must be one of: a, b, c (got 'x').`` The same rule the
-    CLI applies to YAML, for Python callers."""
+def check_choices(function: Callable, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every ``Literal`` field's choice in its canonical spelling (CoMLRL accepts any case from
+    Python); a value outside the choices is rejected: ``<field> must be one of: a, b, c (got 'x').`` The same rule
+    the CLI applies to YAML."""
     hints = typing.get_type_hints(function)
+    checked = dict(values)
     for name, value in values.items():
         allowed = choices_of(hints.get(name))
-        if allowed is not None and value is not None and value not in allowed:
+        if allowed is None or value is None:
+            continue
+        spelled = str(value).strip().lower() if isinstance(value, str) else value
+        if spelled not in allowed:
             raise ValueError(f"{name} must be one of: {', '.join(map(str, allowed))} (got {value!r}).")
+        checked[name] = spelled
+    return checked
 
 
 def require(ok: bool, message: str) -> None:
@@ -74,8 +81,7 @@ class FieldGroup:
 
     def _store(self, function: Callable, values: dict[str, Any], rename: dict[str, str] | None = None) -> None:
         """``rename``: fields kept under another attribute (``agents`` is the name of the loaded team)."""
-        fields = _fields(values)
-        check_choices(function, fields)
+        fields = check_choices(function, _fields(values))
         self.__dict__.setdefault("field_values", {}).update(fields)
         for name, value in fields.items():  # plain attributes, set before nn.Module.__init__ runs
             object.__setattr__(self, (rename or {}).get(name, name), value)
@@ -231,7 +237,7 @@ class JointActionFields(FieldGroup):
     def __init__(self, num_turns: int = 1, joint_mode: JointMode = "aligned", **kwargs: Any):
         self._store(JointActionFields.__init__, locals())
         require(num_turns >= 1, "num_turns must be >= 1.")
-        self.joint_mode = {"align": "aligned", "crossed": "cross"}.get(joint_mode, joint_mode)
+        self.joint_mode = {"align": "aligned", "crossed": "cross"}.get(self.joint_mode, self.joint_mode)
         self.field_values["joint_mode"] = self.joint_mode
         super().__init__(**kwargs)
 
@@ -331,12 +337,11 @@ class PreferenceFields(JointActionFields):
 
     def __init__(self, preference_num_candidates: int = 80, preference_pairs_per_sample: int | None = 16,
                  pair_selection: PairSelection = "reward_gap", **kwargs: Any):
-        pair_selection = str(pair_selection).lower()  # CoMLRL lower-cases it
         self._store(PreferenceFields.__init__, locals())
         require(preference_num_candidates >= 2, "preference_num_candidates must be >= 2.")
         require(preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
                 "preference_pairs_per_sample must be >= 1 or null.")
-        require(pair_selection != "all" or preference_pairs_per_sample is None,
+        require(self.pair_selection != "all" or preference_pairs_per_sample is None,
                 "preference_pairs_per_sample must be null when pair_selection='all'.")
         super().__init__(**kwargs)
 

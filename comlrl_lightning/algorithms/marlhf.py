@@ -97,9 +97,8 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
     def __init__(self, rl_algorithm: RlAlgorithm = "magrpo", critic_model_name: str | None = None,
                  num_generations: int | None = None, discount: float | None = None,
                  rollout_buffer_size: int | None = None, **kwargs: Any):
-        rl_algorithm = str(rl_algorithm).lower()  # CoMLRL lower-cases it
         self._store(MARLHF.__init__, {"rl_algorithm": rl_algorithm, "critic_model_name": critic_model_name})
-        backend = BACKENDS[rl_algorithm]
+        backend = BACKENDS[self.rl_algorithm]
         given = {"num_generations": num_generations, "discount": discount, "rollout_buffer_size": rollout_buffer_size}
         super().__init__(**{name: value if value is not None else field_default(backend, name)
                             for name, value in given.items()}, **kwargs)
