@@ -183,15 +183,3 @@ def test_a_new_family_needs_only_its_own_hooks(tmp_path):
     assert {"agent_0/grad_norm", "agent_0/learning_rate", "agent_1/items"} <= set(rows[0])
     (metrics,) = trainer.validate(module, datamodule=data, verbose=False)
     assert 0.0 <= metrics["eval/turn_1/reward_mean"] <= 1.0
-
-
-def test_a_multi_process_strategy_is_refused_with_a_clear_message():
-    """Data-parallel training is not built yet (docs/scaling.md): a multi-process trainer is a configuration error
-    before anything runs, not DDP's unused-parameter traceback after the first rollout."""
-    from comlrl_lightning import MAGRPO
-    from comlrl_lightning.config_errors import ConfigurationError
-
-    module = MAGRPO(agents="tiny", num_agents=2, reward_func=toy.brevity_reward)
-    module.trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False)
-    with pytest.raises(ConfigurationError, match="runs 2 processes .* not supported yet.*parallel_training: mp"):
-        module.setup("fit")

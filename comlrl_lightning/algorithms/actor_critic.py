@@ -160,6 +160,10 @@ class IAC(CriticFields, OnPolicyModule):
     def check_config(self) -> None:
         super().check_config()
         name, separate = self.algorithm_name, self.use_separate_critic or self.centralized_critic
+        require(self.lora is None, f"{name} with a LoRA team (lora_rank or adapter folders as agents) is not available "
+                                   "yet: its critics and value heads would be full models beside the shared base. "
+                                   "Train actor-critic teams as full copies (lora_rank: null), or use the MAGRPO "
+                                   "family or MADPO with LoRA (docs/scaling.md).")
         require(self.num_turns == 1 or self.num_generations == 1,
                 f"Multi-turn {name} currently supports num_generations == 1.")
         require(self.joint_mode == "aligned", f"{name} supports joint_mode aligned only (got {self.joint_mode!r}).")
@@ -424,7 +428,7 @@ class IAC(CriticFields, OnPolicyModule):
 
     def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
         metrics = super().evaluation_metrics(records)
-        values, targets = torch.cat([r["values"] for r in records]), torch.cat([r["targets"] for r in records])
+        values, targets = self.joined_table(records, "values"), self.joined_table(records, "targets")
         for t in range(values.shape[1]):
             metrics[f"eval/turn_{t + 1}/value_pred_mean"] = float(values[:, t].mean())
             metrics[f"eval/turn_{t + 1}/value_target_mean"] = float(targets[:, t].mean())

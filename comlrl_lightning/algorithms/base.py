@@ -36,9 +36,11 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
+from torchmetrics.aggregation import CatMetric
 
 from comlrl_lightning.agents import CausalLMWithValueHead, load_agents, resolve_devices, save_agents
 from comlrl_lightning.agents.loading import validate_agent_sources
+from comlrl_lightning.agents.lora import LoRATeam, adapter_base, is_adapter_dir
 from comlrl_lightning.agents.memory import activation_bytes, available_bytes, enable_checkpointing, missing_state_bytes
 from comlrl_lightning.algorithms.fields import (
     AgentFields,
@@ -50,6 +52,8 @@ from comlrl_lightning.algorithms.fields import (
 )
 from comlrl_lightning.config_errors import ConfigurationError
 from comlrl_lightning.core.advantages import suffix_returns
+from comlrl_lightning.data import ranks
+from comlrl_lightning.data.files import run_root
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
 from comlrl_lightning.rollout.sampling import SamplingConfig, ScoringInputs, select_rows, token_logprobs
@@ -96,6 +100,13 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         self.gradient_checkpointing = config.get("gradient_checkpointing", False)
         self.team = team_for(self.collaboration_mode, self.agent_sources, self.field_values["num_agents"],
                              self.tokenizer_sources, self.formatters, self.reward_func, self.centralized_adapter)
+        self.lora = lora_plan(self.team.agents, self.team.num_agents, self.field_values)
+        if self.lora is not None:  # the team's sources: the base once per agent
+            self.team.agents = [self.lora["base"]] * self.lora["num_agents"]
+            require(self.parallel_training == "none",
+                    "parallel_training='mp' places whole agents on devices; a LoRA team (lora_rank, or adapter folders "
+                    "as agents) shares one base model, so it runs where the trainer places it: remove "
+                    "parallel_training/agent_devices.")
         self.collaboration = self.team.collaboration
         self.sources = validate_agent_sources(self.team.agents, self.team.num_agents, self.team.tokenizers,
                                               dtype=config.get("dtype", config.get("torch_dtype")),
@@ -135,15 +146,20 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         if "agents" in self._modules:
             return
         config = dict(self.model_config or {})
+        lora = self.lora
         models, tokenizers = load_agents(
-            self.sources, num_agents=self.num_agents, tokenizers=self.team.tokenizers,
-            dtype=config.get("dtype", config.get("torch_dtype")),
+            self.sources[:1] if lora else self.sources, num_agents=1 if lora else self.num_agents,
+            tokenizers=self.team.tokenizers, dtype=config.get("dtype", config.get("torch_dtype")),
             attn_implementation=config.get("attn_implementation", "sdpa"),
             model_kwargs=config.get("model_kwargs"), special_tokens=config.get("special_tokens"))
-        self._modules["agents"] = nn.ModuleList(models).train()  # from_pretrained gives eval mode; CoMLRL trains
-        self._tokenizers = tokenizers
         for model in {id(m): m for m in models}.values():
             self.apply_gradient_checkpointing(model)
+        if lora:  # ONE base, one adapter per agent (agents/lora.py)
+            team = LoRATeam(models[0], self.num_agents, adapters=lora["adapters"], base_name=lora["base"],
+                            **lora["settings"])
+            models, tokenizers = team.views, tokenizers * self.num_agents
+        self._modules["agents"] = nn.ModuleList(models).train()  # from_pretrained gives eval mode; CoMLRL trains
+        self._tokenizers = tokenizers
         self.build_models()
 
     def build_models(self) -> None:
@@ -204,7 +220,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     # ------------------------------------------------------------------ optimizer and schedule
     def optimizer_groups(self) -> list[dict[str, Any]]:
         """AdamW parameter groups: one per distinct agent model; families add critics/reward models."""
-        return [{"params": [p for p in self.agents[ids[0]].parameters() if p.requires_grad],
+        return [{"params": trainable_parameters(self.agents[ids[0]]),
                  "lr": self.agent_learning_rates[ids[0]], "name": f"agent_{ids[0]}", "agents": ids}
                 for ids in self.agent_groups()]
 
@@ -224,16 +240,23 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
 
     # ------------------------------------------------------------------ the update skeleton
     def update(self, batch: Any) -> dict[str, float]:
-        """One team update on a mini-batch: one optimizer step, one ``global_step``."""
+        """One team update on a mini-batch: one optimizer step, one ``global_step``. In a data-parallel run every
+        rank updates together, each on its own mini-batch (possibly empty), with gradients averaged over the ranks
+        by rows before clipping, so every rank holds the same weights after it."""
         with self.timed("update"):
             optimizer = self.optimizers()
             optimizer.zero_grad()
             sums: dict[str, Any] = defaultdict(float)
-            for loss, diagnostics in self.losses(batch):  # one graph at a time
-                self.manual_backward(loss)
-                for key, value in diagnostics.items():
-                    sums[key] = _add(sums[key], value)  # summed on the device; read once per update below
-            metrics = {**self.clip_and_measure_gradients(), **self.batch_metrics(batch),
+            # DDP's reducer expects one backward per forward; ours are one per agent, so it stays off and the
+            # gradients are averaged once below.
+            no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
+            with no_sync():
+                for loss, diagnostics in self.losses(batch) if len(batch) else ():  # one graph at a time
+                    self.manual_backward(loss)
+                    for key, value in diagnostics.items():
+                        sums[key] = _add(sums[key], value)  # summed on the device; read once per update below
+            ranks.average_gradients((p for g in optimizer.param_groups for p in g["params"]), len(batch))
+            metrics = {**self.clip_and_measure_gradients(), **(self.batch_metrics(batch) if len(batch) else {}),
                        **{key: float(value) for key, value in sums.items()}}
             for group in optimizer.param_groups:  # the rate this update used
                 metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
@@ -243,6 +266,10 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             if scheduler is not None:
                 scheduler.step_groups(trained)
         return metrics
+
+    def count_env_steps(self, joint_actions: int) -> None:
+        """Add the joint actions of a step — over every rank — to ``env_step``."""
+        self.env_step += int(ranks.reduce_sum(joint_actions))
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         """What the agents wrote in the last training step, for ``CompletionsLogger`` (a family with samples to
@@ -262,7 +289,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         """Gradient norm per model (agents, critics, a reward model), clipped to ``max_grad_norm`` when set."""
         norms = {}
         for names, model in self.trained_models():
-            params = [p for p in model.parameters() if p.grad is not None]
+            params = [p for p in trainable_parameters(model) if p.grad is not None]
             if not params:
                 continue
             if self.max_grad_norm is not None:
@@ -319,20 +346,18 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         finally:
             self.phase_seconds[phase] += time.perf_counter() - tic
 
-    def log_metrics(self, metrics: dict[str, float], batch_size: int, progress: tuple[str, float] | None = None):
-        """Log a step's metrics against ``global_step`` (``env_step`` with every row) and one value on the bar."""
-        self.log_dict({**metrics, "env_step": float(self.env_step)}, batch_size=batch_size)
-        if progress is not None:
-            self.log(progress[0], progress[1], prog_bar=True, logger=False, batch_size=batch_size)
+    def log_metrics(self, metrics: dict[str, float], batch_size: int, progress: tuple[str, str] | None = None):
+        """Log a step's metrics against ``global_step`` (``env_step`` with every row), each the mean over the ranks
+        that have it, and one of them (``progress``: label, metric) on the bar."""
+        metrics = {**ranks.mean_of_ranks(metrics), "env_step": float(self.env_step)}
+        self.log_dict(metrics, batch_size=batch_size)
+        if progress is not None and progress[1] in metrics:
+            self.log(progress[0], metrics[progress[1]], prog_bar=True, logger=False, batch_size=batch_size)
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str) -> None:
-        if self.trainer.world_size > 1:
-            raise ConfigurationError(
-                f"trainer.strategy runs {self.trainer.world_size} processes (devices x num_nodes), and data-parallel "
-                "training is not supported yet: every update runs one backward per agent, which DDP's gradient "
-                "reducer cannot follow (docs/scaling.md). Use one process (trainer.devices: 1), and place agents on "
-                "several devices of it with parallel_training: mp and agent_devices.")
+        check_strategy(self.trainer, self.parallel_training)
+        run_root(self.trainer)  # read on every rank now; later only rank 0 writes there
         if stage == "fit":
             # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback), not in Lightning's validation
             # loop: switch the loop off for this fit (restored in teardown, so a later trainer.validate works).
@@ -417,13 +442,16 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             node = node.children.get(0)
 
     def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
-        rewards = torch.cat([r["rewards"] for r in records])
+        """Metrics of the evaluation ``records`` of every rank (a data-parallel run evaluates a share per rank; the
+        reward table is joined by a torchmetrics ``CatMetric``, the records the user's logger reads by a gather)."""
+        rewards = self.joined_table(records, "rewards")
         returns = suffix_returns(rewards, getattr(self, "discount", 1.0))
         metrics = {"env_step": float(self.env_step)}
         for t in range(rewards.shape[1]):
             metrics[f"eval/turn_{t + 1}/reward_mean"] = float(rewards[:, t].mean())
             metrics[f"eval/turn_{t + 1}/expected_return"] = float(returns[:, t].mean())
         if self.eval_logger is not None and self.eval_aggregator is not None:
+            records = [r for share in ranks.gather(records) for r in share]
             items = [it for r in records for it in r["items"]]
             completions = [[c for r in records for c in r["completions"][i]] for i in range(self.num_agents)]
             if self.collaboration is not None:  # the user's logger sees each role's part of the joint answer
@@ -437,9 +465,18 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                 metrics[key if key.startswith("eval/") else f"eval/{key}"] = float(value)
         return metrics
 
+    def joined_table(self, records: list[dict[str, Any]], key: str) -> Tensor:
+        """The [items, turns] tables ``key`` of the records of every rank, in item order (torchmetrics
+        ``CatMetric``, which joins the ranks' rows; one process: the records' own)."""
+        turns = getattr(self, "num_turns", 1)
+        table = CatMetric(nan_strategy="disable").to(self.device)
+        table.update(torch.cat([r[key] for r in records]).to(self.device) if records else torch.zeros(0, turns))
+        return table.compute().reshape(-1, turns).cpu()
+
     def evaluate(self, items: Sequence[Any], batch_size: int = 1) -> dict[str, float]:
         """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward."""
-        records = [self.evaluation_record(items[s : s + batch_size]) for s in range(0, len(items), batch_size)]
+        mine = ranks.shard(items)  # each rank plays its share of the items
+        records = [self.evaluation_record(mine[s : s + batch_size]) for s in range(0, len(mine), batch_size)]
         return self.evaluation_metrics(records)
 
     def validation_step(self, batch: list[Any], batch_idx: int):
@@ -455,12 +492,16 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["comlrl_lightning"] = {"env_step": self.env_step, "rng": _rng_state()}
+        # Every rank's RNG (Lightning writes rank 0's checkpoint; each rank samples its own share).
+        checkpoint["comlrl_lightning"] = {"env_step": self.env_step, "rng": _rng_state(),
+                                          "rank_rng": ranks.gather(_rng_state())}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("comlrl_lightning", {})
         self.env_step = int(state.get("env_step", 0))
-        self._rng_to_restore = state.get("rng")
+        per_rank = state.get("rank_rng") or [state.get("rng")]
+        # A run with more processes than the checkpointed one: the extra ranks keep their own seeded streams.
+        self._rng_to_restore = per_rank[ranks.rank()] if ranks.rank() < len(per_rank) else None
 
     def on_train_start(self) -> None:
         # Restore RNG after Lightning's own start-up (which may draw random numbers) for exact resume.
@@ -543,6 +584,60 @@ def team_for(collaboration_mode: str, agents: Any, num_agents: int | None, token
     collaboration = CentralizedCollaboration(check_adapter(adapter or TaggedCentralizedAdapter()),
                                              build_formatters(formatters, num_roles), reward_func, num_roles)
     return Team(actors, 1, tokenizers, [collaboration.formatter], collaboration, collaboration)
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """What training ``model`` updates: its parameters that require gradients, or — an agent of a LoRA team, which
+    shares its module with the other agents — its own adapter's."""
+    own = getattr(model, "trainable_parameters", None)
+    return list(own()) if callable(own) else [p for p in model.parameters() if p.requires_grad]
+
+
+def lora_plan(agents: Any, num_agents: int | None, fields: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The LoRA team the fields ask for (``lora_rank``, or adapter folders as ``agents``), else None: the base source,
+    the team size, the adapter folders to load and the LoRA settings of fresh adapters."""
+    sources = list(agents) if isinstance(agents, (list, tuple)) else [agents]
+    folders = [s for s in sources if is_adapter_dir(s)]
+    if folders:
+        require(len(folders) == len(sources), "agents: either every agent is a saved LoRA adapter folder or none is "
+                                              f"(got {len(folders)} adapter folders among {len(sources)} agents).")
+        bases = {adapter_base(f) for f in folders}
+        require(len(bases) == 1, f"agents: the adapter folders were trained on different base models {sorted(bases)}; "
+                                 "a LoRA team shares one base.")
+        return {"base": bases.pop(), "num_agents": len(folders), "adapters": [str(f) for f in folders], "settings": {}}
+    if fields.get("lora_rank") is None:
+        return None
+    distinct = {s if isinstance(s, str) else id(s) for s in sources}
+    require(len(distinct) == 1 and isinstance(sources[0], str),
+            f"lora_rank={fields['lora_rank']}: a LoRA team puts one adapter per agent on ONE base model; set agents to "
+            f"one model name or path (got {sources!r}). Teams of different models train as full copies (lora_rank: "
+            "null).")
+    n = len(sources) if isinstance(agents, (list, tuple)) else (num_agents or 2)
+    settings = {"rank": fields["lora_rank"], "alpha": fields["lora_alpha"], "dropout": fields["lora_dropout"],
+                "target_modules": fields["lora_target_modules"]}
+    return {"base": sources[0], "num_agents": n, "adapters": [], "settings": settings}
+
+
+def check_strategy(trainer: Any, parallel_training: str) -> None:
+    """The strategies a team trains under: one device, or Lightning's DDP (any launcher: ``ddp``, ``ddp_spawn``,
+    ``ddp_notebook``; any number of nodes). ``parallel_training: mp`` places agents on several devices of ONE
+    process; combined with several processes, every process would claim the same devices."""
+    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+    strategy = trainer.strategy
+    name = type(strategy).__name__
+    if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or "DeepSpeed" in name:
+        raise ConfigurationError(
+            f"trainer.strategy {name} is not supported; use a single device (trainer.devices: 1) or data-parallel "
+            "training (trainer.strategy: ddp, any trainer.devices and trainer.num_nodes). Sharding agents across "
+            "devices (FSDP) is not available yet; agents too large for one device can be placed on several devices "
+            "of one process with parallel_training: mp (docs/scaling.md).")
+    if parallel_training == "mp" and trainer.world_size > 1:
+        raise ConfigurationError(
+            f"parallel_training='mp' places agents on the devices of one process, but trainer.strategy {name} runs "
+            f"{trainer.world_size} processes (trainer.devices x trainer.num_nodes). Use one of them: "
+            "parallel_training: mp with trainer.devices: 1, or trainer.strategy: ddp with parallel_training: none "
+            "(docs/scaling.md).")
 
 
 def _rng_state() -> dict[str, Any]:

@@ -101,12 +101,23 @@ class AgentFields(FieldGroup):
         parallel_training: ``none`` (the trainer places the whole team) or ``mp`` (each agent on its own device
             from ``agent_devices``; agents on distinct devices generate concurrently).
         agent_devices: with ``parallel_training: mp``: ``auto``, one device for all, or one per agent.
+        lora_rank: train a LoRA team: ONE frozen base model (``agents``) with one adapter of this rank per agent
+            (null: every agent a full trainable copy). Adapter folders saved by a LoRA team as ``agents`` load one.
+        lora_alpha: LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank).
+        lora_dropout: dropout on the LoRA input.
+        lora_target_modules: the layers that get adapters: ``all-linear`` or a list of module names
+            (e.g. ``[q_proj, v_proj]``).
     """
 
     def __init__(self, agents: str | Sequence[Any] = "tiny", num_agents: int | None = None, tokenizers: Any = None,
                  model_config: dict[str, Any] | None = None, parallel_training: ParallelTraining = "none",
-                 agent_devices: str | list[str] | None = None, **kwargs: Any):
+                 agent_devices: str | list[str] | None = None, lora_rank: int | None = None, lora_alpha: float = 16.0,
+                 lora_dropout: float = 0.0, lora_target_modules: str | list[str] = "all-linear", **kwargs: Any):
         self._store(AgentFields.__init__, locals(), {"agents": "agent_sources", "tokenizers": "tokenizer_sources"})
+        require(lora_rank is None or (isinstance(lora_rank, int) and lora_rank >= 1),
+                f"lora_rank must be an integer >= 1 or null (got {lora_rank!r}).")
+        require(lora_alpha > 0, f"lora_alpha must be > 0 (got {lora_alpha!r}).")
+        require(0 <= lora_dropout < 1, f"lora_dropout must be in [0, 1) (got {lora_dropout!r}).")
         super().__init__(**kwargs)
 
 

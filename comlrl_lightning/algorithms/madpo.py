@@ -126,9 +126,9 @@ class MADPO(PreferenceModule):
     def training_step(self, batch: list[PreferencePair], batch_idx: int):
         metrics = self.update(batch)
         if self.use_environment_step:
-            self.env_step += self.environment_steps_per_pair * len(batch)
+            self.count_env_steps(self.environment_steps_per_pair * len(batch))
         self.last_pair_batch = batch
-        self.log_metrics(metrics, len(batch), ("dpo_acc", metrics["dpo/accuracy"]))
+        self.log_metrics(metrics, len(batch), ("dpo_acc", "dpo/accuracy"))
 
     def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Per micro-batch of pairs: every agent's margins (gathered on this module's device) in one joint loss

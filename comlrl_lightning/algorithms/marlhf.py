@@ -241,7 +241,7 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
         if self.in_reward_model_stage:
             metrics = self.update(batch)
             self.last_pair_batch = batch
-            self.log_metrics(metrics, len(batch), ("rm_acc", metrics["reward_model/accuracy"]))
+            self.log_metrics(metrics, len(batch), ("rm_acc", "reward_model/accuracy"))
             return
         metrics, batch_size, progress = self.rl.train_step(batch, batch_idx)
         for phase, seconds in self.rl.phase_seconds.items():  # the backend's phases, logged by PhaseTimer

@@ -20,6 +20,7 @@ from comlrl_lightning.agents import resolve_devices
 from comlrl_lightning.algorithms.base import MultiAgentModule, mean_over
 from comlrl_lightning.algorithms.fields import ReferenceKLFields, RolloutFields, require
 from comlrl_lightning.core.losses import kl_estimate
+from comlrl_lightning.data import ranks
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.sampling import ScoringInputs, collate_rows
@@ -75,15 +76,20 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         """Sample ``batch``'s trees, buffer them, train on a full buffer; returns the step's metrics, the batch
         size and the progress-bar value (MARLHF runs its backend's steps through this)."""
         rollout = self.collect_rollout(batch)
-        self.buffer.extend(self.buffer_records(rollout))
-        metrics = self.rollout_metrics(rollout)
+        metrics = {}
+        if rollout is not None:  # None: this rank's share of the epoch's last batch is empty
+            self.buffer.extend(self.buffer_records(rollout))
+            metrics = self.rollout_metrics(rollout)
         last_batch = batch_idx + 1 >= self.trainer.num_training_batches
+        drain = len(self.buffer) >= self.rollout_buffer_size or (last_batch and bool(self.buffer))
         updates = []
-        if len(self.buffer) >= self.rollout_buffer_size or (last_batch and self.buffer):
+        if ranks.reduce_max(float(drain)):  # the ranks drain together, and make the same number of updates
             records, self.buffer = self.buffer, []
-            updates = [self.update(mini_batch) for mini_batch in self.schedule(records)]
+            mini_batches = list(self.schedule(records))
+            mini_batches += [[]] * (int(ranks.reduce_max(len(mini_batches))) - len(mini_batches))
+            updates = [self.update(mini_batch) for mini_batch in mini_batches]
         metrics.update(mean_over(updates))
-        return metrics, len(batch), ("reward", metrics["rollout/turn_1/reward_mean"])
+        return metrics, len(batch), ("reward", "rollout/turn_1/reward_mean")
 
     @property
     def policy(self) -> TeamPolicy:
@@ -100,12 +106,16 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
             data.attach_rollouts(self.policy)  # its loader now yields RolloutBatch-es of this policy
 
     @torch.no_grad()
-    def collect_rollout(self, batch: RolloutBatch | Sequence[Mapping[str, Any]]) -> Rollout:
+    def collect_rollout(self, batch: RolloutBatch | Sequence[Mapping[str, Any]]) -> Rollout | None:
         """The step's experience, sampled now by the current weights: the data module's ``RolloutBatch``
-        resolved, or (items from any other loader) the items' trees sampled here; rewarded and expanded."""
+        resolved, or (items from any other loader) the items' trees sampled here; rewarded and expanded. None for
+        an empty batch (a rank's empty share in a data-parallel run)."""
         stamps = dict(policy_version=self.global_step, env_step=self.env_step, reward=self.rollout_reward())
+        if not len(batch):
+            self.count_env_steps(0)
+            return None
         rollout = batch.resolve(**stamps) if isinstance(batch, RolloutBatch) else self.policy.rollout(batch, **stamps)
-        self.env_step += rollout.num_joint_actions
+        self.count_env_steps(rollout.num_joint_actions)
         for phase, seconds in rollout.timings.items():
             self.phase_seconds[phase] += seconds
         with self.timed("score"):
@@ -198,11 +208,18 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["comlrl_lightning"]["buffer"] = [self.record_state(r) for r in self.buffer]  # awaiting an update
+        # Records awaiting an update: this rank's, and every rank's (rank r's list at index r).
+        state = checkpoint["comlrl_lightning"]
+        state["buffer"] = [self.record_state(r) for r in self.buffer]
+        state["rank_buffers"] = ranks.gather(state["buffer"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        self.buffer = [self.record_from_state(s) for s in checkpoint.get("comlrl_lightning", {}).get("buffer", [])]
+        state = checkpoint.get("comlrl_lightning", {})
+        saved = state.get("rank_buffers") or [state.get("buffer", [])]
+        # Resumed with a different number of processes: old rank r's records go to rank r mod D (none is lost).
+        mine = [records for r, records in enumerate(saved) if r % ranks.world_size() == ranks.rank()]
+        self.buffer = [self.record_from_state(s) for records in mine for s in records]
 
     def record_state(self, record: Any) -> dict[str, Any]:
         return record.state_dict()

@@ -9,6 +9,8 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from comlrl_lightning.data.files import run_root
+
 
 class CompletionsLogger(Callback):
     """After every training batch, one line per record of ``pl_module.completion_records(max_nodes)``: step,
@@ -25,7 +27,7 @@ class CompletionsLogger(Callback):
         if not rows:
             return
         if self.path is None:
-            self.path = Path(trainer.log_dir or trainer.default_root_dir) / self.filename
+            self.path = run_root(trainer) / self.filename
             self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as f:
             for row in rows:

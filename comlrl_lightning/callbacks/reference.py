@@ -36,8 +36,9 @@ class ReferenceModels(Callback):
         self.models = []
         for i, agent in enumerate(pl_module.agents):
             if id(agent) not in copies:  # shared weights share one reference
-                ref = copy.deepcopy(agent).eval().requires_grad_(False)
-                copies[id(agent)] = ref
+                team = getattr(agent, "team", None)  # a LoRA team: the base with its adapters off, not a copy
+                copies[id(agent)] = team.reference() if team is not None else \
+                    copy.deepcopy(agent).eval().requires_grad_(False)
             self.models.append(copies[id(agent)])
         self._devices = devices
         pl_module.reference = self

@@ -78,6 +78,19 @@ def load_pairs(path: str | os.PathLike) -> list[PreferencePair]:
     return pairs
 
 
+def run_root(trainer: Any) -> Path:
+    """The run's log directory (``trainer.log_dir``, else ``default_root_dir``), the same on every rank.
+
+    Lightning's ``log_dir`` is a collective in a data-parallel run (rank 0's directory, broadcast), so it cannot be
+    read where only rank 0 runs (a file write): the module reads it once in ``setup``, on every rank, and it is
+    remembered on the trainer for the fit."""
+    root = getattr(trainer, "_comlrl_run_root", None)
+    if root is None:
+        root = str(trainer.log_dir or trainer.default_root_dir)
+        trainer._comlrl_run_root = root
+    return Path(root)
+
+
 class RunDirectories:
     """Directories a run writes beside its logs (replay shards, reward distributions, policy checkpoints): the
     explicit path a field gives, else ``<trainer.log_dir or default_root_dir>/<name>``. Resolved once and
@@ -91,7 +104,7 @@ class RunDirectories:
     def get(self, trainer: Any, name: str, explicit: str | os.PathLike | None = None) -> Path:
         """The directory ``name`` (absolute, created)."""
         if name not in self.paths:
-            base = explicit or Path(trainer.log_dir or trainer.default_root_dir) / name
+            base = explicit or run_root(trainer) / name
             self.paths[name] = str(Path(base).expanduser().resolve())
         path = Path(self.paths[name])
         if path.exists() and not path.is_dir():

@@ -39,7 +39,8 @@ from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.data.files import RunDirectories, remove_orphaned_writes, save_pairs
 from comlrl_lightning.data.replay import ReplayIndex
 from comlrl_lightning.data.rounds import RoundCollector, RoundPlan, RoundReport
-from comlrl_lightning.data.tasks import EpochSampler, ResumableDataLoader, TaskDataModule, _as_list, _Items
+from comlrl_lightning.data import ranks
+from comlrl_lightning.data.tasks import TaskDataModule, _as_list, _Items
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.preferences import collect_preference_pairs, tokenize_pairs
 
@@ -139,10 +140,7 @@ class PreferenceDataModule(TaskDataModule):
             return super().train_dataloader()  # MARLHF's RL stage: task items
         if not self.pairs:
             log.warning("%s: no non-tied preference pairs were generated; there is nothing to train on.", plan.name)
-        skip = self._resume_offset(batch_size=plan.batch_size, size=len(self.pairs) * plan.passes)
-        sampler = EpochSampler(len(self.pairs), shuffle=True, seed=self.seed, skip=skip, passes=plan.passes)
-        return ResumableDataLoader(_Items(self.pairs), seed=self.seed, batch_size=plan.batch_size,
-                                   sampler=sampler, collate_fn=_as_list, num_workers=0)
+        return self.sharded_loader(self.pairs, plan.batch_size, True, _as_list, passes=plan.passes)
 
     def _attached(self) -> PairPlan:
         if self.plan is None:
@@ -162,19 +160,24 @@ class PreferenceDataModule(TaskDataModule):
                                         reward=policy.reward)
 
     def collect(self, desc: str = "collecting preference pairs") -> list[PreferencePair]:
-        items = self.train_items
+        """The pairs of every task: each rank collects from its share of the tasks (its comparator requests with
+        them), then every rank holds all pairs, in task order. ``pairs_file`` is written once."""
+        indices = ranks.shard(range(len(self.train_items)))
         pairs: list[PreferencePair] = []
-        bar = tqdm(total=len(items), desc=desc, unit="task",
+        bar = tqdm(total=len(indices), desc=desc, unit="task",
                    disable=not self.show_progress or not rank_zero_only.rank == 0)
-        for start in range(0, len(items), self.prompts_per_step):
-            chunk = [items[i] for i in range(start, min(start + self.prompts_per_step, len(items)))]
+        for start in range(0, len(indices), self.prompts_per_step):
+            chunk = [self.train_items[i] for i in indices[start : start + self.prompts_per_step]]
             pairs.extend(self.collect_pairs(chunk))
             bar.update(len(chunk))
             bar.set_postfix(pairs=len(pairs))
         bar.close()
-        log.info("collected %d preference pairs from %d tasks", len(pairs), len(items))
+        pairs = [pair for share in ranks.gather(pairs) for pair in share]
+        log.info("collected %d preference pairs from %d tasks", len(pairs), len(self.train_items))
         if self.pairs_file and self.rounds is None:
-            save_pairs(pairs, self.pairs_file)
+            with ranks.rank_zero_first() as writer:
+                if writer:
+                    save_pairs(pairs, self.pairs_file)
         return pairs
 
     def collect_round(self, epoch: int) -> list[PreferencePair]:
@@ -186,7 +189,9 @@ class PreferenceDataModule(TaskDataModule):
             fresh = self.collect(desc=f"round {iteration + 1}/{plan.num_rounds}: collecting pairs")
         finally:
             self.rounds.end_round()
-        self.replay.add(iteration + 1, fresh, self.dirs.get(self.trainer, "preference_replay", plan.replay_dir))
+        directory = ranks.broadcast(self.dirs.get(self.trainer, "preference_replay", plan.replay_dir))
+        with ranks.rank_zero_first() as writer:  # one shard file, written once; every rank registers it
+            self.replay.add(iteration + 1, fresh, directory, write=writer)
         train = self.replay_pairs(fresh)
         self.last_round = self.rounds.report(iteration, fresh, train, sum(s.num_pairs for s in self.replay.shards))
         wins, losses, ties = self.last_round.outcomes
@@ -198,7 +203,7 @@ class PreferenceDataModule(TaskDataModule):
         """The round's training pairs by ``preference_replay_mode`` (drawn with a seed from the global RNG, so
         runs and resumes repeat), tokenised from text where they came from files."""
         plan, policy = self.plan.rounds, self.plan.policy
-        rng = random.Random(int(torch.randint(0, 2**31 - 1, ())))
+        rng = random.Random(ranks.broadcast(int(torch.randint(0, 2**31 - 1, ()))))  # the same draw on every rank
         pairs = self.replay.sample(plan.replay_mode, fresh, plan.replay_sample_size, k=plan.replay_k,
                                    lam=plan.replay_lambda, rng=rng)
         tokenize_pairs([p for p in pairs if not p.prompt_ids], policy.tokenizers, policy.model_input)

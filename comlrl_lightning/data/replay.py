@@ -49,15 +49,19 @@ class ReplayIndex:
             for s in state["shards"]
         ]
 
-    def add(self, iteration: int, pairs: Sequence[PreferencePair], directory: str | os.PathLike) -> Path:
+    def add(self, iteration: int, pairs: Sequence[PreferencePair], directory: str | os.PathLike,
+            write: bool = True) -> Path:
         """Write round ``iteration``'s pairs to ``directory/iteration_{iteration:04d}.json`` (atomic, via
         ``save_pairs(..., metadata={"iteration": iteration})``), also when empty; register it iff non-empty.
+        ``write=False`` registers a shard another process writes (the ranks of a data-parallel run but rank 0).
 
         Re-adding an iteration replaces its earlier shard (e.g. a round re-run after a resume).
         """
         if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
             raise ValueError(f"iteration must be an int >= 0. (got {iteration!r})")
-        path = save_pairs(pairs, Path(directory) / SHARD_NAME.format(iteration), metadata={"iteration": iteration})
+        path = Path(directory) / SHARD_NAME.format(iteration)
+        if write:
+            path = save_pairs(pairs, path, metadata={"iteration": iteration})
         self.shards = [shard for shard in self.shards if shard.iteration != iteration]
         if len(pairs) > 0:
             self.shards.append(ReplayShard(iteration=iteration, path=str(path), num_pairs=len(pairs)))

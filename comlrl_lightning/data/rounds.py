@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from comlrl_lightning.data import ranks
 from comlrl_lightning.comparators.api import ApiComparatorConfig
 from comlrl_lightning.comparators.sources import IndependentRNG, build_comparator
 from comlrl_lightning.core.pairs import PreferencePair
@@ -173,11 +174,14 @@ class RoundCollector:
 
     def report(self, iteration: int, fresh: list[PreferencePair], train: list[PreferencePair],
                total_pairs: int) -> RoundReport:
+        """The round over every rank's share of the tasks (each rank counted its own comparisons)."""
         collaboration = self.policy.collaboration
+        own = (self.outcomes.tolist(), self.target_raw, self.comparator_raw, self.parse_failures,
+               collaboration.parse_failures - self._collaboration_start if collaboration is not None else 0)
+        shares = ranks.gather(own)
         return RoundReport(
             iteration=iteration, num_rounds=self.plan.num_rounds, fresh=fresh, train=train, total_pairs=total_pairs,
-            outcomes=self.outcomes.tolist(), target_raw=list(self.target_raw),
-            comparator_raw=list(self.comparator_raw),
-            comparator_parse_failures=self.parse_failures if self.centralized else None,
-            collaboration_parse_failures=(collaboration.parse_failures - self._collaboration_start
-                                          if collaboration is not None else None))
+            outcomes=[sum(s[0][k] for s in shares) for k in range(3)],
+            target_raw=[r for s in shares for r in s[1]], comparator_raw=[r for s in shares for r in s[2]],
+            comparator_parse_failures=sum(s[3] for s in shares) if self.centralized else None,
+            collaboration_parse_failures=sum(s[4] for s in shares) if collaboration is not None else None)

@@ -15,13 +15,16 @@ Sources (``dataset`` / ``eval_dataset``): a list of dicts; a local ``.json``/``.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from comlrl_lightning.data import ranks
 
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.tree import Rollout
@@ -122,7 +125,9 @@ class _Items(Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> Mapping[str, Any]:
+    def __getitem__(self, index: int | list[int]) -> Mapping[str, Any] | list[Mapping[str, Any]]:
+        if isinstance(index, list):  # a batch of indices (ShardedBatches)
+            return [self.items[i] for i in index]
         return self.items[index]
 
 
@@ -140,7 +145,8 @@ class EpochSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this at each epoch start
         self.epoch = epoch
 
-    def __iter__(self):
+    def order(self) -> list[int]:
+        """This epoch's indices (every rank computes the same order)."""
         order = []
         for p in range(self.passes):
             if self.shuffle:
@@ -148,11 +154,45 @@ class EpochSampler(Sampler[int]):
                 order += torch.randperm(self.size, generator=generator).tolist()
             else:
                 order += range(self.size)
+        return order
+
+    def __iter__(self):
         skip, self.skip = self.skip, 0
-        return iter(order[skip:])
+        return iter(self.order()[skip:])
 
     def __len__(self) -> int:
         return self.size * self.passes
+
+
+class ShardedBatches(DistributedSampler):
+    """Batches of indices for one rank: the epoch's order (:class:`EpochSampler`) cut into global batches of
+    ``batch_size × world`` indices, of which rank r takes its even, contiguous part (``ranks.shard``). Every rank
+    makes the same number of steps; within an epoch no index is dropped or repeated — the last global batch may be
+    short, and a rank's part of it empty when it has fewer indices than there are ranks. One process: the order in
+    batches of ``batch_size``, as a plain loader would give.
+
+    A ``DistributedSampler`` by type, so Lightning keeps it instead of wrapping it in its own (which pads an epoch
+    with repeated items). ``skip`` drops the next epoch's first global batches (a resumed run).
+    """
+
+    def __init__(self, size: int, batch_size: int, shuffle: bool, seed: int, skip: int = 0, passes: int = 1,
+                 num_replicas: int = 1, rank: int = 0):
+        super().__init__(range(size), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.order_of = EpochSampler(size, shuffle, seed, passes=passes)
+        self.batch_size, self.skip = batch_size, skip
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.order_of.set_epoch(epoch)
+
+    def __iter__(self):
+        order, width = self.order_of.order(), self.batch_size * self.num_replicas
+        skip, self.skip = self.skip, 0
+        for start in range(skip * width, len(order), width):
+            yield ranks.shard(order[start : start + width], self.rank, self.num_replicas)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.order_of) / (self.batch_size * self.num_replicas))  # a whole epoch, as Lightning counts
 
 
 def _as_list(batch: list) -> list:
@@ -259,6 +299,7 @@ class TaskDataModule(LightningDataModule):
         self.max_train_items, self.max_eval_items = max_train_items, max_eval_items
         self.load_kwargs = load_kwargs or {}
         self.rollout_policy: TeamPolicy | None = None  # set by an on-policy module when the fit starts
+        self.saved_world_size = 1  # processes of the run a checkpoint came from (resume)
         # Loaded now, so that a missing, empty or unreadable dataset is reported before any model loads.
         self.train_items = _head(load_items(self.dataset_source, self.split, **self.load_kwargs), self.max_train_items)
         if len(self.train_items) == 0:
@@ -279,26 +320,40 @@ class TaskDataModule(LightningDataModule):
         self.rollout_policy = policy
 
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochSampler(len(self.train_items), self.shuffle, self.seed, skip=self._resume_offset())
-        policy = self.rollout_policy
-        return ResumableDataLoader(_Items(self.train_items), seed=self.seed, batch_size=self.prompts_per_step,
-                                   sampler=sampler, collate_fn=_Rollouts(policy) if policy else _as_list,
-                                   num_workers=0)
+        return self.sharded_loader(self.train_items, self.prompts_per_step, self.shuffle,
+                                   _Rollouts(self.rollout_policy) if self.rollout_policy else _as_list)
 
-    def _resume_offset(self, batch_size: int | None = None, size: int | None = None) -> int:
-        """Items of the current epoch already trained on, when Lightning is resuming a checkpoint mid-epoch.
+    def sharded_loader(self, items, batch_size: int, shuffle: bool, collate, passes: int = 1) -> DataLoader:
+        """A resumable loader of this rank's batches of ``items`` (``ShardedBatches``), ``passes`` per epoch."""
+        sampler = ShardedBatches(len(items), batch_size, shuffle, self.seed, passes=passes,
+                                 num_replicas=ranks.world_size(), rank=ranks.rank())
+        sampler.skip = self._resume_offset(batch_size, len(items) * passes)
+        return ResumableDataLoader(_Items(items), seed=self.seed, batch_size=None, sampler=sampler,
+                                   collate_fn=collate, num_workers=0)
 
-        Lightning's own batch progress (restored from the checkpoint) says how many batches were consumed; the
-        loader's prefetch makes counting yielded batches off by one, so we do not count them ourselves.
+    def _resume_offset(self, batch_size: int, size: int) -> int:
+        """Global batches of the current epoch already trained on, when Lightning is resuming a checkpoint
+        mid-epoch.
+
+        Lightning's own batch progress (restored from the checkpoint) says how many batches each rank consumed;
+        the loader's prefetch makes counting yielded batches off by one, so we do not count them ourselves. A run
+        resumed with a different number of processes converts that to items (batches × batch size × the
+        checkpointed run's processes) and continues at the first whole global batch of its own after them
+        (docs/scaling.md).
         """
         trainer = self.trainer
         if trainer is None or not trainer.fit_loop.restarting:
             return 0
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # training_step ran for these
-        consumed = done * (batch_size or self.prompts_per_step)
-        size = len(self.train_items) if size is None else size
+        consumed = done * batch_size * self.saved_world_size
         # A checkpoint written by the epoch's last batch: Lightning starts the next epoch, from its beginning.
-        return consumed if consumed < size else 0
+        return consumed // (batch_size * ranks.world_size()) if consumed < size else 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"world_size": ranks.world_size()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.saved_world_size = int(state_dict.get("world_size", 1))
 
     def val_dataloader(self):
         # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback); the `validate` subcommand

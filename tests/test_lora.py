@@ -1,0 +1,121 @@
+"""LoRA teams: ONE frozen base in memory, one peft adapter per agent (agents/lora.py, docs/scaling.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from comlrl_lightning import MADPO, PreferenceDataModule
+from comlrl_lightning.envs import toy
+from test_magrpo import ITEMS, column, fit, make_module, read_metrics
+
+IDS = torch.tensor([[5, 17, 42, 9, 3, 11]])
+
+
+def logits(model, ids=IDS):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_the_base_is_held_once_and_each_agent_trains_only_its_adapter(tmp_path):
+    full = make_module(num_agents=4)
+    lora = make_module(num_agents=4, lora_rank=4)
+    base = sum(p.numel() for p in full.agents[0].parameters())
+    adapters = [sum(p.numel() for p in lora.agents[i].trainable_parameters()) for i in range(4)]
+    total = sum(p.numel() for p in lora.parameters())  # shared modules counted once
+    assert total == base + sum(adapters) and max(adapters) < base / 4
+    assert sum(p.numel() for p in full.parameters()) == 4 * base
+    before = {n: p.detach().clone() for n, p in lora.agents[0].team.base.named_parameters() if "lora_" not in n}
+    adapters_before = [[p.detach().clone() for p in lora.agents[i].trainable_parameters()] for i in range(4)]
+    fit(lora, tmp_path, max_steps=2)
+    groups = lora.optimizers().optimizer.param_groups
+    assert [len(g["params"]) for g in groups] == [len(lora.agents[i].trainable_parameters()) for i in range(4)]
+    assert len({id(p) for g in groups for p in g["params"]}) == sum(len(g["params"]) for g in groups)
+    for name, p in lora.agents[0].team.base.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(p, before[name]), f"the frozen base changed: {name}"
+            assert not p.requires_grad
+    for i in range(4):  # every adapter trained, each by its own agent's updates
+        assert any(not torch.equal(a, b) for a, b in zip(adapters_before[i], lora.agents[i].trainable_parameters()))
+        assert all(p.requires_grad for p in lora.agents[i].trainable_parameters())
+
+
+def test_agents_switch_adapters_and_the_reference_is_the_base_with_adapters_off(tmp_path):
+    module = make_module(lora_rank=4, reference_kl_enabled=True, reference_kl_coef=0.1)
+    fit(module, tmp_path, max_steps=2)
+    team = module.agents[0].team
+    a0, a1 = logits(module.agents[0]), logits(module.agents[1])
+    assert not torch.allclose(a0, a1), "both agents answered with the same adapter"
+    assert torch.equal(logits(module.agents[0]), a0), "switching adapters changed an agent"
+    reference = module.reference.models[0]
+    with team.peft.disable_adapter():
+        plain = logits(team.peft)
+    assert torch.equal(logits(reference), plain) and not torch.allclose(plain, a0)
+    assert all(p.requires_grad for i in range(2) for p in module.agents[i].trainable_parameters()), \
+        "scoring with the reference left an adapter frozen"
+    assert module.reference.models[0] is module.reference.models[1] or \
+        module.reference.models[0].team is module.reference.models[1].team  # no copy of the base per agent
+
+
+def test_save_pretrained_writes_one_adapter_folder_per_agent_and_they_load_back(tmp_path):
+    module = make_module(lora_rank=4)
+    fit(module, tmp_path, max_steps=1)
+    module.save_pretrained(tmp_path / "out")
+    for i in range(2):
+        files = {p.name for p in (tmp_path / "out" / f"agent_{i}").iterdir()}
+        assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer_config.json"} <= files, files
+        assert not any(name.startswith("model") for name in files), "a LoRA agent wrote full weights"
+    loaded = make_module(agents=[str(tmp_path / "out" / f"agent_{i}") for i in range(2)])
+    assert loaded.lora is not None and loaded.lora["base"] == "tiny"
+    for i in range(2):
+        assert torch.allclose(logits(loaded.agents[i]), logits(module.agents[i]), atol=1e-6)
+    loaded_params = sum(p.numel() for p in loaded.parameters())
+    assert loaded_params == sum(p.numel() for p in module.parameters())
+
+
+def test_a_lora_team_learns_the_letter_task(tmp_path):
+    """As the full-copy learning test: two agents from a random tiny base; only the adapters train. A random base
+    has tiny logits, which adapters inside the layers barely move, so the output layer gets one too (on a trained
+    model ``all-linear`` — every layer but the output — is the usual choice)."""
+    module = make_module(lora_rank=8, lora_alpha=16.0, lora_target_modules=["q_proj", "v_proj", "up_proj",
+                                                                            "down_proj", "lm_head"],
+                         reward_func=toy.letter_reward, num_generations=8, max_new_tokens=8,
+                         agent_learning_rate=2e-2, rollout_buffer_size=4)
+    trainer = fit(module, tmp_path, max_steps=20, prompts_per_step=4, items=ITEMS * 4)
+    rewards = column(read_metrics(trainer), "rollout/turn_1/reward_mean")
+    assert len(rewards) == 20
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.1, (first, last, rewards)
+
+
+def test_madpo_trains_a_lora_team(tmp_path):
+    from lightning.pytorch import Trainer, seed_everything
+
+    seed_everything(0)
+    module = MADPO(agents="tiny", num_agents=2, lora_rank=4, reward_func=toy.brevity_reward,
+                   preference_num_candidates=4, max_new_tokens=6, train_batch_size=4, eval_interval=0,
+                   log_completions=False, agent_learning_rate=1e-2)
+    before = [[p.detach().clone() for p in module.agents[i].trainable_parameters()] for i in range(2)]
+    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS, prompts_per_step=4, show_progress=False))
+    assert trainer.global_step > 0
+    for i in range(2):
+        assert any(not torch.equal(a, b) for a, b in zip(before[i], module.agents[i].trainable_parameters()))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"agents": ["tiny", "tiny-5m"]}, "lora_rank=4: a LoRA team puts one adapter per agent on ONE base model"),
+    ({"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}, "a LoRA team .* shares one base model"),
+    ({"lora_rank": 0}, "lora_rank must be an integer >= 1 or null"),
+])
+def test_what_a_lora_team_cannot_be_is_refused_naming_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_module(**{"lora_rank": 4, **overrides})
+
+
+def test_actor_critic_with_lora_is_refused_with_what_to_use_instead():
+    from comlrl_lightning import IAC
+
+    with pytest.raises(ValueError, match="IAC with a LoRA team .* not available yet"):
+        IAC(agents="tiny", num_agents=2, lora_rank=4, reward_func=toy.brevity_reward)

@@ -1,0 +1,209 @@
+"""Data-parallel training on Lightning's DDP strategy: two processes on CPU (gloo), launched as a user launches
+them (``python -m comlrl_lightning fit --trainer.strategy ddp --trainer.devices 2``), and a two-"node" run on one
+machine. Each rank's ``ddp_probe.Probe`` records what it trained on and a digest of its weights after every step.
+
+What must hold (docs/scaling.md): the ranks hold identical weights after every update; the union of the items
+the ranks saw is the epoch, none twice; logged metrics are the mean of the ranks' own values; ``env_step`` counts
+every rank's joint actions; run files are written once; a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from comlrl_lightning.data import ranks
+from comlrl_lightning.data.tasks import EpochSampler, ShardedBatches
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--model.init_args.agents", "tiny", "--model.init_args.max_new_tokens", "4",
+        "--model.init_args.use_chat_template", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.accelerator", "cpu"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_path: Path, config: str, *args: str, devices: int = 2, env: dict | None = None) -> subprocess.Popen:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "comlrl_lightning", "fit", "--config", str(REPO / "configs" / f"{config}.yaml"), *TINY,
+         "--trainer.strategy", "ddp", "--trainer.devices", str(devices), "--trainer.callbacks+=ddp_probe.Probe",
+         "--trainer.default_root_dir", str(tmp_path / "run"), *args],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests"), "PROBE_DIR": str(tmp_path / "probe"),
+             "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})})
+
+
+def ddp_fit(tmp_path: Path, config: str, *args: str, world: int = 2) -> list[dict]:
+    """Run a 2-process fit; the probes of its ranks."""
+    process = launch(tmp_path, config, *args, devices=world)
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output[-4000:]
+    return probes(tmp_path, world)
+
+
+def probes(tmp_path: Path, world: int) -> list[dict]:
+    return [json.loads((tmp_path / "probe" / f"rank_{r}.json").read_text()) for r in range(world)]
+
+
+def assert_same_weights_after_every_step(probes: list[dict]) -> None:
+    steps = [p["steps"] for p in probes]
+    assert len({len(s) for s in steps}) == 1, "the ranks made different numbers of steps"
+    for at_step in zip(*steps):
+        assert len({s["digest"] for s in at_step}) == 1, f"weights differ at step {at_step[0]['global_step']}"
+        assert len({s["global_step"] for s in at_step}) == 1
+        assert len({s["env_step"] for s in at_step}) == 1, "env_step differs across ranks"
+    assert len({p["final_digest"] for p in probes}) == 1
+
+
+def assert_epoch_covered_once(probes: list[dict], expected: list[str]) -> None:
+    seen = [key for p in probes for batch in p["items"] for key in batch]
+    assert sorted(seen) == sorted(expected), "the ranks' items are not the epoch exactly once"
+
+
+# ----------------------------------------------------------------------------------------------- sharding (1 process)
+def test_sharded_batches_split_every_global_batch_evenly_and_cover_the_epoch_once():
+    for size, batch, world in [(9, 2, 2), (10, 2, 2), (7, 3, 3), (5, 4, 2), (1, 1, 2)]:
+        order = EpochSampler(size, shuffle=True, seed=1).order()
+        per_rank = [list(ShardedBatches(size, batch, True, 1, num_replicas=world, rank=r)) for r in range(world)]
+        assert len({len(b) for b in per_rank}) == 1, "every rank must make the same number of steps"
+        assert all(len(b) == len(ShardedBatches(size, batch, True, 1, num_replicas=world)) for b in per_rank)
+        for step in zip(*per_rank):  # global batch = the ranks' parts in rank order, the epoch's order
+            assert max(map(len, step)) - min(map(len, step)) <= 1 and all(len(b) <= batch for b in step)
+        assert [i for step in zip(*per_rank) for part in step for i in part] == order
+
+
+def test_one_process_batches_are_a_plain_loaders():
+    sampler = ShardedBatches(7, 3, shuffle=False, seed=0)
+    assert list(sampler) == [[0, 1, 2], [3, 4, 5], [6]] and len(sampler) == 3
+    sampler.skip = 1  # resumed after one batch
+    assert list(sampler) == [[3, 4, 5], [6]] and list(sampler) == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_collectives_are_the_identity_in_one_process():
+    assert not ranks.active() and ranks.rank() == 0 and ranks.world_size() == 1
+    assert ranks.gather({"a": 1}) == [{"a": 1}] and ranks.broadcast(3) == 3
+    assert ranks.reduce_sum([1.0, 2.0]) == [1.0, 2.0] and ranks.mean_of_ranks({"x": 2.0}) == {"x": 2.0}
+    assert ranks.shard(list(range(5)), 1, 2) == [3, 4] and ranks.shard([1], 1, 2) == []
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.full((2,), 3.0)
+    assert ranks.average_gradients([p], rows=4) == 4 and torch.equal(p.grad, torch.full((2,), 3.0))
+
+
+def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    from comlrl_lightning.algorithms.base import check_strategy
+    from comlrl_lightning.config_errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported"):
+        check_strategy(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), "none")
+    with pytest.raises(ConfigurationError, match="parallel_training='mp'.*trainer.devices x trainer.num_nodes"):
+        check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), "mp")
+    check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), "none")
+    check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), "mp")
+
+
+# ----------------------------------------------------------------------------------------------- 2 processes (gloo)
+def test_magrpo_on_two_processes(tmp_path):
+    # 9 items, 2 per rank and step: global batches of 4, 4 and 1 — rank 1's share of the last one is empty.
+    probes = ddp_fit(tmp_path, "quickstart", "--data.init_args.max_train_items", "9", "--trainer.max_epochs", "1",
+                     "--trainer.max_steps", "-1", "--model.init_args.eval_num_samples", "3",
+                     "--model.init_args.eval_interval", "2")
+    from comlrl_lightning.envs.toy import story_tasks
+
+    assert_same_weights_after_every_step(probes)
+    assert_epoch_covered_once(probes, [json.dumps(x, sort_keys=True) for x in story_tasks()[:9]])
+    assert [len(b) for b in probes[1]["items"]] == [2, 2, 0]
+    for at_step in zip(*(p["steps"] for p in probes)):
+        local = [s["local_reward_mean"] for s in at_step if s["batch_size"]]
+        logged = at_step[0]["logged"]["rollout/turn_1/reward_mean"]
+        assert logged == pytest.approx(sum(local) / len(local), rel=1e-6), "the logged reward is not global"
+    # env_step: 9 items x K=4 joint actions, over both ranks
+    assert probes[0]["steps"][-1]["env_step"] == 9 * 4
+    lines = (tmp_path / "run" / "quickstart" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    evals = [row.split(",")[header.index("eval/turn_1/reward_mean")] for row in lines[1:]]
+    assert any(evals), "evaluation metrics were not logged"
+    assert not list((tmp_path / "run").glob("quickstart/version_1")), "a second rank wrote its own log directory"
+
+
+def test_iac_on_two_processes(tmp_path):
+    probes = ddp_fit(tmp_path, "iac", "--data.init_args.max_train_items", "4", "--trainer.max_epochs", "1",
+                     "--trainer.max_steps", "-1", "--model.init_args.eval_interval", "0")
+    assert_same_weights_after_every_step(probes)
+    from comlrl_lightning.envs.toy import story_tasks
+
+    assert_epoch_covered_once(probes, [json.dumps(x, sort_keys=True) for x in story_tasks()[:4]])
+
+
+def test_madpo_collects_a_share_per_rank_and_trains_on_every_pair_once_per_epoch(tmp_path):
+    pairs_file = tmp_path / "pairs.json"
+    probes = ddp_fit(tmp_path, "madpo", "--data.init_args.max_train_items", "6", "--trainer.max_epochs", "1",
+                     "--model.init_args.eval_interval", "0", "--data.init_args.pairs_file", str(pairs_file),
+                     "--model.init_args.train_batch_size", "2")
+    assert_same_weights_after_every_step(probes)
+    written = json.loads(pairs_file.read_text())
+    keys = [json.dumps([p["prompts"], p["winner_completions"], p["loser_completions"]]) for p in written["pairs"]]
+    assert written["num_pairs"] > 0
+    assert_epoch_covered_once(probes, keys)
+    assert not list(tmp_path.glob("*.tmp*")), "an interrupted or duplicate write was left behind"
+
+
+def test_madpo_iter_writes_each_replay_shard_once_and_every_rank_reads_it(tmp_path):
+    probes = ddp_fit(tmp_path, "madpo_iter", "--data.init_args.max_train_items", "4",
+                     "--model.init_args.eval_interval", "0", "--model.init_args.preference_num_candidates", "2",
+                     "--model.init_args.num_train_epochs", "1", "--model.init_args.log_reward_distribution", "true")
+    assert_same_weights_after_every_step(probes)
+    root = tmp_path / "run" / "madpo_iter" / "version_0"
+    shards = sorted(p.name for p in (root / "preference_replay").iterdir())
+    assert shards == ["iteration_0001.json", "iteration_0002.json"], shards
+    assert sorted(p.name for p in (root / "reward_distributions").glob("*.json")) == shards
+    assert not list(tmp_path.glob("run/**/*.tmp*"))
+    assert (root / "policy_checkpoints" / "initial" / "agent_0").is_dir()
+
+
+def test_a_two_process_run_resumes_exactly(tmp_path):
+    common = ["--data.init_args.max_train_items", "16", "--trainer.max_steps", "4", "--model.init_args.eval_interval",
+              "0", "--checkpoint_every_n_updates", "2"]
+    full = ddp_fit(tmp_path / "full", "quickstart", *common)
+    checkpoint = tmp_path / "full" / "run" / "quickstart" / "version_0" / "checkpoints"
+    step2 = [c for c in checkpoint.glob("*.ckpt") if "step=2" in c.name]
+    if not step2:  # the newest only is kept: rerun to step 2
+        ddp_fit(tmp_path / "half", "quickstart", *common[:-2], "--trainer.max_steps", "2")
+        step2 = list((tmp_path / "half" / "run" / "quickstart" / "version_0" / "checkpoints").glob("*step=2*.ckpt"))
+    resumed = ddp_fit(tmp_path / "resumed", "quickstart", *common, "--ckpt_path", str(step2[0]))
+    assert_same_weights_after_every_step(resumed)
+    assert resumed[0]["final_digest"] == full[0]["final_digest"], "the resumed run diverged from the full one"
+    assert [s["digest"] for s in resumed[0]["steps"]] == [s["digest"] for s in full[0]["steps"][2:]]
+
+
+def test_two_nodes_on_one_machine(tmp_path):
+    """``num_nodes=2``, one process per node, node ranks 0 and 1 — the multi-node path of Lightning's launcher."""
+    port = str(free_port())
+    args = ["--trainer.num_nodes", "2", "--data.init_args.max_train_items", "8", "--trainer.max_steps", "2",
+            "--model.init_args.eval_interval", "0"]
+    nodes = [launch(tmp_path, "quickstart", *args, devices=1,
+                    env={"NODE_RANK": str(n), "MASTER_PORT": port}) for n in (0, 1)]
+    for node in nodes:
+        output, _ = node.communicate(timeout=600)
+        assert node.returncode == 0, output[-4000:]
+    probes_ = probes(tmp_path, 2)
+    assert [p["world_size"] for p in probes_] == [2, 2]
+    assert_same_weights_after_every_step(probes_)
+    from comlrl_lightning.envs.toy import story_tasks
+
+    assert_epoch_covered_once(probes_, [json.dumps(x, sort_keys=True) for x in story_tasks()[:8]])
