@@ -255,7 +255,8 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                     self.manual_backward(loss)
                     for key, value in diagnostics.items():
                         sums[key] = _add(sums[key], value)  # summed on the device; read once per update below
-            ranks.average_gradients((p for g in optimizer.param_groups for p in g["params"]), len(batch))
+            with self.timed("gradient_sync"):  # data-parallel runs: one all-reduce per update (else nothing)
+                ranks.average_gradients((p for g in optimizer.param_groups for p in g["params"]), len(batch))
             metrics = {**self.clip_and_measure_gradients(), **(self.batch_metrics(batch) if len(batch) else {}),
                        **{key: float(value) for key, value in sums.items()}}
             for group in optimizer.param_groups:  # the rate this update used

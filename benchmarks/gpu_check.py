@@ -1,0 +1,242 @@
+"""CUDA correctness and throughput of a team on a ~0.4B model built from a config (run by ``gpu_check.sh``).
+
+Checks (each prints PASS/FAIL and lands in the JSON):
+
+1. ``magrpo``: MAGRPO updates of two full agents (Qwen2.5-0.5B-shaped body: 24 layers, hidden 896, 14 heads,
+   2 KV heads, MLP 4864; the in-memory BPE vocabulary of the ``tiny`` factory, ~1k tokens, so ~0.36B parameters
+   each) on the GPU: finite losses, changed weights, ``global_step`` counts updates, env_step counts joint actions.
+2. ``lora``: the same team as a LoRA team on ONE base (rank 16, every linear layer), reference KL on: the base is
+   unchanged, every adapter trained, the reference is the base with adapters off; peak GPU memory of 2 and 4
+   agents, full copies against LoRA, one update each.
+3. ``ddp``: Lightning DDP over the GPUs present — skipped on one GPU (NCCL cannot put two ranks on one device).
+4. Throughput: generated tokens/s and updates/s of MAGRPO steps (N=2, K=8, T=128 forced new tokens, 4 prompts per
+   step), full and LoRA, bf16 and fp32; the first step (warm-up) is not timed.
+
+    python benchmarks/gpu_check.py --json benchmarks/results/gpu_check.json           # on a GPU machine
+    python benchmarks/gpu_check.py --smoke                                           # CPU, small, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+warnings.filterwarnings("ignore")
+logging.getLogger("lightning").setLevel(logging.ERROR)
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+BODY = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+            max_position_embeddings=1024)
+SMOKE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+             max_position_embeddings=512)
+
+
+def module(args, num_agents=2, lora=None, dtype="float32", k=4, tokens=16, reference=False, lr=1e-5):
+    from comlrl_lightning import MAGRPO
+    from comlrl_lightning.envs import toy
+
+    extra = {"lora_rank": lora, "lora_alpha": 2.0 * lora} if lora else {}
+    if reference:
+        extra.update(reference_kl_enabled=True, reference_kl_coef=0.05)
+    return MAGRPO(agents="tiny", num_agents=num_agents, reward_func=toy.letter_reward, num_generations=k,
+                  max_new_tokens=tokens, generation_kwargs={"min_new_tokens": tokens}, temperature=1.0, top_p=1.0,
+                  top_k=None, rollout_buffer_size=args.prompts, agent_learning_rate=lr, eval_interval=0,
+                  log_completions=False, model_config={"model_kwargs": args.body, "dtype": dtype}, **extra)
+
+
+def fit(args, mod, steps, callbacks=()):
+    from lightning.pytorch import Trainer, seed_everything
+
+    from comlrl_lightning import TaskDataModule
+    from comlrl_lightning.envs import toy
+
+    seed_everything(0)
+    trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, accelerator=args.accelerator, devices=1,
+                      callbacks=list(callbacks))
+    trainer.fit(mod, datamodule=TaskDataModule(dataset=toy.story_tasks, prompts_per_step=args.prompts))
+    return trainer
+
+
+def snapshot(params):
+    return [p.detach().float().clone() for p in params]
+
+
+def changed(before, params):
+    return all(not torch.equal(b, p.detach().float()) for b, p in zip(before, params))
+
+
+def check_magrpo(args, report):
+    from lightning.pytorch import Callback
+
+    class Where(Callback):  # Lightning moves the module back to the CPU when the fit ends
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.device = str(pl_module.agent_device(0))
+
+    where = Where()
+    mod = module(args)
+    agents = list(mod.agents)
+    before = [snapshot(a.parameters()) for a in agents]
+    trainer = fit(args, mod, steps=2, callbacks=[where])
+    finite = all(torch.isfinite(p).all() for p in mod.parameters())
+    on_device = where.device.startswith("cuda" if args.accelerator == "gpu" else "cpu")
+    ok = trainer.global_step == 2 and finite and all(changed(b, a.parameters()) for b, a in zip(before, agents)) \
+        and mod.env_step == 2 * args.prompts * 4 and on_device
+    report["magrpo"] = {"pass": bool(ok), "global_step": trainer.global_step, "env_step": mod.env_step,
+                        "finite": bool(finite), "params_per_agent": sum(p.numel() for p in agents[0].parameters()),
+                        "trained_on": where.device}
+
+
+def check_lora(args, report):
+    mod = module(args, lora=16, reference=True, lr=1e-3)
+    team = mod.agents[0].team
+    base_before = snapshot(p for n, p in team.base.named_parameters() if "lora_" not in n)
+    adapters_before = [snapshot(mod.agents[i].trainable_parameters()) for i in range(2)]
+    trainer = fit(args, mod, steps=2)
+    base_same = all(torch.equal(b, p.detach().float()) for b, p in
+                    zip(base_before, (p for n, p in team.base.named_parameters() if "lora_" not in n)))
+    trained = [any(not torch.equal(b, p.detach().float()) for b, p in zip(before, mod.agents[i].trainable_parameters()))
+               for i, before in enumerate(adapters_before)]
+    ids = torch.tensor([[5, 17, 42, 9, 3]], device=mod.agent_device(0))
+    with torch.no_grad():
+        with team.peft.disable_adapter():
+            plain = team.peft(input_ids=ids).logits
+        reference = mod.reference.models[0](input_ids=ids).logits
+    ok = trainer.global_step == 2 and base_same and all(trained) and torch.equal(plain, reference)
+    report["lora"] = {"pass": bool(ok), "base_unchanged": base_same, "adapters_trained": trained,
+                      "reference_is_base": bool(torch.equal(plain, reference)),
+                      "adapter_params_per_agent": sum(p.numel() for p in mod.agents[0].trainable_parameters())}
+
+
+def peak_memory(args, num_agents, lora):
+    """Peak GPU memory (GiB) of one update of a team, and the weights' share of it."""
+    import gc
+
+    gc.collect()
+    if args.accelerator != "gpu":
+        return None
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    mod = module(args, num_agents=num_agents, lora=lora)
+    mod.agents  # noqa: B018  (loads the team)
+    weights = sum(p.numel() * p.element_size() for p in mod.parameters())
+    fit(args, mod, steps=1)
+    peak = torch.cuda.max_memory_allocated()
+    del mod
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"agents": num_agents, "lora": bool(lora), "weights_gib": weights / 2**30, "peak_gib": peak / 2**30}
+
+
+def throughput(args, lora, dtype, report):
+    from lightning.pytorch import Callback
+
+    class Clock(Callback):
+        def __init__(self):
+            self.marks = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if args.accelerator == "gpu":
+                torch.cuda.synchronize()
+            self.marks.append((time.perf_counter(), pl_module.env_step, dict(pl_module.phase_seconds)))
+
+    clock = Clock()
+    mod = module(args, lora=lora, dtype=dtype, k=args.k, tokens=args.tokens, lr=1e-5 if not lora else 1e-4)
+    fit(args, mod, steps=args.steps, callbacks=[clock])
+    (t0, e0, _), (t1, e1, _) = clock.marks[0], clock.marks[-1]
+    steps = len(clock.marks) - 1
+    samples = e1 - e0
+    phases = {}
+    for _, _, step in clock.marks[1:]:  # each step's own phase times (PhaseTimer resets them after our callback)
+        for phase, seconds in step.items():
+            phases[phase] = phases.get(phase, 0.0) + seconds
+    row = {"lora": bool(lora), "dtype": dtype, "steps_timed": steps, "seconds_per_step": (t1 - t0) / steps,
+           "phase_seconds_per_step": {k: v / steps for k, v in phases.items()},
+           "generate_tokens_per_s": samples * 2 * args.tokens / phases["generate"] if phases.get("generate") else None,
+           "updates_per_s": steps / (t1 - t0), "samples_per_s": samples / (t1 - t0),
+           "generated_tokens_per_s_overall": samples * 2 * args.tokens / (t1 - t0)}
+    report.setdefault("throughput", []).append(row)
+    print(f"  {'lora' if lora else 'full'} {dtype}: {row['seconds_per_step']:.2f} s/step, "
+          f"{row['generated_tokens_per_s_overall']:.0f} generated tokens/s (whole step), "
+          f"{row['generate_tokens_per_s'] or 0:.0f} in generation, "
+          f"{row['updates_per_s']:.2f} updates/s", flush=True)
+
+
+def run_check(name, function, report, *args):
+    """Run one check; an exception fails it (with its trace in the report) and the others still run."""
+    tic, error = time.perf_counter(), None
+    try:
+        function(*args)
+    except Exception as err:  # keep going: every check reports
+        error = f"{type(err).__name__}: {err}"
+        report[f"{name}_error"] = traceback.format_exc()[-3000:]
+        if isinstance(report.get(name), dict) or name not in report:
+            report[name] = {**report.get(name, {}), "pass": False, "error": error}
+    report.setdefault("seconds", {})[name] = time.perf_counter() - tic
+    result = report.get(name)
+    passed = result.get("pass") if isinstance(result, dict) else None
+    label = "FAIL" if error or passed is False else "PASS" if passed else "DONE"
+    print(f"[{label}] {name} ({time.perf_counter() - tic:.0f} s) {error or ''}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="small model, CPU allowed: checks the script itself")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    args.accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    args.body = SMOKE if args.smoke else BODY
+    if args.smoke:
+        args.k, args.tokens, args.steps = 2, 8, 2
+    report = {"machine": {"platform": platform.platform(), "torch": torch.__version__,
+                          "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                          "gpus": torch.cuda.device_count()},
+              "config": {k: v for k, v in vars(args).items()}}
+    print(json.dumps(report["machine"]), flush=True)
+    run_check("magrpo", check_magrpo, report, args, report)
+    run_check("lora", check_lora, report, args, report)
+    if torch.cuda.device_count() > 1:
+        report["ddp"] = {"pass": None, "note": "run benchmarks/bench_scaling.py --device cuda --processes 1,2"}
+    else:
+        report["ddp"] = {"pass": None, "note": f"{torch.cuda.device_count()} GPU(s): DDP needs one GPU per rank; "
+                                               "skipped (CPU gloo tests cover it)"}
+    print("[SKIP] ddp:", report["ddp"]["note"], flush=True)
+
+    def memory():
+        report["memory"] = [peak_memory(args, n, lora) for n in (2, 4) for lora in (None, 16)]
+        for row in report["memory"]:
+            if row:
+                print(f"  {row['agents']} agents {'LoRA' if row['lora'] else 'full'}: weights "
+                      f"{row['weights_gib']:.2f} GiB, peak {row['peak_gib']:.2f} GiB", flush=True)
+
+    run_check("memory", memory, report)
+
+    def speed():
+        for lora, dtype in ((None, "bfloat16"), (16, "bfloat16"), (None, "float32")):
+            throughput(args, lora, dtype, report)
+
+    run_check("throughput", speed, report)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    failed = [k for k in ("magrpo", "lora") if not report.get(k, {}).get("pass")]
+    print("FAILED: " + ", ".join(failed) if failed else "all checks passed", flush=True)
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
