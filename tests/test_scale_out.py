@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_iterative_api import server  # noqa: F401  (the loopback comparator API)
 
 from comlrl_lightning.data import ranks
 from comlrl_lightning.data.tasks import EpochSampler, ShardedBatches
@@ -189,6 +190,12 @@ def test_a_two_process_run_resumes_exactly(tmp_path):
     assert_same_weights_after_every_step(resumed)
     assert resumed[0]["final_digest"] == full[0]["final_digest"], "the resumed run diverged from the full one"
     assert [s["digest"] for s in resumed[0]["steps"]] == [s["digest"] for s in full[0]["steps"][2:]]
+    # On one process instead (docs/scaling.md: the data position moves to the same item, the buffers are kept)
+    single = ddp_fit(tmp_path / "single", "quickstart", *common, "--ckpt_path", str(step2[0]), world=1)
+    assert [s["global_step"] for s in single[0]["steps"]] == [3, 4]
+    assert single[0]["steps"][0]["env_step"] == full[0]["steps"][1]["env_step"] + 2 * 4  # 2 items x K=4
+    # its two steps train on the items of the two-process run's third global batch
+    assert sorted(k for b in single[0]["items"] for k in b) == sorted(full[0]["items"][2] + full[1]["items"][2])
 
 
 def test_two_nodes_on_one_machine(tmp_path):
@@ -207,3 +214,23 @@ def test_two_nodes_on_one_machine(tmp_path):
     from comlrl_lightning.envs.toy import story_tasks
 
     assert_epoch_covered_once(probes_, [json.dumps(x, sort_keys=True) for x in story_tasks()[:8]])
+
+
+def test_api_comparator_requests_are_split_across_ranks_never_sent_twice(tmp_path, server):
+    """MADPOIter against the loopback comparator API on two processes: every task's comparator request is sent by
+    exactly one rank, once per round and role."""
+    from comlrl_lightning.envs.toy import story_tasks
+
+    process = launch(tmp_path, "madpo_iter_api", "--model.init_args.comparator_api_url", server.url,
+                     "--model.init_args.num_iterations", "2", "--data.init_args.max_train_items", "4",
+                     "--data.init_args.prompts_per_step", "2", "--model.init_args.eval_interval", "0",
+                     "--model.init_args.comparator_api_max_concurrency", "1",
+                     env={"COMPARATOR_API_KEY": "not-a-real-key"})
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output[-4000:]
+    assert_same_weights_after_every_step(probes(tmp_path, 2))
+    bodies = [json.dumps(r) for r in server.requests]
+    for task in story_tasks()[:4]:
+        sent = sum(task["topic"] in body for body in bodies)
+        assert sent == 2 * 2, f"{task['topic']!r}: {sent} comparator requests, expected 2 rounds x 2 roles"
+    assert len(bodies) == 4 * 2 * 2
