@@ -119,3 +119,32 @@ def test_actor_critic_with_lora_is_refused_with_what_to_use_instead():
 
     with pytest.raises(ValueError, match="IAC with a LoRA team .* not available yet"):
         IAC(agents="tiny", num_agents=2, lora_rank=4, reward_func=toy.brevity_reward)
+
+
+def test_an_adapter_folder_loads_anywhere_as_its_base_with_the_adapter_merged(tmp_path):
+    """A comparator (``history``, ``model``) or a reward model given one agent's adapter folder gets a plain model
+    that answers as that agent did."""
+    from comlrl_lightning.agents import load_agents
+
+    module = make_module(lora_rank=4)
+    fit(module, tmp_path, max_steps=1)
+    module.save_pretrained(tmp_path / "out")
+    (merged,), _ = load_agents([str(tmp_path / "out" / "agent_1")], num_agents=1)
+    assert not hasattr(merged, "peft_config")
+    assert torch.allclose(logits(merged), logits(module.agents[1]), atol=1e-5)
+
+
+def test_iterative_madpo_with_a_history_comparator_trains_a_lora_team(tmp_path):
+    from lightning.pytorch import Trainer, seed_everything
+
+    from comlrl_lightning import MADPOIter
+
+    seed_everything(0)
+    module = MADPOIter(agents="tiny", num_agents=2, lora_rank=4, reward_func=toy.letter_reward,
+                       preference_num_candidates=2, max_new_tokens=6, train_batch_size=2, eval_interval=0,
+                       log_completions=False, num_iterations=2, comparator_policy="history", comparator_history_k=1)
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      accelerator="cpu", devices=1, default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS[:4], prompts_per_step=4, show_progress=False))
+    assert trainer.global_step > 0
+    assert (tmp_path / "policy_checkpoints" / "iteration_0000" / "agent_0" / "adapter_config.json").is_file()

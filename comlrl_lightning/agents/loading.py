@@ -34,6 +34,7 @@ from typing import Any, Union
 import torch
 
 from .factories import MODEL_FACTORIES, TOKENIZER_FACTORIES
+from .lora import adapter_base, is_adapter_dir
 
 __all__ = [
     "AgentSource",
@@ -405,9 +406,15 @@ def load_tokenizer(source: str, **factory_kwargs: Any):
 
 
 def _load_model(source: str, kwargs: dict, field: str = "agents") -> tuple[Any, Any]:
-    """(model, tokenizer-or-None) for one string source."""
+    """(model, tokenizer-or-None) for one string source. A LoRA adapter folder (one agent of a saved LoRA team) loads
+    as its base with the adapter merged in: a plain model (a comparator's or a reward model's copy of that agent)."""
     if source in MODEL_FACTORIES:
         return MODEL_FACTORIES[source](**kwargs)
+    if is_adapter_dir(source):
+        from peft import PeftModel
+
+        base, tokenizer = _load_model(adapter_base(source), kwargs, field)
+        return PeftModel.from_pretrained(base, os.path.expanduser(source)).merge_and_unload(), tokenizer
     from transformers import AutoModelForCausalLM
 
     return _from_pretrained(AutoModelForCausalLM, source, f"{field} model", **kwargs), None
