@@ -8,7 +8,9 @@ Checks (each prints PASS/FAIL and lands in the JSON):
 2. ``lora``: the same team as a LoRA team on ONE base (rank 16, every linear layer), reference KL on: the base is
    unchanged, every adapter trained, the reference is the base with adapters off; peak GPU memory of 2 and 4
    agents, full copies against LoRA, one update each.
-3. ``ddp``: Lightning DDP over the GPUs present — skipped on one GPU (NCCL cannot put two ranks on one device).
+3. ``fsdp``: the same team sharded with FSDP2 (``ModelParallelStrategy``) over the GPUs present (one GPU: one
+   rank, which still runs the gather / reduce-scatter path of ``agents/sharding.py`` on CUDA): updates run, weights
+   change. ``ddp``: Lightning DDP over the GPUs present — skipped on one GPU (NCCL cannot put two ranks on one device).
 4. Throughput: generated tokens/s and updates/s of MAGRPO steps (N=2, K=8, T=128 forced new tokens, 4 prompts per
    step), full and LoRA, bf16 and fp32; the first step (warm-up) is not timed.
 
@@ -53,7 +55,7 @@ def module(args, num_agents=2, lora=None, dtype="float32", k=4, tokens=16, refer
                   log_completions=False, model_config={"model_kwargs": args.body, "dtype": dtype}, **extra)
 
 
-def fit(args, mod, steps, callbacks=()):
+def fit(args, mod, steps, callbacks=(), strategy="auto"):
     from lightning.pytorch import Trainer, seed_everything
 
     from comlrl_lightning import TaskDataModule
@@ -62,7 +64,7 @@ def fit(args, mod, steps, callbacks=()):
     seed_everything(0)
     trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, accelerator=args.accelerator, devices=1,
-                      callbacks=list(callbacks))
+                      callbacks=list(callbacks), strategy=strategy)
     trainer.fit(mod, datamodule=TaskDataModule(dataset=toy.story_tasks, prompts_per_step=args.prompts))
     return trainer
 
@@ -115,6 +117,20 @@ def check_lora(args, report):
     report["lora"] = {"pass": bool(ok), "base_unchanged": base_same, "adapters_trained": trained,
                       "reference_is_base": bool(torch.equal(plain, reference)),
                       "adapter_params_per_agent": sum(p.numel() for p in mod.agents[0].trainable_parameters())}
+
+
+def check_fsdp(args, report):
+    """Agents sharded with FSDP2 (ModelParallelStrategy) on the GPUs present: updates run, weights change."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    mod = module(args)
+    before = snapshot(mod.agents[0].parameters())
+    gpus = max(torch.cuda.device_count(), 1)
+    trainer = fit(args, mod, steps=2, strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
+                  if gpus == 1 else "auto")
+    after = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in mod.agents[0].parameters()]
+    ok = trainer.global_step == 2 and all(torch.isfinite(p).all() for p in after) and changed(before, after)
+    report["fsdp"] = {"pass": bool(ok), "global_step": trainer.global_step, "sharded": type(mod.agents[0]).__name__}
 
 
 def peak_memory(args, num_agents, lora):
@@ -196,6 +212,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--only", choices=["fsdp"], default=None, help="run one check only")
     args = parser.parse_args()
     args.accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     args.body = SMOKE if args.smoke else BODY
@@ -206,7 +223,13 @@ def main() -> None:
                           "gpus": torch.cuda.device_count()},
               "config": {k: v for k, v in vars(args).items()}}
     print(json.dumps(report["machine"]), flush=True)
+    if args.only == "fsdp":
+        run_check("fsdp", check_fsdp, report, args, report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        raise SystemExit(0 if report["fsdp"].get("pass") else 1)
     run_check("magrpo", check_magrpo, report, args, report)
+    run_check("fsdp", check_fsdp, report, args, report)
     run_check("lora", check_lora, report, args, report)
     if torch.cuda.device_count() > 1:
         report["ddp"] = {"pass": None, "note": "run benchmarks/bench_scaling.py --device cuda --processes 1,2"}
@@ -232,7 +255,7 @@ def main() -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    failed = [k for k in ("magrpo", "lora") if not report.get(k, {}).get("pass")]
+    failed = [k for k in ("magrpo", "fsdp", "lora") if not report.get(k, {}).get("pass")]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed", flush=True)
     raise SystemExit(1 if failed else 0)
 

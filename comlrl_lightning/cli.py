@@ -111,9 +111,11 @@ class ComlrlCLI(LightningCLI):
             except FileNotFoundError as err:
                 self._parser(self.subcommand).error(str(err))
         elif ckpt_path not in (None, "last", "best", "hpc", "registry") and "://" not in str(ckpt_path) \
-                and not Path(ckpt_path).expanduser().is_file():
-            self._parser(self.subcommand).error(f"ckpt_path {ckpt_path!r} is not a file (give a .ckpt file, or "
-                                                "`last` for the newest checkpoint of this run's name).")
+                and not Path(ckpt_path).expanduser().is_file() \
+                and not (Path(ckpt_path).expanduser() / ".metadata").is_file():  # a sharded (FSDP) checkpoint
+            self._parser(self.subcommand).error(f"ckpt_path {ckpt_path!r} is not a checkpoint (give a .ckpt file or "
+                                                "the .ckpt directory of a sharded run, or `last` for the newest "
+                                                "checkpoint of this run's name).")
         if config.get("checkpoint_every_n_updates", 0) < 0:
             self._parser(self.subcommand).error(
                 f"checkpoint_every_n_updates must be >= 0 (got {config.get('checkpoint_every_n_updates')}).")

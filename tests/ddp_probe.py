@@ -15,6 +15,8 @@ from lightning.pytorch import Callback
 def weights_digest(module: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
+        if hasattr(tensor, "full_tensor"):  # a shard of an FSDP-sharded parameter: the whole parameter
+            tensor = tensor.full_tensor()
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

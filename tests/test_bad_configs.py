@@ -90,7 +90,7 @@ CASES = [
     # ------------------------------------------------------------------ trainer and CLI
     ("magrpo", ["--checkpoint_every_n_updates=-1"], "checkpoint_every_n_updates must be >= 0"),
     ("magrpo", ["--ckpt_path=last"], "ckpt_path last: no checkpoint under"),
-    ("magrpo", ["--ckpt_path=./no/such.ckpt"], "ckpt_path './no/such.ckpt' is not a file"),
+    ("magrpo", ["--ckpt_path=./no/such.ckpt"], "ckpt_path './no/such.ckpt' is not a checkpoint"),
     ("magrpo", ["--trainer.max_steps=many"], "max_steps"),
     ("magrpo", ["--trainer.no_such_option=1"], "no_such_option"),
     # ------------------------------------------------------------------ IAC / MAAC

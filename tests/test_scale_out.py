@@ -35,20 +35,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(tmp_path: Path, config: str, *args: str, devices: int = 2, env: dict | None = None) -> subprocess.Popen:
+FSDP = ["--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+        "--trainer.strategy.init_args.data_parallel_size", "2", "--trainer.strategy.init_args.tensor_parallel_size", "1"]
+
+
+def launch(tmp_path: Path, config: str, *args: str, devices: int = 2, env: dict | None = None,
+           strategy: tuple[str, ...] = ("--trainer.strategy", "ddp")) -> subprocess.Popen:
     tmp_path.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "comlrl_lightning", "fit", "--config", str(REPO / "configs" / f"{config}.yaml"), *TINY,
-         "--trainer.strategy", "ddp", "--trainer.devices", str(devices), "--trainer.callbacks+=ddp_probe.Probe",
+         *strategy, "--trainer.devices", str(devices), "--trainer.callbacks+=ddp_probe.Probe",
          "--trainer.default_root_dir", str(tmp_path / "run"), *args],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO / "tests"), "PROBE_DIR": str(tmp_path / "probe"),
              "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})})
 
 
-def ddp_fit(tmp_path: Path, config: str, *args: str, world: int = 2) -> list[dict]:
-    """Run a 2-process fit; the probes of its ranks."""
-    process = launch(tmp_path, config, *args, devices=world)
+def ddp_fit(tmp_path: Path, config: str, *args: str, world: int = 2, fsdp: bool = False) -> list[dict]:
+    """Run a 2-process fit (DDP, or agents sharded with FSDP2); the probes of its ranks."""
+    process = launch(tmp_path, config, *args, devices=world, **({"strategy": tuple(FSDP)} if fsdp else {}))
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output[-4000:]
     return probes(tmp_path, world)
@@ -105,17 +110,29 @@ def test_collectives_are_the_identity_in_one_process():
 def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named():
     from types import SimpleNamespace
 
-    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 
     from comlrl_lightning.algorithms.base import check_strategy
     from comlrl_lightning.config_errors import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported"):
-        check_strategy(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), "none")
+    def module(parallel="none", shardable=True, lora=None, name="MAGRPO"):
+        return SimpleNamespace(parallel_training=parallel, shardable=shardable, lora=lora, algorithm_name=name)
+
+    with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported.*ModelParallel"):
+        check_strategy(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), module())
     with pytest.raises(ConfigurationError, match="parallel_training='mp'.*trainer.devices x trainer.num_nodes"):
-        check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), "mp")
-    check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), "none")
-    check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), "mp")
+        check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module("mp"))
+    check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module())
+    check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), module("mp"))
+    sharded = SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), world_size=2)
+    check_strategy(sharded, module())
+    with pytest.raises(ConfigurationError, match="IAC also trains critics .* use trainer.strategy ddp"):
+        check_strategy(sharded, module(shardable=False, name="IAC"))
+    with pytest.raises(ConfigurationError, match="with a LoRA team"):
+        check_strategy(sharded, module(lora={"base": "tiny"}))
+    with pytest.raises(ConfigurationError, match="tensor_parallel_size must be 1"):
+        check_strategy(SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
+                                       world_size=2), module())
 
 
 # ----------------------------------------------------------------------------------------------- 2 processes (gloo)
@@ -216,7 +233,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     assert_epoch_covered_once(probes_, [json.dumps(x, sort_keys=True) for x in story_tasks()[:8]])
 
 
-def test_api_comparator_requests_are_split_across_ranks_never_sent_twice(tmp_path, server):
+def test_api_comparator_requests_are_split_across_ranks_never_sent_twice(tmp_path, server):  # noqa: F811
     """MADPOIter against the loopback comparator API on two processes: every task's comparator request is sent by
     exactly one rank, once per round and role."""
     from comlrl_lightning.envs.toy import story_tasks
@@ -234,3 +251,40 @@ def test_api_comparator_requests_are_split_across_ranks_never_sent_twice(tmp_pat
         sent = sum(task["topic"] in body for body in bodies)
         assert sent == 2 * 2, f"{task['topic']!r}: {sent} comparator requests, expected 2 rounds x 2 roles"
     assert len(bodies) == 4 * 2 * 2
+
+
+def test_fsdp_shards_the_agents_trains_as_ddp_does_and_resumes_exactly(tmp_path):
+    """Agents sharded over 2 ranks (FSDP2 through Lightning's ModelParallelStrategy, gloo): the same gradients as
+    DDP (gradient norms agree), the last global batch leaves rank 1 an empty share, evaluation runs, and a sharded
+    checkpoint (a directory) resumes exactly."""
+    common = ["--data.init_args.max_train_items", "9", "--model.init_args.max_grad_norm", "1.0",
+              "--model.init_args.eval_interval", "2", "--model.init_args.eval_num_samples", "3",
+              "--trainer.max_epochs", "1", "--trainer.max_steps", "-1"]
+    sharded = ddp_fit(tmp_path / "fsdp", "quickstart", *common, fsdp=True)
+    replicated = ddp_fit(tmp_path / "ddp", "quickstart", *common)
+    assert_same_weights_after_every_step(sharded)
+    assert [len(b) for b in sharded[1]["items"]] == [2, 2, 0]
+    for a, b in zip(sharded[0]["steps"], replicated[0]["steps"]):
+        assert a["env_step"] == b["env_step"]
+        for key in ("agent_0/grad_norm", "agent_1/grad_norm", "rollout/turn_1/reward_mean"):
+            assert a["logged"][key] == pytest.approx(b["logged"][key], rel=1e-4), key
+    ddp_fit(tmp_path / "half", "quickstart", *common, "--trainer.max_steps", "2", "--checkpoint_every_n_updates", "2",
+            fsdp=True)
+    step2 = next((tmp_path / "half" / "run" / "quickstart" / "version_0" / "checkpoints").glob("epoch=0-step=2.ckpt"))
+    assert step2.is_dir(), "a sharded run writes a distributed checkpoint directory"
+    resumed = ddp_fit(tmp_path / "resumed", "quickstart", *common, "--ckpt_path", str(step2), fsdp=True)
+    assert [s["digest"] for s in resumed[0]["steps"]] == [s["digest"] for s in sharded[0]["steps"][2:]]
+
+
+def test_madpo_iter_with_sharded_agents_collects_trains_and_writes_policy_checkpoints_once(tmp_path):
+    probes = ddp_fit(tmp_path, "madpo_iter", "--data.init_args.max_train_items", "4",
+                     "--model.init_args.eval_interval", "2", "--model.init_args.preference_num_candidates", "2",
+                     "--model.init_args.num_train_epochs", "1", fsdp=True)
+    assert_same_weights_after_every_step(probes)
+    assert len({s["digest"] for s in probes[0]["steps"]}) == len(probes[0]["steps"]), "an update left the weights"
+    root = tmp_path / "run" / "madpo_iter" / "version_0"
+    assert sorted(p.name for p in (root / "preference_replay").iterdir()) == ["iteration_0001.json",
+                                                                              "iteration_0002.json"]
+    checkpoints = sorted(p.name for p in (root / "policy_checkpoints").iterdir())
+    assert checkpoints == ["initial", "iteration_0000", "iteration_0001"], checkpoints
+    assert (root / "policy_checkpoints" / "iteration_0001" / "agent_1" / "config.json").is_file()

@@ -621,8 +621,10 @@ def infer_model_name(obj: Any) -> str:
     return type(obj).__name__
 
 
-def save_agents(models: Sequence[Any], tokenizers: Any, output_dir: str | os.PathLike) -> list[Path]:
-    """Write each agent to ``output_dir/agent_{i}/`` (``save_pretrained`` of model and tokenizer).
+def save_agents(models: Sequence[Any], tokenizers: Any, output_dir: str | os.PathLike,
+                state_dicts: Sequence[Any] | None = None) -> list[Path]:
+    """Write each agent to ``output_dir/agent_{i}/`` (``save_pretrained`` of model and tokenizer); ``state_dicts``
+    (one per agent, None: the model's own) gives the weights to write — a sharded agent's gathered whole.
 
     ``tokenizers`` is one tokenizer (shared) or one per agent. Agents that share weights are still
     written once per agent directory, so every directory loads on its own with ``from_pretrained``.
@@ -647,7 +649,8 @@ def save_agents(models: Sequence[Any], tokenizers: Any, output_dir: str | os.Pat
         saver = getattr(model, "save_pretrained", None) or getattr(_unwrap(model), "save_pretrained", None)
         if not callable(saver):
             raise TypeError(f"agent {i} ({type(model).__name__}) has no save_pretrained method.")
-        saver(str(target))
+        state = state_dicts[i] if state_dicts is not None else None
+        saver(str(target)) if state is None else saver(str(target), state_dict=state)
         if tok is not None:
             tok.save_pretrained(str(target))
         paths.append(target)

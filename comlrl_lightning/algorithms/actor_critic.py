@@ -39,6 +39,7 @@ from comlrl_lightning.algorithms.fields import CriticFields, require
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.core.advantages import critic_advantages
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
+from comlrl_lightning.data import ranks
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     build_scoring_inputs,
@@ -146,6 +147,7 @@ class IAC(CriticFields, OnPolicyModule):
     """
 
     algorithm_name = "IAC"
+    shardable = False  # critics and value heads are not sharded
     centralized_critic = False
     reward_per_node = True
 
@@ -439,7 +441,7 @@ class IAC(CriticFields, OnPolicyModule):
         IAC ``agent_{i}/critic/``, MAAC ``critic/``."""
         super().save_pretrained(output_dir)
         root = Path(output_dir)
-        for j, critic in enumerate(self.critics):
+        for j, critic in enumerate(self.critics if ranks.rank() == 0 else ()):  # data-parallel: written once
             target = root / "critic" if self.centralized_critic else root / f"agent_{j}" / "critic"
             critic.save_pretrained(target)
             self.tokenizers[j].save_pretrained(target)

@@ -42,6 +42,14 @@ from comlrl_lightning.agents import CausalLMWithValueHead, load_agents, resolve_
 from comlrl_lightning.agents.loading import validate_agent_sources
 from comlrl_lightning.agents.lora import LoRATeam, adapter_base, is_adapter_dir
 from comlrl_lightning.agents.memory import activation_bytes, available_bytes, enable_checkpointing, missing_state_bytes
+from comlrl_lightning.agents.sharding import (
+    full_state_dicts,
+    gathered,
+    is_sharded,
+    reduce_gradients,
+    refresh,
+    shard,
+)
 from comlrl_lightning.algorithms.fields import (
     AgentFields,
     EvaluationFields,
@@ -73,6 +81,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     """
 
     algorithm_name = "MultiAgentModule"
+    shardable = True  # FSDP can shard it: its only trained models are the agents (families with more say False)
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -142,9 +151,18 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
-        """Load the team (and the family's other models, :meth:`build_models`) once; idempotent."""
-        if "agents" in self._modules:
-            return
+        """Load the team (and the family's other models, :meth:`build_models`) once; idempotent. Under FSDP
+        (``ModelParallelStrategy``) each agent is then sharded over the ranks (``agents/sharding.py``)."""
+        if "agents" not in self._modules:
+            self.load_models()
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if type(strategy).__name__ == "ModelParallelStrategy" and not any(is_sharded(m) for m in self.agents):
+            mesh = self.device_mesh["data_parallel"]
+            for model in {id(m): m for m in self.agents}.values():
+                shard(model, mesh)
+
+    def load_models(self) -> None:
+        """The team (and the family's other models, :meth:`build_models`)."""
         config = dict(self.model_config or {})
         lora = self.lora
         models, tokenizers = load_agents(
@@ -205,8 +223,12 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             enable_checkpointing(model)
 
     def save_pretrained(self, output_dir: str | Path) -> None:
-        """``output_dir/agent_{i}/`` with each agent's weights and tokenizer (HF format)."""
-        save_agents(list(self.agents), self.tokenizers, output_dir)
+        """``output_dir/agent_{i}/`` with each agent's weights and tokenizer (HF format). With sharded agents, call
+        it on every rank: the agents are gathered and rank 0 writes."""
+        states = full_state_dicts(list(self.agents))
+        with ranks.rank_zero_first() as writer:
+            if writer:
+                save_agents(list(self.agents), self.tokenizers, output_dir, state_dicts=states)
 
     def describe_step(self) -> str:
         """Where a run is, for error messages: the update and env_step counters."""
@@ -250,19 +272,26 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             # DDP's reducer expects one backward per forward; ours are one per agent, so it stays off and the
             # gradients are averaged once below.
             no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
+            sharded = [m for m in self.agents if is_sharded(m)]
+            # Sharded agents: FSDP averages over ranks; scaling by rows x D / all rows makes it row-weighted.
+            scale = len(batch) * ranks.world_size() / max(ranks.reduce_sum(len(batch)), 1) if sharded else 1.0
             with no_sync():
                 for loss, diagnostics in self.losses(batch) if len(batch) else ():  # one graph at a time
-                    self.manual_backward(loss)
+                    self.manual_backward(loss * scale if sharded else loss)
                     for key, value in diagnostics.items():
                         sums[key] = _add(sums[key], value)  # summed on the device; read once per update below
             with self.timed("gradient_sync"):  # data-parallel runs: one all-reduce per update (else nothing)
-                ranks.average_gradients((p for g in optimizer.param_groups for p in g["params"]), len(batch))
+                if sharded:
+                    reduce_gradients(sharded)
+                else:
+                    ranks.average_gradients((p for g in optimizer.param_groups for p in g["params"]), len(batch))
             metrics = {**self.clip_and_measure_gradients(), **(self.batch_metrics(batch) if len(batch) else {}),
                        **{key: float(value) for key, value in sums.items()}}
             for group in optimizer.param_groups:  # the rate this update used
                 metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
             trained = [any(p.grad is not None for p in group["params"]) for group in optimizer.param_groups]
             optimizer.step()
+            refresh([m for m in self.agents if is_sharded(m)])  # sharded agents: gather the updated weights
             scheduler = self.lr_schedulers()
             if scheduler is not None:
                 scheduler.step_groups(trained)
@@ -290,16 +319,28 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         """Gradient norm per model (agents, critics, a reward model), clipped to ``max_grad_norm`` when set."""
         norms = {}
         for names, model in self.trained_models():
-            params = [p for p in trainable_parameters(model) if p.grad is not None]
+            params = [p for p in self.optimized_parameters(model) if p.grad is not None]
             if not params:
                 continue
-            if self.max_grad_norm is not None:
+            if is_sharded(model):  # DTensor shards: the norm over every rank's part, clipped the same way
+                norm = ranks.sharded_norm(p.grad.to_local() for p in params)
+                if self.max_grad_norm is not None and norm > self.max_grad_norm:
+                    torch._foreach_mul_([p.grad for p in params], self.max_grad_norm / (norm + 1e-6))
+            elif self.max_grad_norm is not None:
                 norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             else:
                 norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
             for name in names:
                 norms[f"{name}/grad_norm"] = float(norm)
         return norms
+
+    def optimized_parameters(self, model: nn.Module) -> list[nn.Parameter]:
+        """The parameters the optimizer steps for ``model`` (a sharded agent's shards, which its module does not
+        show while it is gathered), else its trainable parameters."""
+        if is_sharded(model):
+            return [p for group in self.optimizers().param_groups if "agents" in group
+                    and self.agents[group["agents"][0]] is model for p in group["params"]]
+        return trainable_parameters(model)
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
         """(metric names, model) of every trained model; families add theirs."""
@@ -357,7 +398,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str) -> None:
-        check_strategy(self.trainer, self.parallel_training)
+        check_strategy(self.trainer, self)
         run_root(self.trainer)  # read on every rank now; later only rank 0 writes there
         if stage == "fit":
             # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback), not in Lightning's validation
@@ -477,7 +518,8 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     def evaluate(self, items: Sequence[Any], batch_size: int = 1) -> dict[str, float]:
         """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward."""
         mine = ranks.shard(items)  # each rank plays its share of the items
-        records = [self.evaluation_record(mine[s : s + batch_size]) for s in range(0, len(mine), batch_size)]
+        with gathered(list(self.agents)):
+            records = [self.evaluation_record(mine[s : s + batch_size]) for s in range(0, len(mine), batch_size)]
         return self.evaluation_metrics(records)
 
     def validation_step(self, batch: list[Any], batch_idx: int):
@@ -485,11 +527,30 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
 
     def on_validation_epoch_start(self) -> None:
         self._eval_records = []
+        self._gather_agents()
 
     def on_validation_epoch_end(self) -> None:
+        self._release_agents()
         if self._eval_records:
             self.log_dict(self.evaluation_metrics(self._eval_records))
         self._eval_records = []
+
+    # Sharded agents (FSDP) are gathered once per step and kept whole for it (agents/sharding.py).
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._gather_agents()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._release_agents()
+
+    def _gather_agents(self) -> None:
+        self._release_agents()
+        self._whole = contextlib.ExitStack()
+        self._whole.enter_context(gathered(list(self.agents)))
+
+    def _release_agents(self) -> None:
+        whole, self._whole = getattr(self, "_whole", None), None
+        if whole is not None:
+            whole.close()
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -619,26 +680,42 @@ def lora_plan(agents: Any, num_agents: int | None, fields: Mapping[str, Any]) ->
     return {"base": sources[0], "num_agents": n, "adapters": [], "settings": settings}
 
 
-def check_strategy(trainer: Any, parallel_training: str) -> None:
-    """The strategies a team trains under: one device, or Lightning's DDP (any launcher: ``ddp``, ``ddp_spawn``,
-    ``ddp_notebook``; any number of nodes). ``parallel_training: mp`` places agents on several devices of ONE
-    process; combined with several processes, every process would claim the same devices."""
-    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+def check_strategy(trainer: Any, module: Any) -> None:
+    """The strategies a team trains under: one device; Lightning's DDP (any launcher: ``ddp``, ``ddp_spawn``,
+    ``ddp_notebook``; any number of nodes); or agents sharded over the ranks with FSDP2 (``ModelParallelStrategy``,
+    ``tensor_parallel_size: 1``) for the families whose only trained models are the agents. ``parallel_training: mp``
+    places agents on several devices of ONE process; combined with several processes, every process would claim the
+    same devices."""
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-    strategy = trainer.strategy
-    name = type(strategy).__name__
-    if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or "DeepSpeed" in name:
+    strategy, name = trainer.strategy, type(trainer.strategy).__name__
+    if isinstance(strategy, ModelParallelStrategy):
+        require_config(getattr(strategy, "_tensor_parallel_size", 1) in (1, "auto"),
+                       "trainer.strategy ModelParallelStrategy: tensor_parallel_size must be 1 (agents are sharded "
+                       "over the data-parallel ranks with FSDP2; tensor parallelism is not available).")
+        require_config(module.shardable, f"trainer.strategy ModelParallelStrategy (FSDP) shards the agents only; "
+                                         f"{module.algorithm_name} also trains critics or a reward model, which are not "
+                                         "sharded yet: use trainer.strategy ddp (docs/scaling.md).")
+        require_config(module.lora is None, "trainer.strategy ModelParallelStrategy (FSDP) with a LoRA team "
+                                            "(lora_rank) is not available: a LoRA team's base is frozen and held once, "
+                                            "so use trainer.strategy ddp.")
+    elif not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or "DeepSpeed" in name:
         raise ConfigurationError(
-            f"trainer.strategy {name} is not supported; use a single device (trainer.devices: 1) or data-parallel "
-            "training (trainer.strategy: ddp, any trainer.devices and trainer.num_nodes). Sharding agents across "
-            "devices (FSDP) is not available yet; agents too large for one device can be placed on several devices "
-            "of one process with parallel_training: mp (docs/scaling.md).")
-    if parallel_training == "mp" and trainer.world_size > 1:
+            f"trainer.strategy {name} is not supported; use a single device (trainer.devices: 1), data-parallel "
+            "training (trainer.strategy: ddp, any trainer.devices and trainer.num_nodes), or agents sharded with "
+            "FSDP2 (trainer.strategy: lightning.pytorch.strategies.ModelParallelStrategy with tensor_parallel_size: "
+            "1; Lightning's FSDPStrategy is FSDP1, which this project does not use) (docs/scaling.md).")
+    if module.parallel_training == "mp" and trainer.world_size > 1:
         raise ConfigurationError(
             f"parallel_training='mp' places agents on the devices of one process, but trainer.strategy {name} runs "
             f"{trainer.world_size} processes (trainer.devices x trainer.num_nodes). Use one of them: "
             "parallel_training: mp with trainer.devices: 1, or trainer.strategy: ddp with parallel_training: none "
             "(docs/scaling.md).")
+
+
+def require_config(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigurationError(message)
 
 
 def _rng_state() -> dict[str, Any]:

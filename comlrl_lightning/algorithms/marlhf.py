@@ -44,6 +44,7 @@ from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, M
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
+from comlrl_lightning.data import ranks
 from comlrl_lightning.data.preferences import PairPlan
 from comlrl_lightning.rollout.rewards import RewardCaller
 
@@ -93,6 +94,7 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
     """
 
     algorithm_name = "MARLHF"
+    shardable = False  # the reward model is not sharded
 
     def __init__(self, rl_algorithm: RlAlgorithm = "magrpo", critic_model_name: str | None = None,
                  num_generations: int | None = None, discount: float | None = None,
@@ -273,7 +275,8 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
     def save_pretrained(self, output_dir) -> None:
         """The backend's export plus ``reward_model/`` (backbone, tokenizer, head)."""
         self.rl.save_pretrained(output_dir)
-        self.reward_model.save_pretrained(Path(output_dir) / "reward_model")
+        if ranks.rank() == 0:  # a data-parallel run: written once
+            self.reward_model.save_pretrained(Path(output_dir) / "reward_model")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rl.on_save_checkpoint(checkpoint)  # env_step, RNG and the backend's buffer

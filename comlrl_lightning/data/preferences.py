@@ -34,12 +34,13 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from comlrl_lightning.agents.sharding import gathered
 from comlrl_lightning.comparators.sources import IndependentRNG
 from comlrl_lightning.core.pairs import PreferencePair
+from comlrl_lightning.data import ranks
 from comlrl_lightning.data.files import RunDirectories, remove_orphaned_writes, save_pairs
 from comlrl_lightning.data.replay import ReplayIndex
 from comlrl_lightning.data.rounds import RoundCollector, RoundPlan, RoundReport
-from comlrl_lightning.data import ranks
 from comlrl_lightning.data.tasks import TaskDataModule, _as_list, _Items
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.preferences import collect_preference_pairs, tokenize_pairs
@@ -166,11 +167,12 @@ class PreferenceDataModule(TaskDataModule):
         pairs: list[PreferencePair] = []
         bar = tqdm(total=len(indices), desc=desc, unit="task",
                    disable=not self.show_progress or not rank_zero_only.rank == 0)
-        for start in range(0, len(indices), self.prompts_per_step):
-            chunk = [self.train_items[i] for i in indices[start : start + self.prompts_per_step]]
-            pairs.extend(self.collect_pairs(chunk))
-            bar.update(len(chunk))
-            bar.set_postfix(pairs=len(pairs))
+        with gathered(list(self._attached().policy.models)):  # sharded agents: whole while sampling
+            for start in range(0, len(indices), self.prompts_per_step):
+                chunk = [self.train_items[i] for i in indices[start : start + self.prompts_per_step]]
+                pairs.extend(self.collect_pairs(chunk))
+                bar.update(len(chunk))
+                bar.set_postfix(pairs=len(pairs))
         bar.close()
         pairs = [pair for share in ranks.gather(pairs) for pair in share]
         log.info("collected %d preference pairs from %d tasks", len(pairs), len(self.train_items))

@@ -17,6 +17,7 @@ code serves both (docs/scaling.md).
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 import torch
@@ -154,3 +155,10 @@ def average_gradients(params: Iterable[Tensor], rows: float) -> float:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
     return total
+
+
+@torch.no_grad()
+def sharded_norm(local_parts: Iterable[Tensor]) -> float:
+    """The 2-norm of tensors split over the ranks (each rank passes its local parts, e.g. FSDP shards)."""
+    squares = sum(float(t.detach().double().pow(2).sum()) for t in local_parts)
+    return math.sqrt(reduce_sum(squares))

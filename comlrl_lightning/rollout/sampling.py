@@ -118,6 +118,9 @@ def sample_completions(
                 use_cache=True,
                 eos_token_id=eos_ids,
                 pad_token_id=pad_id,
+                # Sharded agents are gathered whole before sampling (agents/sharding.py), so the ranks need not
+                # decode in lockstep (transformers turns that on for FSDP modules): each stops at its own EOS.
+                synced_gpus=False,
                 **(generation_kwargs or {}),
             )
             width = enc["input_ids"].shape[1]
