@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comlrl_lightning import MADPO, PreferenceDataModule
 from comlrl_lightning.envs import toy
-from test_magrpo import ITEMS, column, fit, make_module, read_metrics
+from test_madpo import fit_madpo, make_madpo
+from test_magrpo import ITEMS, fit, make_module
 
 IDS = torch.tensor([[5, 17, 42, 9, 3, 11]])
 
@@ -73,32 +73,10 @@ def test_save_pretrained_writes_one_adapter_folder_per_agent_and_they_load_back(
     assert loaded_params == sum(p.numel() for p in module.parameters())
 
 
-def test_a_lora_team_learns_the_letter_task(tmp_path):
-    """As the full-copy learning test: two agents from a random tiny base; only the adapters train. A random base
-    has tiny logits, which adapters inside the layers barely move, so the output layer gets one too (on a trained
-    model ``all-linear`` — every layer but the output — is the usual choice)."""
-    module = make_module(lora_rank=8, lora_alpha=16.0, lora_target_modules=["q_proj", "v_proj", "up_proj",
-                                                                            "down_proj", "lm_head"],
-                         reward_func=toy.letter_reward, num_generations=8, max_new_tokens=8,
-                         agent_learning_rate=2e-2, rollout_buffer_size=4)
-    trainer = fit(module, tmp_path, max_steps=20, prompts_per_step=4, items=ITEMS * 4)
-    rewards = column(read_metrics(trainer), "rollout/turn_1/reward_mean")
-    assert len(rewards) == 20
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last > first + 0.1, (first, last, rewards)
-
-
 def test_madpo_trains_a_lora_team(tmp_path):
-    from lightning.pytorch import Trainer, seed_everything
-
-    seed_everything(0)
-    module = MADPO(agents="tiny", num_agents=2, lora_rank=4, reward_func=toy.brevity_reward,
-                   preference_num_candidates=4, max_new_tokens=6, train_batch_size=4, eval_interval=0,
-                   log_completions=False, agent_learning_rate=1e-2)
+    module = make_madpo(lora_rank=4, reward_func=toy.brevity_reward, train_batch_size=4, agent_learning_rate=1e-2)
     before = [[p.detach().clone() for p in module.agents[i].trainable_parameters()] for i in range(2)]
-    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", devices=1)
-    trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS, prompts_per_step=4, show_progress=False))
+    trainer, _ = fit_madpo(module, tmp_path, items=ITEMS, max_epochs=1)
     assert trainer.global_step > 0
     for i in range(2):
         assert any(not torch.equal(a, b) for a, b in zip(before[i], module.agents[i].trainable_parameters()))
@@ -135,16 +113,10 @@ def test_an_adapter_folder_loads_anywhere_as_its_base_with_the_adapter_merged(tm
 
 
 def test_iterative_madpo_with_a_history_comparator_trains_a_lora_team(tmp_path):
-    from lightning.pytorch import Trainer, seed_everything
-
     from comlrl_lightning import MADPOIter
 
-    seed_everything(0)
-    module = MADPOIter(agents="tiny", num_agents=2, lora_rank=4, reward_func=toy.letter_reward,
-                       preference_num_candidates=2, max_new_tokens=6, train_batch_size=2, eval_interval=0,
-                       log_completions=False, num_iterations=2, comparator_policy="history", comparator_history_k=1)
-    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      accelerator="cpu", devices=1, default_root_dir=tmp_path)
-    trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS[:4], prompts_per_step=4, show_progress=False))
+    module = make_madpo(cls=MADPOIter, lora_rank=4, preference_num_candidates=2, num_iterations=2,
+                        comparator_policy="history", comparator_history_k=1, policy_checkpoint_dir=str(tmp_path / "pc"))
+    trainer, _ = fit_madpo(module, tmp_path, items=ITEMS[:4], max_epochs=2)
     assert trainer.global_step > 0
-    assert (tmp_path / "policy_checkpoints" / "iteration_0000" / "agent_0" / "adapter_config.json").is_file()
+    assert (tmp_path / "pc" / "iteration_0000" / "agent_0" / "adapter_config.json").is_file()

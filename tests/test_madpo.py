@@ -39,12 +39,12 @@ def varied_lengths():
     return {"logits_processor": LogitsProcessorList([EndEvenRows()])}
 
 
-def make_madpo(**overrides):
+def make_madpo(cls=MADPO, **overrides):
     kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.letter_reward, preference_num_candidates=4,
                   preference_pairs_per_sample=2, train_batch_size=2, max_new_tokens=6, temperature=1.0, top_p=1.0,
                   top_k=None, agent_learning_rate=1e-3, eval_interval=0, log_completions=False)
     kwargs.update(overrides)
-    return MADPO(**kwargs)
+    return cls(**kwargs)
 
 
 def count_collections(data, calls, value=lambda items: len(items)):

@@ -690,9 +690,12 @@ def check_strategy(trainer: Any, module: Any) -> None:
 
     strategy, name = trainer.strategy, type(trainer.strategy).__name__
     if isinstance(strategy, ModelParallelStrategy):
-        require_config(getattr(strategy, "_tensor_parallel_size", 1) in (1, "auto"),
-                       "trainer.strategy ModelParallelStrategy: tensor_parallel_size must be 1 (agents are sharded "
-                       "over the data-parallel ranks with FSDP2; tensor parallelism is not available).")
+        require_config(getattr(strategy, "_tensor_parallel_size", 1) == 1,
+                       f"trainer.strategy ModelParallelStrategy: tensor_parallel_size must be 1 (got "
+                       f"{strategy._tensor_parallel_size!r}; its default `auto` is every device of a node): agents are "
+                       "sharded over the data-parallel ranks with FSDP2 and tensor parallelism is not available. Set "
+                       "trainer.strategy.init_args.tensor_parallel_size 1 and data_parallel_size to the number of "
+                       "processes.")
         require_config(module.shardable, f"trainer.strategy ModelParallelStrategy (FSDP) shards the agents only; "
                                          f"{module.algorithm_name} also trains critics or a reward model, which are not "
                                          "sharded yet: use trainer.strategy ddp (docs/scaling.md).")

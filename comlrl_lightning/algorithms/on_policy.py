@@ -110,10 +110,10 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         """The step's experience, sampled now by the current weights: the data module's ``RolloutBatch``
         resolved, or (items from any other loader) the items' trees sampled here; rewarded and expanded. None for
         an empty batch (a rank's empty share in a data-parallel run)."""
-        stamps = dict(policy_version=self.global_step, env_step=self.env_step, reward=self.rollout_reward())
         if not len(batch):
-            self.count_env_steps(0)
+            self.count_env_steps(0)  # the other ranks' joint actions
             return None
+        stamps = dict(policy_version=self.global_step, env_step=self.env_step, reward=self.rollout_reward())
         rollout = batch.resolve(**stamps) if isinstance(batch, RolloutBatch) else self.policy.rollout(batch, **stamps)
         self.count_env_steps(rollout.num_joint_actions)
         for phase, seconds in rollout.timings.items():
