@@ -42,6 +42,8 @@ class Probe(Callback):
         })
 
     def on_train_end(self, trainer, pl_module):
+        if os.environ.get("EXPORT_DIR"):  # every rank calls it (sharded models are gathered); rank 0 writes
+            pl_module.save_pretrained(os.environ["EXPORT_DIR"])
         out = Path(os.environ["PROBE_DIR"])
         out.mkdir(parents=True, exist_ok=True)
         record = {"rank": trainer.global_rank, "world_size": trainer.world_size, "steps": self.steps,

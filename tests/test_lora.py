@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -92,11 +94,46 @@ def test_what_a_lora_team_cannot_be_is_refused_naming_the_field(overrides, messa
         make_module(**{"lora_rank": 4, **overrides})
 
 
-def test_actor_critic_with_lora_is_refused_with_what_to_use_instead():
-    from comlrl_lightning import IAC
+@pytest.mark.parametrize("variant", ["iac-head", "iac-critics", "maac"])
+def test_actor_critic_critics_are_adapters_and_value_heads_on_the_one_base(variant, tmp_path):
+    """IAC with value heads on the actors, IAC with a critic per agent and MAAC's joint critic: every critic is a
+    value head on the team's one base (a separate critic: its own adapter ``critic_j`` too). Nothing else is
+    loaded; each update trains the agents' adapters, the critics' adapters and the heads, never the base."""
+    from test_actor_critic import make_ac
 
-    with pytest.raises(ValueError, match="IAC with a LoRA team .* not available yet"):
-        IAC(agents="tiny", num_agents=2, lora_rank=4, reward_func=toy.brevity_reward)
+    from comlrl_lightning import IAC, MAAC
+
+    cls, overrides = {"iac-head": (IAC, {"use_separate_critic": False}), "iac-critics": (IAC, {}),
+                      "maac": (MAAC, {})}[variant]
+    module = make_ac(cls, lora_rank=4, critic_model=None, **overrides)
+    team = module.policy_model(0).team
+    full = make_ac(cls, **overrides)
+    full.critics  # noqa: B018  (loads the full-copy team and its critics)
+    critics = list(module.critics) or list(module.agents)
+    base_size = sum(p.numel() for n, p in team.base.named_parameters() if "lora_" not in n)
+    trainable = {id(p): p.numel() for m in [*module.agents, *module.critics] for p in m.trainable_parameters()}
+    assert sum(p.numel() for p in module.parameters()) == base_size + sum(trainable.values()), "the base is not once"
+    assert sum(p.numel() for p in full.parameters()) > (2 + len(full.critics)) * base_size  # a full copy per model
+    assert all(critic.model.team is team for critic in critics), "a critic is not on the team's base"
+    assert set(team.peft.peft_config) == {"agent_0", "agent_1", *(f"critic_{j}" for j in range(len(module.critics)))}
+    before = [[p.detach().clone() for p in critic.trainable_parameters()] for critic in critics]
+    base = {n: p.detach().clone() for n, p in team.base.named_parameters() if "lora_" not in n}
+    fit(module, tmp_path, max_steps=2)
+    groups = module.optimizers().optimizer.param_groups
+    assert len({id(p) for g in groups for p in g["params"]}) == sum(len(g["params"]) for g in groups), \
+        "a parameter is in two optimizer groups"
+    for critic, old in zip(critics, before):
+        new = critic.trainable_parameters()
+        assert not torch.equal(new[-1], old[-1]), "a value head did not train"
+        if critic.model.name.startswith("critic_"):
+            assert any(not torch.equal(a, b) for a, b in zip(old[:-1], new[:-1])), "a critic adapter did not train"
+    assert all(torch.equal(p, base[n]) for n, p in team.base.named_parameters() if "lora_" not in n)
+    module.save_pretrained(tmp_path / "out")
+    saved = tmp_path / "out" / ("critic" if variant == "maac" else "agent_0" / Path("critic") if variant ==
+                                "iac-critics" else "agent_0")
+    files = {p.name for p in saved.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "value_head.safetensors"} <= files, files
+    assert not any(name.startswith("model") for name in files), "a LoRA critic wrote full weights"
 
 
 def test_an_adapter_folder_loads_anywhere_as_its_base_with_the_adapter_merged(tmp_path):

@@ -11,7 +11,6 @@ import itertools
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from comlrl_lightning.rollout import generation as generation_mod

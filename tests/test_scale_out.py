@@ -51,9 +51,12 @@ def launch(tmp_path: Path, config: str, *args: str, devices: int = 2, env: dict 
              "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})})
 
 
-def ddp_fit(tmp_path: Path, config: str, *args: str, world: int = 2, fsdp: bool = False) -> list[dict]:
-    """Run a 2-process fit (DDP, or agents sharded with FSDP2); the probes of its ranks."""
-    process = launch(tmp_path, config, *args, devices=world, **({"strategy": tuple(FSDP)} if fsdp else {}))
+def ddp_fit(tmp_path: Path, config: str, *args: str, world: int = 2, fsdp: bool = False,
+            export: bool = False) -> list[dict]:
+    """Run a 2-process fit (DDP, or models sharded with FSDP2); the probes of its ranks. ``export``: every rank
+    calls the module's ``save_pretrained(tmp_path / "export")`` when the fit ends."""
+    env = {"EXPORT_DIR": str(tmp_path / "export")} if export else None
+    process = launch(tmp_path, config, *args, devices=world, env=env, **({"strategy": tuple(FSDP)} if fsdp else {}))
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output[-4000:]
     return probes(tmp_path, world)
@@ -115,8 +118,8 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     from comlrl_lightning.algorithms.base import check_strategy
     from comlrl_lightning.config_errors import ConfigurationError
 
-    def module(parallel="none", shardable=True, lora=None, name="MAGRPO"):
-        return SimpleNamespace(parallel_training=parallel, shardable=shardable, lora=lora, algorithm_name=name)
+    def module(parallel="none", lora=None, name="MAGRPO"):
+        return SimpleNamespace(parallel_training=parallel, lora=lora, algorithm_name=name)
 
     with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported.*ModelParallel"):
         check_strategy(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), module())
@@ -126,8 +129,6 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), module("mp"))
     sharded = SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), world_size=2)
     check_strategy(sharded, module())
-    with pytest.raises(ConfigurationError, match="IAC also trains critics .* use trainer.strategy ddp"):
-        check_strategy(sharded, module(shardable=False, name="IAC"))
     with pytest.raises(ConfigurationError, match="with a LoRA team"):
         check_strategy(sharded, module(lora={"base": "tiny"}))
     with pytest.raises(ConfigurationError, match="tensor_parallel_size must be 1"):
@@ -288,3 +289,58 @@ def test_madpo_iter_with_sharded_agents_collects_trains_and_writes_policy_checkp
     checkpoints = sorted(p.name for p in (root / "policy_checkpoints").iterdir())
     assert checkpoints == ["initial", "iteration_0000", "iteration_0001"], checkpoints
     assert (root / "policy_checkpoints" / "iteration_0001" / "agent_1" / "config.json").is_file()
+
+
+def assert_same_training(sharded: list[dict], replicated: list[dict], keys: list[str]) -> None:
+    """FSDP and DDP took the same steps with the same gradients (norms per model) and rewards."""
+    assert len(sharded[0]["steps"]) == len(replicated[0]["steps"])
+    for a, b in zip(sharded[0]["steps"], replicated[0]["steps"]):
+        for key in keys:
+            assert (key in a["logged"]) == (key in b["logged"]), key
+            if key in a["logged"]:
+                assert a["logged"][key] == pytest.approx(b["logged"][key], rel=1e-4), key
+    for key in keys:
+        assert any(key in step["logged"] for step in sharded[0]["steps"]), f"{key} never logged"
+
+
+def assert_same_export(sharded: Path, replicated: Path, files: list[str]) -> None:
+    """The whole weights an FSDP run's ``save_pretrained`` wrote equal a DDP run's (float tolerance)."""
+    from safetensors.torch import load_file
+
+    for name in files:
+        a, b = load_file(str(sharded / name)), load_file(str(replicated / name))
+        assert a.keys() == b.keys(), name
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6, msg=f"{name}: {key}")
+
+
+def test_fsdp_shards_separate_critics_as_ddp_trains_them_and_exports_them_whole(tmp_path):
+    """IAC with a critic LM per agent: agents and critics sharded over 2 ranks train with DDP's gradients, and
+    ``save_pretrained`` gathers each critic whole (backbone and value head) for rank 0 to write."""
+    common = ["--data.init_args.max_train_items", "4", "--trainer.max_epochs", "1", "--trainer.max_steps", "-1",
+              "--model.init_args.eval_interval", "1", "--model.init_args.max_grad_norm", "1.0",
+              "--model.init_args.use_separate_critic", "true", "--model.init_args.critic_model", "tiny"]
+    sharded = ddp_fit(tmp_path / "fsdp", "iac", *common, fsdp=True, export=True)
+    replicated = ddp_fit(tmp_path / "ddp", "iac", *common, export=True)
+    assert_same_weights_after_every_step(sharded)
+    assert_same_training(sharded, replicated, ["agent_0/grad_norm", "agent_1/grad_norm", "critic_0/grad_norm",
+                                               "critic_1/grad_norm", "turn_1/value_pred_mean"])
+    files = [f"agent_{i}/{part}" for i in range(2) for part in
+             ("model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors")]
+    assert_same_export(tmp_path / "fsdp" / "export", tmp_path / "ddp" / "export", files)
+
+
+def test_fsdp_shards_the_reward_model_and_a_centralized_critic_in_marlhf(tmp_path):
+    """MARLHF with MAAC as its RL stage: the reward model (trained in epoch 0, frozen after), the agents and the
+    joint critic are all sharded; every update matches DDP's and the exported reward model is DDP's."""
+    common = ["--data.init_args.max_train_items", "4", "--trainer.max_epochs", "2", "--trainer.max_steps", "-1",
+              "--model.init_args.eval_interval", "0", "--model.init_args.max_grad_norm", "1.0",
+              "--model.init_args.reward_model_name", "tiny", "--model.init_args.rl_algorithm", "maac",
+              "--model.init_args.critic_model_name", "tiny"]
+    sharded = ddp_fit(tmp_path / "fsdp", "marlhf", *common, fsdp=True, export=True)
+    replicated = ddp_fit(tmp_path / "ddp", "marlhf", *common, export=True)
+    assert_same_weights_after_every_step(sharded)
+    assert_same_training(sharded, replicated, ["reward_model/grad_norm", "agent_0/grad_norm", "critic_0/grad_norm"])
+    assert_same_export(tmp_path / "fsdp" / "export", tmp_path / "ddp" / "export",
+                       ["reward_model/model.safetensors", "reward_model/value_head.safetensors",
+                        "critic/model.safetensors", "agent_1/model.safetensors"])

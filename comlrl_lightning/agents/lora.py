@@ -76,11 +76,24 @@ class LoRATeam(nn.Module):
             for config in self.peft.peft_config.values():
                 config.base_model_name_or_path = base_name
         self.num_agents = num_agents
-        self.adapter_parameters = {adapter_name(i): [p for n, p in self.peft.named_parameters()
-                                                     if f".{adapter_name(i)}." in n] for i in range(num_agents)}
+        self.adapter_parameters = {adapter_name(i): self._parameters_of(adapter_name(i)) for i in range(num_agents)}
         self.active: str | None = None
         self.activate(adapter_name(0))
         self.views = [AdapterView(self, adapter_name(i)) for i in range(num_agents)]
+
+    def _parameters_of(self, name: str) -> list[nn.Parameter]:
+        return [p for n, p in self.peft.named_parameters() if f".{name}." in n]
+
+    def add_view(self, name: str) -> "AdapterView":
+        """A further adapter ``name`` on the same base (an actor-critic's critic: this adapter plus a value head),
+        with agent 0's LoRA settings; trainable like the agents'."""
+        import copy
+
+        self.peft.add_adapter(name, copy.deepcopy(self.peft.peft_config[adapter_name(0)]))
+        self.adapter_parameters[name] = self._parameters_of(name)
+        self.active = None
+        self.activate(adapter_name(0))
+        return AdapterView(self, name)
 
     @property
     def base(self) -> nn.Module:

@@ -236,12 +236,16 @@ class JointRewardModel(nn.Module):
 
     # --- persistence --------------------------------------------------------------------------------------
 
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+    def save_pretrained(self, save_directory: str | os.PathLike, state_dict: dict[str, Tensor] | None = None,
+                        **kwargs: Any) -> None:
         """Backbone (a normal HF model directory), tokenizer, head (``value_head.safetensors`` +
         ``value_head_config.json``) and ``reward_model_config.json`` (hidden_size, max_length,
-        freeze_backbone)."""
+        freeze_backbone). ``state_dict``: this model's weights to write instead of its own (a sharded model's,
+        gathered whole)."""
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if state_dict is not None:
+            kwargs["state_dict"] = {k.removeprefix("model."): v for k, v in state_dict.items()}
         self.model.save_pretrained(str(directory), **kwargs)
         if not kwargs.get("is_main_process", True):
             return

@@ -20,7 +20,7 @@ import contextlib
 from typing import Iterable, Iterator
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -30,7 +30,9 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def shard(model: nn.Module, mesh) -> None:
-    """``fully_shard`` each decoder layer of ``model`` (the usual unit), then the model itself."""
+    """``fully_shard`` each decoder layer of ``model`` (the usual unit), then the model itself; then one forward
+    through the model so that FSDP takes it as the root of its units (later calls may enter an inner module
+    directly: a critic's decoder body, the backbone under a value head)."""
     from torch.distributed.fsdp import fully_shard
 
     for module in model.modules():
@@ -38,6 +40,16 @@ def shard(model: nn.Module, mesh) -> None:
             for layer in module:
                 fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    with torch.no_grad():
+        _probe(model)
+
+
+def _probe(model: nn.Module) -> Tensor:
+    """A one-token forward through ``model``; the sum of every output (logits, values, scores) times zero."""
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
+    parts = [out] if isinstance(out, Tensor) else [getattr(out, name, None) for name in ("logits", "values")]
+    return sum(part.float().sum() for part in parts if isinstance(part, Tensor)) * 0.0
 
 
 def _units(models: Iterable[nn.Module]) -> list[nn.Module]:
@@ -73,13 +85,12 @@ def _keep_whole(models: list[nn.Module], whole: bool) -> None:
 
 
 def reduce_gradients(models: list[nn.Module]) -> None:
-    """Reduce-scatter each sharded agent's accumulated gradients into its shards (mean over ranks): one
-    zero-weighted forward and backward per agent with the sync on, the same count on every rank."""
+    """Reduce-scatter each sharded model's accumulated gradients into its shards (mean over ranks): one
+    zero-weighted forward and backward per model with the sync on, the same count on every rank. Every model
+    passed gets a gradient (zeros where nothing was accumulated): pass only the models this update trains."""
     for model in (m for m in models if is_sharded(m)):
         model.set_requires_gradient_sync(True)
-        device = next(model.parameters()).device
-        logits = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device)).logits
-        (logits.float().sum() * 0.0).backward()
+        _probe(model).backward()
         model.set_requires_gradient_sync(False)
 
 
@@ -101,5 +112,19 @@ def full_state_dicts(models: list[nn.Module]) -> list[dict | None]:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     for model in models:
         if is_sharded(model) and id(model) not in done:
-            done[id(model)] = get_model_state_dict(model, options=options)
+            state = get_model_state_dict(model, options=options)
+            for name in _aliases(model):  # tied weights (e.g. the output head tied to the embeddings): written once
+                state.pop(name, None)
+            done[id(model)] = state
     return [done.get(id(model)) for model in models]
+
+
+def _aliases(model: nn.Module) -> list[str]:
+    """Names of parameters that are another name's parameter (tied weights), after the first name of each."""
+    seen: set[int] = set()
+    aliases = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.append(name)
+        seen.add(id(param))
+    return aliases

@@ -169,6 +169,14 @@ class CausalLMWithValueHead(nn.Module):
     def has_value_head(self) -> bool:
         return self.value_head is not None
 
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """What training this model updates: the backbone's trainable parameters (an agent of a LoRA team: its own
+        adapter's, not the other agents' on the shared base) and the head's."""
+        own = getattr(self.model, "trainable_parameters", None)
+        body = list(own()) if callable(own) else [p for p in self.model.parameters() if p.requires_grad]
+        head = [] if self.value_head is None else [p for p in self.value_head.parameters() if p.requires_grad]
+        return body + head
+
     def can_generate(self) -> bool:
         can = getattr(self.model, "can_generate", None)
         return bool(can()) if callable(can) else callable(getattr(self.model, "generate", None))
@@ -283,16 +291,24 @@ class CausalLMWithValueHead(nn.Module):
 
     # --- persistence --------------------------------------------------------------------------------------
 
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+    def save_pretrained(self, save_directory: str | os.PathLike, state_dict: dict[str, Tensor] | None = None,
+                        **kwargs: Any) -> None:
         """Backbone via its ``save_pretrained`` (so ``AutoModelForCausalLM`` loads the directory), plus the head as
-        ``value_head.safetensors`` and ``value_head_config.json`` (hidden_size, hidden_dim)."""
+        ``value_head.safetensors`` and ``value_head_config.json`` (hidden_size, hidden_dim). ``state_dict``: this
+        wrapper's weights to write instead of its own (a sharded model's, gathered whole)."""
         from safetensors.torch import save_file
 
         directory = Path(save_directory)
+        parts = {"model.": None, "value_head.": None}
+        if state_dict is not None:
+            parts = {prefix: {k.removeprefix(prefix): v for k, v in state_dict.items() if k.startswith(prefix)}
+                     for prefix in parts}
+            kwargs["state_dict"] = parts["model."]
         self.model.save_pretrained(str(directory), **kwargs)
         if self.value_head is None or not kwargs.get("is_main_process", True):
             return
-        state = {k: v.detach().to("cpu").contiguous() for k, v in self.value_head.state_dict().items()}
+        head = parts["value_head."] if parts["value_head."] is not None else self.value_head.state_dict()
+        state = {k: v.detach().to("cpu").contiguous() for k, v in head.items()}
         save_file(state, str(directory / VALUE_HEAD_WEIGHTS_NAME))
         head_config = {"hidden_size": self.value_head.hidden_size, "hidden_dim": self.value_head.hidden_dim}
         (directory / VALUE_HEAD_CONFIG_NAME).write_text(json.dumps(head_config, indent=2) + "\n")

@@ -35,7 +35,9 @@ import torch
 from torch import Tensor, nn
 
 from comlrl_lightning.agents import CausalLMWithValueHead, check_model_sources, load_agents, resolve_devices
+from comlrl_lightning.agents.sharding import full_state_dicts
 from comlrl_lightning.algorithms.fields import CriticFields, require
+from comlrl_lightning.algorithms.base import trainable_parameters
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.core.advantages import critic_advantages
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
@@ -147,7 +149,6 @@ class IAC(CriticFields, OnPolicyModule):
     """
 
     algorithm_name = "IAC"
-    shardable = False  # critics and value heads are not sharded
     centralized_critic = False
     reward_per_node = True
 
@@ -162,10 +163,6 @@ class IAC(CriticFields, OnPolicyModule):
     def check_config(self) -> None:
         super().check_config()
         name, separate = self.algorithm_name, self.use_separate_critic or self.centralized_critic
-        require(self.lora is None, f"{name} with a LoRA team (lora_rank or adapter folders as agents) is not available "
-                                   "yet: its critics and value heads would be full models beside the shared base. "
-                                   "Train actor-critic teams as full copies (lora_rank: null), or use the MAGRPO "
-                                   "family or MADPO with LoRA (docs/scaling.md).")
         require(self.num_turns == 1 or self.num_generations == 1,
                 f"Multi-turn {name} currently supports num_generations == 1.")
         require(self.joint_mode == "aligned", f"{name} supports joint_mode aligned only (got {self.joint_mode!r}).")
@@ -174,7 +171,7 @@ class IAC(CriticFields, OnPolicyModule):
         require(self.collaboration is None, f"{name} does not support collaboration_mode centralized.")
         require(separate or self.critic_sources is None, "critics can only be provided when use_separate_critic=True.")
         where = f"for {name}" if self.centralized_critic else "when use_separate_critic=True"
-        require(not separate or self.critic_model is not None or bool(self.critic_sources),
+        require(not separate or self.critic_model is not None or bool(self.critic_sources) or self.lora is not None,
                 f"Either critic_model or critics must be provided {where}.")
         count = 1 if self.centralized_critic else self.num_agents
         given = self.critic_sources
@@ -207,6 +204,12 @@ class IAC(CriticFields, OnPolicyModule):
         count = 1 if self.centralized_critic else self.num_agents
         given = self.critic_sources
         sources = list(given) if given is not None else [self.critic_model] * count
+        if self.lora is not None and all(s in (None, self.lora["base"]) for s in sources):
+            team = self.agents[0].team  # critics as adapters + value heads on the team's one base
+            self._modules["critics"] = nn.ModuleList([CausalLMWithValueHead(
+                team.add_view(f"critic_{j}"), value_head_hidden_dim=self.critic_value_head_hidden_dim)
+                for j in range(count)]).train()
+            return
         models, _ = load_agents(sources, num_agents=count, tokenizers=self.tokenizers[:1] * count
                                 if any(not isinstance(s, str) for s in sources) else None,
                                 field="critics" if given is not None else "critic_model")
@@ -233,11 +236,14 @@ class IAC(CriticFields, OnPolicyModule):
 
     def optimizer_groups(self) -> list[dict[str, Any]]:
         return super().optimizer_groups() + [
-            {"params": [p for p in critic.parameters() if p.requires_grad], "lr": self.critic_learning_rate,
+            {"params": trainable_parameters(critic), "lr": self.critic_learning_rate,
              "name": f"critic_{j}", "agents": []} for j, critic in enumerate(self.critics)]
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
         return super().trained_models() + [([f"critic_{j}"], critic) for j, critic in enumerate(self.critics)]
+
+    def sharded_models(self) -> list[nn.Module]:
+        return super().sharded_models() + list(self.critics)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
@@ -441,9 +447,10 @@ class IAC(CriticFields, OnPolicyModule):
         IAC ``agent_{i}/critic/``, MAAC ``critic/``."""
         super().save_pretrained(output_dir)
         root = Path(output_dir)
+        states = full_state_dicts(list(self.critics))  # sharded critics: gathered whole (on every rank)
         for j, critic in enumerate(self.critics if ranks.rank() == 0 else ()):  # data-parallel: written once
             target = root / "critic" if self.centralized_critic else root / f"agent_{j}" / "critic"
-            critic.save_pretrained(target)
+            critic.save_pretrained(target, state_dict=states[j])
             self.tokenizers[j].save_pretrained(target)
 
 

@@ -81,7 +81,6 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     """
 
     algorithm_name = "MultiAgentModule"
-    shardable = True  # FSDP can shard it: its only trained models are the agents (families with more say False)
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -155,11 +154,25 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         (``ModelParallelStrategy``) each agent is then sharded over the ranks (``agents/sharding.py``)."""
         if "agents" not in self._modules:
             self.load_models()
+        self.shard_models()
+
+    def shard_models(self) -> None:
+        """Under FSDP2 (``ModelParallelStrategy``): shard each model of :meth:`sharded_models` not sharded yet."""
         strategy = self._trainer.strategy if self._trainer is not None else None
-        if type(strategy).__name__ == "ModelParallelStrategy" and not any(is_sharded(m) for m in self.agents):
-            mesh = self.device_mesh["data_parallel"]
-            for model in {id(m): m for m in self.agents}.values():
-                shard(model, mesh)
+        if type(strategy).__name__ == "ModelParallelStrategy":
+            for model in self.sharded_models():
+                if not is_sharded(model):
+                    shard(model, strategy.device_mesh["data_parallel"])
+
+    def sharded_models(self) -> list[nn.Module]:
+        """The distinct models FSDP shards (every trained model): the agents; families add critics or a reward
+        model."""
+        return list({id(m): m for m in self.agents}.values())
+
+    def updated_models(self) -> list[nn.Module]:
+        """The sharded models the current update trains (their gradients are reduce-scattered): all of them, unless a
+        family's stage trains some only."""
+        return [m for m in self.sharded_models() if is_sharded(m)]
 
     def load_models(self) -> None:
         """The team (and the family's other models, :meth:`build_models`)."""
@@ -272,7 +285,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             # DDP's reducer expects one backward per forward; ours are one per agent, so it stays off and the
             # gradients are averaged once below.
             no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
-            sharded = [m for m in self.agents if is_sharded(m)]
+            sharded = self.updated_models()
             # Sharded agents: FSDP averages over ranks; scaling by rows x D / all rows makes it row-weighted.
             scale = len(batch) * ranks.world_size() / max(ranks.reduce_sum(len(batch)), 1) if sharded else 1.0
             with no_sync():
@@ -291,7 +304,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                 metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
             trained = [any(p.grad is not None for p in group["params"]) for group in optimizer.param_groups]
             optimizer.step()
-            refresh([m for m in self.agents if is_sharded(m)])  # sharded agents: gather the updated weights
+            refresh(sharded)  # sharded models: gather the updated weights
             scheduler = self.lr_schedulers()
             if scheduler is not None:
                 scheduler.step_groups(trained)
@@ -319,7 +332,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         """Gradient norm per model (agents, critics, a reward model), clipped to ``max_grad_norm`` when set."""
         norms = {}
         for names, model in self.trained_models():
-            params = [p for p in self.optimized_parameters(model) if p.grad is not None]
+            params = [p for p in self.optimized_parameters(model, names[0]) if p.grad is not None]
             if not params:
                 continue
             if is_sharded(model):  # DTensor shards: the norm over every rank's part, clipped the same way
@@ -334,16 +347,16 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                 norms[f"{name}/grad_norm"] = float(norm)
         return norms
 
-    def optimized_parameters(self, model: nn.Module) -> list[nn.Parameter]:
-        """The parameters the optimizer steps for ``model`` (a sharded agent's shards, which its module does not
-        show while it is gathered), else its trainable parameters."""
+    def optimized_parameters(self, model: nn.Module, group: str) -> list[nn.Parameter]:
+        """The parameters the optimizer steps for ``model`` (a sharded model's shards, which its module does not
+        show while it is gathered: those of its parameter group, named ``group``), else its trainable parameters."""
         if is_sharded(model):
-            return [p for group in self.optimizers().param_groups if "agents" in group
-                    and self.agents[group["agents"][0]] is model for p in group["params"]]
+            return [p for g in self.optimizers().param_groups if g.get("name") == group for p in g["params"]]
         return trainable_parameters(model)
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
-        """(metric names, model) of every trained model; families add theirs."""
+        """(metric names, model) of every trained model; families add theirs. The first name is the model's
+        parameter group's."""
         return [([f"agent_{i}" for i in ids], self.agents[ids[0]]) for ids in self.agent_groups()]
 
     def check_update_fits(self, forwards: Sequence[tuple[nn.Module, ScoringInputs]]) -> None:
@@ -518,7 +531,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     def evaluate(self, items: Sequence[Any], batch_size: int = 1) -> dict[str, float]:
         """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward."""
         mine = ranks.shard(items)  # each rank plays its share of the items
-        with gathered(list(self.agents)):
+        with gathered(self.sharded_models()):
             records = [self.evaluation_record(mine[s : s + batch_size]) for s in range(0, len(mine), batch_size)]
         return self.evaluation_metrics(records)
 
@@ -545,7 +558,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     def _gather_agents(self) -> None:
         self._release_agents()
         self._whole = contextlib.ExitStack()
-        self._whole.enter_context(gathered(list(self.agents)))
+        self._whole.enter_context(gathered(self.sharded_models()))
 
     def _release_agents(self) -> None:
         whole, self._whole = getattr(self, "_whole", None), None
@@ -683,7 +696,7 @@ def lora_plan(agents: Any, num_agents: int | None, fields: Mapping[str, Any]) ->
 def check_strategy(trainer: Any, module: Any) -> None:
     """The strategies a team trains under: one device; Lightning's DDP (any launcher: ``ddp``, ``ddp_spawn``,
     ``ddp_notebook``; any number of nodes); or agents sharded over the ranks with FSDP2 (``ModelParallelStrategy``,
-    ``tensor_parallel_size: 1``) for the families whose only trained models are the agents. ``parallel_training: mp``
+    ``tensor_parallel_size: 1``: agents, critics and reward models). ``parallel_training: mp``
     places agents on several devices of ONE process; combined with several processes, every process would claim the
     same devices."""
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
@@ -696,9 +709,6 @@ def check_strategy(trainer: Any, module: Any) -> None:
                        "sharded over the data-parallel ranks with FSDP2 and tensor parallelism is not available. Set "
                        "trainer.strategy.init_args.tensor_parallel_size 1 and data_parallel_size to the number of "
                        "processes.")
-        require_config(module.shardable, f"trainer.strategy ModelParallelStrategy (FSDP) shards the agents only; "
-                                         f"{module.algorithm_name} also trains critics or a reward model, which are not "
-                                         "sharded yet: use trainer.strategy ddp (docs/scaling.md).")
         require_config(module.lora is None, "trainer.strategy ModelParallelStrategy (FSDP) with a LoRA team "
                                             "(lora_rank) is not available: a LoRA team's base is frozen and held once, "
                                             "so use trainer.strategy ddp.")

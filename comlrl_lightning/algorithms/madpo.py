@@ -81,7 +81,7 @@ class PreferenceModule(PreferenceFields, MultiAgentModule):
         """What ``PreferenceDataModule`` collects and serves for this module (handed over in ``on_fit_start``)."""
         return PairPlan(self.policy, self.preference_num_candidates, self.pair_selection,
                         self.preference_pairs_per_sample, self.pair_batch_size, passes=self.pair_passes,
-                        name=self.algorithm_name)
+                        name=self.algorithm_name, whole=self.sharded_models())
 
     def on_fit_start(self) -> None:
         super().on_fit_start()

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Literal
 from torch import Tensor
 
 from comlrl_lightning.agents import JointRewardModel, RewardModelReward, check_model_sources
+from comlrl_lightning.agents.sharding import full_state_dicts, is_sharded
 from comlrl_lightning.algorithms.actor_critic import IAC, MAAC
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import (
@@ -94,7 +95,6 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
     """
 
     algorithm_name = "MARLHF"
-    shardable = False  # the reward model is not sharded
 
     def __init__(self, rl_algorithm: RlAlgorithm = "magrpo", critic_model_name: str | None = None,
                  num_generations: int | None = None, discount: float | None = None,
@@ -148,6 +148,14 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
                 self.reward_model_name or self.backbone, freeze_backbone=self.reward_freeze_backbone,
                 max_length=self.reward_max_length).train()  # from_pretrained gives eval mode; epoch 0 trains it
             self._learned_reward = RewardCaller(RewardModelReward(self.reward_model, formatters=self.prompt_formatters))
+        self.shard_models()
+
+    def sharded_models(self):
+        return self.rl.sharded_models() + [self.reward_model]
+
+    def updated_models(self):
+        """The reward-model stage's updates train the reward model only (the RL stage updates through ``self.rl``)."""
+        return [m for m in (self.reward_model,) if is_sharded(m)]
 
     @property
     def reward_model(self) -> JointRewardModel:
@@ -275,8 +283,9 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
     def save_pretrained(self, output_dir) -> None:
         """The backend's export plus ``reward_model/`` (backbone, tokenizer, head)."""
         self.rl.save_pretrained(output_dir)
+        state = full_state_dicts([self.reward_model])[0]  # a sharded reward model: gathered whole (every rank)
         if ranks.rank() == 0:  # a data-parallel run: written once
-            self.reward_model.save_pretrained(Path(output_dir) / "reward_model")
+            self.reward_model.save_pretrained(Path(output_dir) / "reward_model", state_dict=state)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rl.on_save_checkpoint(checkpoint)  # env_step, RNG and the backend's buffer

@@ -27,7 +27,7 @@ import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from lightning.pytorch.utilities import rank_zero_only
@@ -64,6 +64,8 @@ class PairPlan:
             task items (MARLHF's RL stage). None: every epoch serves pairs.
         rounds: iterative collection (None: collect once per fit).
         name: the algorithm's name, for messages.
+        whole: the models to hold whole (gathered) while collecting, when FSDP shards them: the agents, and a
+            reward model that scores candidates (empty: the policy's models).
     """
 
     policy: TeamPolicy
@@ -75,6 +77,7 @@ class PairPlan:
     pair_epochs: int | None = None
     rounds: RoundPlan | None = None
     name: str = "module"
+    whole: Sequence[Any] = ()
 
     def round_epoch(self, epoch: int) -> int:
         return epoch % self.rounds.epochs_per_round if self.rounds is not None else epoch
@@ -167,7 +170,8 @@ class PreferenceDataModule(TaskDataModule):
         pairs: list[PreferencePair] = []
         bar = tqdm(total=len(indices), desc=desc, unit="task",
                    disable=not self.show_progress or not rank_zero_only.rank == 0)
-        with gathered(list(self._attached().policy.models)):  # sharded agents: whole while sampling
+        plan = self._attached()
+        with gathered(list(plan.whole or plan.policy.models)):  # sharded models: whole while sampling and scoring
             for start in range(0, len(indices), self.prompts_per_step):
                 chunk = [self.train_items[i] for i in indices[start : start + self.prompts_per_step]]
                 pairs.extend(self.collect_pairs(chunk))
