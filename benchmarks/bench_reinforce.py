@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # roofline.py
 
 from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF, PreferenceDataModule  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
@@ -805,6 +806,11 @@ def main(argv=None) -> dict:
               f"{args.pairs_per_sample} pairs kept per prompt, {args.pair_batch} pairs per update")
     print(f"machine: {info['cpu_count']} CPUs, torch {info['torch']} ({info['torch_threads']} threads), "
           f"device {args.device}, load average {info['load_average_1_5_15']}")
+    import roofline  # benchmarks/roofline.py: the machine's measured limit, printed with every run
+
+    limits = roofline.machine_limits(args.device, args.threads)
+    info["roofline"] = roofline.as_dict(limits)
+    print(roofline.describe(limits))
     load, threads = info["load_average_1_5_15"], torch.get_num_threads()
     if args.device == "cpu" and load and threads > 1 and load[0] + threads > (os.cpu_count() or 1) + 0.5:
         print(f"warning: load average {load[0]:.1f} on {os.cpu_count()} CPUs with {threads} torch threads: "

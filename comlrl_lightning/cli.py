@@ -1,4 +1,4 @@
-"""``python -m comlrl_lightning {fit,validate} --config configs/magrpo.yaml`` — a LightningCLI.
+"""``python -m comlrl_lightning {fit,validate,test,predict} --config configs/magrpo.yaml`` — a LightningCLI.
 
 Any MultiAgentModule subclass is a valid ``model.class_path`` (MAGRPO, MARLOO, MAReMax, MAREINFORCE, your own);
 reward functions, formatters and transitions are given by import path; every field can be overridden with a

@@ -201,3 +201,49 @@ def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path, monkeypatch, 
         main(["fit", *RESUMABLE, "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
     assert exit_info.value.code == 2
     assert "ckpt_path last: no checkpoint under" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- test and predict
+def counting_logger(agent_completions_turns, batch_items):
+    return [{"items": 1, "agents": len(agent_completions_turns)} for _ in batch_items]
+
+
+def summing_aggregator(metrics):
+    return {"items": sum(m["items"] for m in metrics), "agents": metrics[0]["agents"]}
+
+
+def test_the_test_subcommand_evaluates_the_test_items_with_the_eval_logger(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = main(["test", *QUICK, "--trainer.default_root_dir", str(tmp_path / "run"),
+                "--data.init_args.test_dataset", "comlrl_lightning.envs.toy.story_tasks",
+                "--data.init_args.max_eval_items", "3", "--data.init_args.eval_batch_size", "2",
+                "--model.init_args.eval_logger", "test_cli.counting_logger",
+                "--model.init_args.eval_aggregator", "test_cli.summing_aggregator"])
+    metrics = cli.trainer.callback_metrics
+    assert float(metrics["test/items"]) == 3 and float(metrics["test/agents"]) == 2  # every test item, once
+    assert "test/turn_1/reward_mean" in metrics and not any(k.startswith("eval/") for k in metrics)
+
+
+def test_predict_writes_each_items_joint_answer_from_a_checkpoint_or_saved_agents(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    fit = main(["fit", *QUICK, "--trainer.default_root_dir", str(tmp_path / "fit")])
+    checkpoint = next((tmp_path / "fit").rglob("*.ckpt"))
+    fit.model.save_pretrained(tmp_path / "team")
+
+    def predict(*args):
+        main(["predict", *QUICK, "--trainer.default_root_dir", str(tmp_path / "predict"),
+              "--data.init_args.predict_dataset", "comlrl_lightning.envs.toy.story_eval_tasks", *args])
+        path = max((tmp_path / "predict").rglob("predictions.jsonl"), key=lambda p: p.stat().st_mtime)
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    from comlrl_lightning.envs.toy import story_eval_tasks
+
+    for rows in (predict("--ckpt_path", str(checkpoint)),
+                 predict("--model.init_args.agents", f"[{tmp_path / 'team' / 'agent_0'}, {tmp_path / 'team' / 'agent_1'}]")):
+        assert [r["item"] for r in rows] == story_eval_tasks()
+        for row in rows:
+            assert len(row["agents"]) == 2 and len(row["rewards"]) == 1
+            assert all(len(a["prompts"]) == len(a["completions"]) == 1 for a in row["agents"])
+            assert row["item"]["topic"] in row["agents"][0]["prompts"][0]

@@ -52,6 +52,10 @@ class _Handler(BaseHTTPRequestHandler):
             if delay:
                 time.sleep(delay)
             data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        finally:  # the request is done before its answer is sent: a client that reads it may start the next one
+            with state.lock:
+                state.active -= 1
+        try:
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
@@ -60,9 +64,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             pass
-        finally:
-            with state.lock:
-                state.active -= 1
 
 
 @pytest.fixture

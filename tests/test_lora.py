@@ -157,3 +157,49 @@ def test_iterative_madpo_with_a_history_comparator_trains_a_lora_team(tmp_path):
     trainer, _ = fit_madpo(module, tmp_path, items=ITEMS[:4], max_epochs=2)
     assert trainer.global_step > 0
     assert (tmp_path / "pc" / "iteration_0000" / "agent_0" / "adapter_config.json").is_file()
+
+
+def test_a_lora_team_samples_in_one_generate_call_each_row_through_its_own_adapter():
+    """The agents of a LoRA team answer in ONE ``generate`` (peft's mixed-adapter batch); the first token of every
+    row is drawn from its own agent's distribution (the logits its adapter view gives the prompt)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from comlrl_lightning.rollout.generation import HFGenerate
+    from comlrl_lightning.rollout.sampling import SamplingConfig
+
+    module = make_module(num_agents=3, lora_rank=4)
+    torch.manual_seed(0)
+    for i in range(3):  # fresh adapters are the base (B = 0): make each agent its own
+        for p in module.agents[i].trainable_parameters():
+            p.data.normal_(0, 0.5)
+
+    class FirstScores(LogitsProcessor):
+        def __init__(self):
+            self.first = None
+
+        def __call__(self, input_ids, scores):
+            self.first = scores.clone() if self.first is None else self.first
+            return scores
+
+    first = FirstScores()
+    calls = []
+    team = module.agents[0].team
+    hook = team.base.register_forward_pre_hook(lambda m, a, k: calls.append(k["input_ids"].shape), with_kwargs=True)
+    prompts = [["Write a story", "The fox"], ["Two"], ["Tell me about cats and"]]
+    try:
+        out = HFGenerate(generation_kwargs={"logits_processor": LogitsProcessorList([first])}).sample(
+            module.agents, module.tokenizers, prompts, 2, SamplingConfig(max_new_tokens=3, top_k=None, top_p=1.0))
+    finally:
+        hook.remove()
+    assert calls[0][0] == 4, "the team's prompts were not encoded together once"
+    assert len(calls) == 4 and all(shape == (8, 1) for shape in calls[1:]), calls  # then 3 tokens, one batch each
+    assert [c.completion_ids.shape[0] for c in out] == [4, 2, 2]
+    row = 0
+    tok = module.tokenizers[0]
+    for i, agent_prompts in enumerate(prompts):
+        for prompt in agent_prompts:
+            ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+            expected = logits(module.agents[i], ids)[0, -1]
+            for _ in range(2):
+                torch.testing.assert_close(first.first[row], expected, atol=1e-4, rtol=1e-4)
+                row += 1

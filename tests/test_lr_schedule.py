@@ -288,3 +288,29 @@ def test_marlhf_stages_do_not_use_up_each_others_schedule(tmp_path):
     assert [m["agent_0/learning_rate"] / RATES[0] for m in rl_updates] == pytest.approx(warmup[: len(rl_updates)])
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     assert scheduler.group_updates == [len(rl_updates), len(rl_updates), len(rm_updates)]
+
+
+def test_adamw_kernel_fused_by_default_foreach_for_sharded_tensors_and_the_same_step_every_way():
+    """``adamw_implementation: auto`` picks the fused kernel for plain CPU/CUDA tensors and ``foreach`` for anything
+    else (an FSDP shard is a DTensor); every kernel takes the same step."""
+    from comlrl_lightning.algorithms.base import adamw_kernel
+
+    plain = [torch.nn.Parameter(torch.randn(3, 4))]
+    assert adamw_kernel("auto", plain) == {"fused": True}
+    assert adamw_kernel("auto", [torch.nn.Parameter(torch.randn(2).to(torch.float64))]) == {"foreach": True}
+    assert adamw_kernel("for-loop", plain) == {"foreach": False}
+    steps = []
+    for choice in ("fused", "foreach", "for-loop"):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(64, 32))
+        optimizer = torch.optim.AdamW([p], lr=1e-2, weight_decay=0.01, **adamw_kernel(choice, [p]))
+        for _ in range(3):
+            p.grad = torch.sin(p.detach() * 3)
+            optimizer.step()
+        steps.append(p.detach())
+    torch.testing.assert_close(steps[0], steps[2], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(steps[1], steps[2], rtol=1e-5, atol=1e-6)
+    module = MAGRPO(agents="tiny", num_agents=2, reward_func=toy.brevity_reward)
+    assert module.configure_optimizers().defaults["fused"] is True
+    with pytest.raises(ValueError, match="adamw_implementation"):
+        MAGRPO(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, adamw_implementation="turbo")

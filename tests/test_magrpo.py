@@ -267,13 +267,16 @@ def test_gradient_checkpointing_from_model_config(tmp_path):
 @pytest.mark.parametrize("placement", ["reward", "loss"])
 def test_reference_kl(placement, tmp_path):
     module = make_module(reference_kl_enabled=True, reference_kl_coef=0.5, reference_kl_placement=placement)
+    if placement == "reward":  # the policy's log-probs are kept while sampling: no scoring forward of its own
+        assert module.sampling.keep_logprobs
+        module.score_no_grad = lambda *a: pytest.fail("the policy's log-probs were scored again")
     trainer = fit(module, tmp_path, max_steps=3)
     assert module.reference is not None and len(module.reference.models) == 2
     assert not any(p.requires_grad for m in module.reference.models for p in m.parameters())
     assert "reference" not in "".join(module.state_dict())  # never in the trained state / checkpoint
     if placement == "reward":
         kl = column(read_metrics(trainer), "turn_1/reference_kl_mean")
-        assert abs(kl[0]) < 1e-5  # the first rollout is sampled by the reference weights
+        assert abs(kl[0]) < 1e-5  # the first rollout is sampled by the reference weights (kept = scored log-probs)
         assert kl[-1] > 0
 
 
@@ -471,3 +474,25 @@ def test_choices_accept_any_case_from_python():
     assert module.hparams["joint_mode"] == "cross"
     with pytest.raises(ValueError, match=r"joint_mode must be one of: aligned, cross, align, crossed \(got 'diagonal'\)"):
         make_module(joint_mode="diagonal")
+
+
+def test_bf16_autocast_is_lightnings_precision_setting(tmp_path):
+    """``trainer.precision: bf16-mixed``: sampling and the update's forwards run under bf16 autocast, the weights and
+    the optimizer stay float32, and token log-probs are computed in float32."""
+    module = make_module()
+    seen = []
+    losses = module.losses
+
+    def spy(batch):
+        for loss, diagnostics in losses(batch):
+            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), loss.dtype))
+            yield loss, diagnostics
+
+    module.losses = spy
+    seed_everything(0)
+    trainer = Trainer(max_steps=2, precision="bf16-mixed", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2))
+    assert trainer.global_step == 2 and seen
+    assert all(on and dtype == torch.bfloat16 and loss == torch.float32 for on, dtype, loss in seen), seen
+    assert all(p.dtype == torch.float32 for p in module.agents[0].parameters())

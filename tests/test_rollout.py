@@ -144,11 +144,17 @@ def test_micro_batches_by_rows_and_by_token_budget():
     inp = build_scoring_inputs(prompts, torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.bool), 0)
     assert micro_batches(inp) == [slice(0, 4)]
     assert micro_batches(inp, max_rows=3) == [slice(0, 3), slice(3, 4)]
-    # widths 5, 3, 4, 7: [5, 3] costs 2 × 5 = 10 ≤ 10; adding 4 → 3 × 5 = 15 > 10; [4] then [7] alone (> budget)
-    assert micro_batches(inp, max_tokens=10) == [slice(0, 2), slice(2, 3), slice(3, 4)]
-    assert micro_batches(inp, max_tokens=15) == [slice(0, 3), slice(3, 4)]
-    assert micro_batches(inp, max_rows=2, max_tokens=100) == [slice(0, 2), slice(2, 4)]
-    assert micro_batches(inp, max_tokens=1) == [slice(r, r + 1) for r in range(4)]
+    # widths 5, 3, 4, 7, bucketed by length: rows 1 (3), 2 (4), 0 (5), 3 (7). [3, 4] costs 2 × 4 = 8 ≤ 10; adding 5
+    # → 3 × 5 = 15 > 10; [5]; adding 7 → 14 > 10; [7] alone
+    def plan(**limits):
+        return [part.tolist() for part in micro_batches(inp, **limits)]
+
+    assert plan(max_tokens=10) == [[1, 2], [0], [3]]
+    assert plan(max_tokens=15) == [[1, 2, 0], [3]]
+    assert plan(max_rows=2, max_tokens=100) == [[1, 2], [0, 3]]
+    assert plan(max_tokens=1) == [[1], [2], [0], [3]]
+    parts = [trim_prompt_padding(select_rows(inp, part)) for part in micro_batches(inp, max_tokens=10)]
+    assert sum(int((~p.attention_mask[:, :-2].bool()).sum()) for p in parts) == 1  # one pad, in the [1, 2] bucket
 
 
 def test_trimming_prompt_padding_keeps_positions_and_log_probs(tiny):
@@ -238,6 +244,71 @@ def test_sample_completions_free_sampling_invariants_and_seed(tiny):
     assert torch.all(a.completion_ids[~mask] == tok.pad_token_id)
     for r in range(4):
         assert a.texts[r] == tok.decode(a.completion_ids[r][mask[r]], skip_special_tokens=True)
+
+
+def test_each_prompt_is_prefilled_once_and_samples_the_tokens_generate_alone_would(tiny):
+    """Prefix sharing: one forward encodes the M prompts (not M x K rows); the K samples continue from its cache and,
+    seed for seed, draw exactly the tokens of ``generate(num_return_sequences=K)`` on the K-fold prompts."""
+    model, tok = tiny
+    prompts = ["Write a short story about a cat who", "Two", "The quick brown fox jumps over the lazy dog and"]
+    cfg = SamplingConfig(max_new_tokens=12, temperature=1.0, top_p=0.9, top_k=50)
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    widths = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
+                                           with_kwargs=True)
+    try:
+        for seed in range(5):
+            widths.clear()
+            torch.manual_seed(seed)
+            ours = sample_completions(model, tok, prompts, 4, cfg)
+            assert widths[0] == (3, enc.input_ids.shape[1] - 1), "the prompts are not encoded once each"
+            assert all(rows == 12 and length == 1 for rows, length in widths[1:]), widths  # then one token a step
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                alone = model.generate(**enc, do_sample=True, temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=12,
+                                       num_return_sequences=4, eos_token_id=tok.eos_token_id,
+                                       pad_token_id=tok.pad_token_id)[:, enc.input_ids.shape[1]:]
+            width = ours.completion_ids.shape[1]
+            assert torch.equal(ours.completion_ids, alone[:, :width]), f"seed {seed}: different tokens"
+    finally:
+        hook.remove()
+
+
+def test_agents_sharing_one_model_sample_in_one_call(tiny):
+    from comlrl_lightning.rollout.generation import HFGenerate
+
+    model, tok = tiny
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True)
+    try:
+        out = HFGenerate().sample([model, model], [tok, tok], [["Two", "The fox"], ["Write"]], 2,
+                                  SamplingConfig(max_new_tokens=3))
+    finally:
+        hook.remove()
+    assert shapes[0][0] == 3 and {rows for rows, _ in shapes[1:]} == {6}, shapes  # 3 prompts, 6 rows: one call
+    assert [c.completion_ids.shape[0] for c in out] == [4, 2] and [len(c.prompt_ids) for c in out] == [2, 1]
+    assert out[1].texts == [tok.decode(ids[m], skip_special_tokens=True)
+                            for ids, m in zip(out[1].completion_ids, out[1].completion_mask)]
+
+
+def test_kept_sampling_logprobs_are_what_a_scoring_forward_gives(tiny):
+    """``keep_logprobs``: each sampled token's log-probability, read from the logits generation computed anyway,
+    equals a scoring forward's (0 after EOS); a setting that changes the logits first (``min_new_tokens``) turns
+    it off rather than keeping something else."""
+    model, tok = tiny
+    cfg = SamplingConfig(max_new_tokens=6, temperature=0.7, top_p=0.9, top_k=20, keep_logprobs=True)
+    torch.manual_seed(3)
+    out = sample_completions(model, tok, PROMPTS, 3, cfg, batch_size=1)
+    assert out.logprobs is not None and out.logprobs.shape == out.completion_ids.shape
+    groups = [slice(0, 3), slice(3, 6)]
+    inputs = collate_rows(out.prompt_ids, [out.completion_ids[s] for s in groups],
+                          [out.completion_mask[s] for s in groups], tok.pad_token_id)
+    with torch.no_grad():
+        scored = token_logprobs(model, inputs)
+    torch.testing.assert_close(out.logprobs, scored, atol=1e-4, rtol=1e-4)
+    assert torch.all(out.logprobs[~out.completion_mask] == 0) and torch.all(out.logprobs[out.completion_mask] < 0)
+    forced = sample_completions(model, tok, PROMPTS, 2, cfg, generation_kwargs={"min_new_tokens": 2})
+    assert forced.logprobs is None
 
 
 def test_sample_completions_chunked_prompts(tiny):

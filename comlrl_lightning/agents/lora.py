@@ -155,6 +155,11 @@ class AdapterView(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.team.base.get_input_embeddings()
 
+    def shared_generator(self) -> tuple[nn.Module, str]:
+        """The team's one peft model and this agent's adapter: the agents of a team sample in one ``generate``
+        call, each row through its own adapter (peft's ``adapter_names``)."""
+        return self.team.peft, self.name
+
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """This agent's adapter folder (``adapter_config.json``, ``adapter_model.safetensors``)."""
         target = Path(save_directory)

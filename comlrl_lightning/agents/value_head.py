@@ -92,7 +92,7 @@ class ActorCriticOutput:
     past_key_values: Any = None
 
 
-def _cache_of(output: Any) -> Any:
+def cache_of(output: Any) -> Any:
     """The KV cache of a backbone output under either transformers name (``cache`` in v5, ``past_key_values``)."""
     cache = getattr(output, "cache", None)
     return cache if cache is not None else getattr(output, "past_key_values", None)
@@ -242,7 +242,7 @@ class CausalLMWithValueHead(nn.Module):
             logits=out.logits,
             values=values,
             hidden_states=out.hidden_states if want_hidden else None,
-            past_key_values=_cache_of(out),
+            past_key_values=cache_of(out),
         )
 
     def _decoder(self) -> nn.Module | None:

@@ -48,6 +48,7 @@ from comlrl_lightning.rollout.sampling import (
     collate_rows,
     micro_batches,
     select_rows,
+    take,
     token_logprobs,
     trim_prompt_padding,
 )
@@ -362,7 +363,7 @@ class IAC(CriticFields, OnPolicyModule):
         value_terms = 1 if self.centralized_critic else N
         for i in range(N):
             for part_rows in plans[i]:
-                part = samples[part_rows]
+                part = take(samples, part_rows)
                 logp = token_logprobs(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], part_rows)))
                 advantages = torch.stack([s.node.advantages[i, s.k] for s in part]).to(logp.device)
                 loss, _ = policy_gradient_loss(logp, advantages, weights[i][part_rows].to(logp.device))
@@ -376,7 +377,7 @@ class IAC(CriticFields, OnPolicyModule):
                 yield loss, {**diagnostics, "loss": loss.detach()}
         if self.centralized_critic:  # the shared critic: on the team target, over the whole joint mini-batch
             for part_rows in micro_batches(inputs[0], self.micro_batch_size, self.micro_batch_tokens):
-                vloss = self._value_loss(0, samples[part_rows], rows)
+                vloss = self._value_loss(0, take(samples, part_rows), rows)
                 yield self.value_loss_coef * vloss, {"critic/value_loss": vloss.detach(),
                                                      f"turn_{turn}/value_loss": vloss.detach(),
                                                      "loss": self.value_loss_coef * vloss.detach()}

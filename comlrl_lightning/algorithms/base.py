@@ -260,8 +260,9 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                 for ids in self.agent_groups()]
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(self.optimizer_groups(), weight_decay=self.weight_decay, betas=(0.9, 0.999),
-                                      eps=1e-8)
+        groups = self.optimizer_groups()
+        kernel = adamw_kernel(self.adamw_implementation, [p for g in groups for p in g["params"]])
+        optimizer = torch.optim.AdamW(groups, weight_decay=self.weight_decay, betas=(0.9, 0.999), eps=1e-8, **kernel)
         if self.lr_warmup_steps == 0 and self.lr_decay == "constant":
             return optimizer
         total = self.lr_decay_steps or (self.trainer.max_steps if self.trainer.max_steps > 0 else None)
@@ -435,13 +436,14 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
 
     def configure_callbacks(self):
         """The optional parts of a run this module's config turns on."""
-        from comlrl_lightning.callbacks import CompletionsLogger, EvaluationCallback, PhaseTimer
+        from comlrl_lightning.callbacks import CompletionsLogger, EvaluationCallback, PhaseTimer, PredictionWriter
 
         callbacks = [PhaseTimer()]
         if self.eval_interval > 0 and self.eval_num_samples > 0:
             callbacks.append(EvaluationCallback(self.eval_interval, self.eval_num_samples))
         if self.log_completions:
             callbacks.append(CompletionsLogger())
+        callbacks.append(PredictionWriter())
         return callbacks
 
     @torch.no_grad()
@@ -547,6 +549,44 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         if self._eval_records:
             self.log_dict(self.evaluation_metrics(self._eval_records))
         self._eval_records = []
+
+    # The ``test`` subcommand: the evaluation on the test items, its metrics named ``test/...``.
+    def test_step(self, batch: list[Any], batch_idx: int):
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_start(self) -> None:
+        self.on_validation_epoch_start()
+
+    def on_test_epoch_end(self) -> None:
+        self._release_agents()
+        if self._eval_records:
+            metrics = self.evaluation_metrics(self._eval_records)
+            self.log_dict({k.replace("eval/", "test/", 1): v for k, v in metrics.items() if k != "env_step"})
+        self._eval_records = []
+
+    # The ``predict`` subcommand: what the team answers, item by item (``PredictionWriter`` writes it to JSONL).
+    def on_predict_epoch_start(self) -> None:
+        self._gather_agents()
+
+    def on_predict_epoch_end(self) -> None:
+        self._release_agents()
+
+    @torch.no_grad()
+    def predict_step(self, batch: list[Any], batch_idx: int) -> list[dict[str, Any]]:
+        """Per item: each agent's prompt and completion per turn (one sampled trajectory, as in evaluation) and the
+        team reward per turn."""
+        rollout = self.engine.rollout(self.policy_models(), self.tokenizers, batch, num_generations=1,
+                                      early_termination=False, policy_version=self.global_step,
+                                      reward=self.task_reward)
+        answers = []
+        for item, root in zip(batch, rollout.roots):
+            turns = list(self.episode(root))
+            answers.append({"item": dict(item),
+                            "agents": [{"prompts": [n.agents[i].prompt for n in turns],
+                                        "completions": [n.agents[i].texts[0] for n in turns]}
+                                       for i in range(len(turns[0].agents))],
+                            "rewards": [float(n.rewards[0]) for n in turns]})
+        return answers
 
     # Sharded agents (FSDP) are gathered once per step and kept whole for it (agents/sharding.py).
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -659,6 +699,17 @@ def team_for(collaboration_mode: str, agents: Any, num_agents: int | None, token
     collaboration = CentralizedCollaboration(check_adapter(adapter or TaggedCentralizedAdapter()),
                                              build_formatters(formatters, num_roles), reward_func, num_roles)
     return Team(actors, 1, tokenizers, [collaboration.formatter], collaboration, collaboration)
+
+
+def adamw_kernel(choice: str, params: Sequence[Tensor]) -> dict[str, bool]:
+    """``torch.optim.AdamW``'s kernel arguments for ``adamw_implementation``. ``auto``: the fused kernel (one pass over
+    all tensors; ~2x the for-loop step on CPU, benchmarks/README.md) where every parameter is a plain floating-point
+    tensor on a CPU or CUDA device; ``foreach`` otherwise (e.g. FSDP-sharded DTensors)."""
+    if choice == "auto":
+        fusable = all(type(p.data) is Tensor and p.device.type in ("cpu", "cuda") and p.dtype in
+                      (torch.float32, torch.float16, torch.bfloat16) for p in params)
+        choice = "fused" if fusable else "foreach"
+    return {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[choice]
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -30,6 +30,7 @@ from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check
 ParallelTraining = Literal["none", "mp"]
 CollaborationMode = Literal["decentralized", "centralized"]
 LrDecay = Literal["constant", "linear", "cosine"]
+AdamWImplementation = Literal["auto", "fused", "foreach", "for-loop"]
 JointMode = Literal["aligned", "cross", "align", "crossed"]  # align/crossed: aliases of aligned/cross
 LossAggregation = Literal["seq_sum", "token_mean", "seq_mean_token_mean", "dr_grpo"]
 KlEstimator = Literal["k1", "k2", "k3"]
@@ -159,7 +160,9 @@ class SamplingFields(FieldGroup):
         temperature: sampling temperature (> 0).
         top_p: nucleus sampling mass in (0, 1].
         top_k: sample among the k most likely tokens (null: all).
-        generation_kwargs: more ``generate`` arguments (not the ones that have their own field).
+        generation_kwargs: more ``generate`` arguments (not the ones that have their own field); e.g.
+            ``cache_implementation: static`` (a static KV cache, compiled decoding on a GPU; prompts are then not
+            prefilled once for all K samples).
         generation_batch_size: prompts per ``generate`` call (null: all of a step's prompts).
     """
 
@@ -186,6 +189,8 @@ class OptimizationFields(FieldGroup):
     Args:
         agent_learning_rate: AdamW learning rate, one value or one per agent.
         weight_decay: AdamW weight decay (PyTorch's 0.01, as CoMLRL).
+        adamw_implementation: AdamW's kernel: ``auto`` (``fused`` where the device supports it and no model is
+            sharded, else ``foreach``), ``fused`` (one kernel for all tensors), ``foreach`` or ``for-loop``.
         max_grad_norm: clip each model's gradient norm to this (null: no clipping, as CoMLRL).
         lr_warmup_steps: updates of linear warm-up from 0 to the learning rate (0: none).
         lr_decay: after warm-up: ``constant``, or ``linear``/``cosine`` decay towards ``lr_min_ratio`` x the rate,
@@ -198,7 +203,7 @@ class OptimizationFields(FieldGroup):
     """
 
     def __init__(self, agent_learning_rate: float | list[float] = 5e-6, weight_decay: float = 0.01,
-                 max_grad_norm: float | None = None, lr_warmup_steps: int = 0, lr_decay: LrDecay = "constant",
+                 adamw_implementation: AdamWImplementation = "auto", max_grad_norm: float | None = None, lr_warmup_steps: int = 0, lr_decay: LrDecay = "constant",
                  lr_decay_steps: int | None = None, lr_min_ratio: float = 0.0, micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
                  **kwargs: Any):
         self._store(OptimizationFields.__init__, locals())

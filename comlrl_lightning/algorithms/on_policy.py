@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
 from comlrl_lightning.algorithms.base import MultiAgentModule, mean_over
@@ -38,6 +40,22 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         self.last_rollout: Rollout | None = None
         self.reference = None  # set by the ReferenceModels callback when the reference-KL penalty is on
         self.reward_override = None  # a reward that replaces the task reward in rollouts (MARLHF's learned one)
+        self.sampling.keep_logprobs = self.needs_sampling_logprobs
+
+    @property
+    def needs_sampling_logprobs(self) -> bool:
+        """Whether training reads the sampling policy's token log-probs (the reference KL in the reward; a
+        PPO-style subclass's old log-probs): then sampling keeps them (:meth:`sampling_logprobs`)."""
+        return self.uses_reference and self.reference_kl_placement == "reward"
+
+    def sampling_logprobs(self, agent: int, samples: Sequence[Any], inputs: ScoringInputs) -> Tensor:
+        """The sampling policy's token log-probs of agent ``agent``'s ``samples`` ([rows, T], laid out as ``inputs``):
+        read while sampling when it kept them, else one no-grad scoring forward."""
+        kept = [s.sampling_logprobs for s in samples]
+        if all(k is not None for k in kept):
+            width = inputs.completion_ids.shape[1]
+            return torch.cat([F.pad(k, (0, width - k.shape[1])) for k in kept])
+        return self.score_no_grad(agent, inputs)
 
     def build_engine(self, **options: Any) -> RolloutEngine:
         """The rollout tree: K samples per prompt, turns, joint actions, returns, early termination, transitions."""
@@ -166,7 +184,7 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
             ref = self.reference.token_logprobs(i, inputs, self.agent_device(i))
             sizes = [s.completion_ids.shape[0] for s in samples]
             if self.reference_kl_placement == "reward":
-                policy = self.score_no_grad(i, inputs)
+                policy = self.sampling_logprobs(i, samples, inputs)
                 kl = (kl_estimate(policy, ref, self.reference_kl_estimator) * inputs.completion_mask).sum(-1)
                 for s, sequence_kl in zip(samples, kl.split(sizes)):
                     s.sequence_kl = sequence_kl

@@ -254,8 +254,12 @@ class TaskDataModule(LightningDataModule):
     Args:
         dataset: training items (see module docstring for the accepted sources).
         eval_dataset: evaluation items (default: none; periodic evaluation is then skipped with a warning).
+        test_dataset: the items the ``test`` subcommand evaluates (null: the evaluation items).
+        predict_dataset: the items the ``predict`` subcommand answers (null: the evaluation items, else the
+            training items).
         split: the training split of a hub dataset.
         eval_split: the evaluation split of a hub dataset.
+        test_split: the split of a hub ``test_dataset`` (and of a hub ``predict_dataset``).
         prompts_per_step: items per training step; their trees are sampled together (batched generation).
             1 reproduces CoMLRL's batch size of one.
         eval_batch_size: items per evaluation batch.
@@ -270,8 +274,11 @@ class TaskDataModule(LightningDataModule):
         self,
         dataset: DatasetSource = None,
         eval_dataset: DatasetSource = None,
+        test_dataset: DatasetSource = None,
+        predict_dataset: DatasetSource = None,
         split: str = "train",
         eval_split: str = "test",
+        test_split: str = "test",
         prompts_per_step: int = 1,
         eval_batch_size: int = 1,
         shuffle: bool = False,
@@ -310,6 +317,17 @@ class TaskDataModule(LightningDataModule):
                                      self.max_eval_items)
             if len(self.eval_items_) == 0:
                 raise ValueError(f"eval_dataset {self.eval_source!r} has no items.")
+        self.test_items_, self.predict_items_ = (
+            self._load_optional(source, field, test_split, self.max_eval_items)
+            for source, field in ((test_dataset, "test_dataset"), (predict_dataset, "predict_dataset")))
+
+    def _load_optional(self, source: DatasetSource, field: str, split: str, limit: int | None):
+        if source is None:
+            return None
+        items = _head(load_items(source, split, field, **self.load_kwargs), limit)
+        if len(items) == 0:
+            raise ValueError(f"{field} {source!r} has no items.")
+        return items
 
     def setup(self, stage: str | None = None) -> None:
         """Nothing left to do: the items were loaded (and checked) when the module was built."""
@@ -362,6 +380,24 @@ class TaskDataModule(LightningDataModule):
             return []
         return DataLoader(_Items(self.eval_items_), batch_size=self.eval_batch_size, collate_fn=_as_list,
                           generator=torch.Generator().manual_seed(self.seed))
+
+    def test_dataloader(self) -> DataLoader:
+        """The ``test`` subcommand's items: ``test_dataset``, else the evaluation items."""
+        items = self.test_items_ if self.test_items_ is not None else self.eval_items_
+        if items is None:
+            raise ValueError("The test subcommand needs items: set data.init_args.test_dataset (or eval_dataset).")
+        return self._items_loader(items)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The ``predict`` subcommand's items: ``predict_dataset``, else the evaluation items, else the training
+        items."""
+        for items in (self.predict_items_, self.eval_items_, self.train_items):
+            if items is not None:
+                return self._items_loader(items)
+
+    def _items_loader(self, items) -> DataLoader:
+        """This rank's share of ``items`` in order, ``eval_batch_size`` per batch."""
+        return DataLoader(_Items(items), batch_size=self.eval_batch_size, collate_fn=_as_list, shuffle=False)
 
     def eval_items(self, n: int) -> list[Mapping[str, Any]]:
         """The first ``n`` evaluation items (CoMLRL evaluates a fixed head of the eval set)."""

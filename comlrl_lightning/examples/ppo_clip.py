@@ -28,12 +28,14 @@ class MAPPOClip(MAGRPO):
         require(ppo_epochs >= 1, f"ppo_epochs must be >= 1 (got {ppo_epochs}).")
         super().__init__(**kwargs)
 
+    needs_sampling_logprobs = True  # π_old: kept while sampling, no scoring forward
+
     def after_rollout(self, rollout) -> None:
-        """π_old: the sampling weights' token log-probs of every fresh sample (no grad)."""
+        """π_old: the sampling weights' token log-probs of every fresh sample."""
         super().after_rollout(rollout)
         for agent in range(self.num_agents):
             samples, inputs = self.agent_inputs(rollout.nodes, agent)
-            logprobs = self.score_no_grad(agent, inputs).split([s.completion_ids.shape[0] for s in samples])
+            logprobs = self.sampling_logprobs(agent, samples, inputs).split([s.completion_ids.shape[0] for s in samples])
             for sample, rows in zip(samples, logprobs):
                 sample.old_logprobs = rows[:, : sample.completion_ids.shape[1]]
 

@@ -8,21 +8,32 @@ never padding (our fix of CoMLRL's last-token / pad-target bug, docs/differences
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation import utils as _generation
+
+from comlrl_lightning.agents.value_head import cache_of
+
+# What ``generate`` calls a cache handed to it (transformers renamed ``past_key_values`` to ``cache``).
+CACHE_KEYWORD = "cache" if "cache" in getattr(_generation, "ALL_CACHE_NAMES", ()) else "past_key_values"
 
 
 @dataclass
 class SamplingConfig:
-    """Sampling settings; CoMLRL defaults. Sampling is always on (``do_sample=True``)."""
+    """Sampling settings; CoMLRL defaults. Sampling is always on (``do_sample=True``). ``keep_logprobs``: also
+    return each sampled token's log-probability under the model (what a scoring forward of the sample gives), read
+    from the logits ``generate`` computes anyway, when nothing ahead of the sampler changes them
+    (:func:`logits_reach_sampler_unchanged`)."""
 
     max_new_tokens: int = 256
     temperature: float = 0.6
     top_p: float = 0.6
     top_k: int | None = 50
+    keep_logprobs: bool = False
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -53,10 +64,24 @@ class Completions:
     completion_mask: Tensor  # [M*K, T] bool, generated tokens up to and including EOS
     texts: list[str]  # M*K decoded completions (special tokens skipped)
     num_samples: int
+    logprobs: Tensor | None = None  # [M*K, T] float32 log π(token) at sampling (``keep_logprobs``), 0 after EOS
 
     @property
     def lengths(self) -> Tensor:
         return self.completion_mask.sum(-1)
+
+    def split(self, prompts: Sequence[int]) -> list["Completions"]:
+        """One ``Completions`` per consecutive group of ``prompts[g]`` prompts (the answers of a joint call, per
+        agent); each keeps the whole width."""
+        out, start = [], 0
+        for count in prompts:
+            rows = slice(start * self.num_samples, (start + count) * self.num_samples)
+            width = max(int(self.completion_mask[rows].sum(-1).max()), 1)  # as wide as this group's longest
+            out.append(Completions(self.prompt_ids[start : start + count], self.completion_ids[rows, :width],
+                                   self.completion_mask[rows, :width], self.texts[rows], self.num_samples,
+                                   None if self.logprobs is None else self.logprobs[rows, :width]))
+            start += count
+        return out
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -79,7 +104,6 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_ids: Sequence[int]) -> 
     return eos_before == 0
 
 
-@torch.no_grad()
 def sample_completions(
     model,
     tokenizer,
@@ -88,10 +112,14 @@ def sample_completions(
     sampling: SamplingConfig,
     batch_size: int | None = None,
     generation_kwargs: dict | None = None,
+    adapters: Sequence[str] | None = None,
 ) -> Completions:
     """``num_samples`` completions per prompt with one ``generate`` per chunk of ``batch_size`` prompts.
 
-    Runs in eval mode under ``no_grad`` (not inference mode: the ids are reused in training) with the KV cache.
+    Runs in eval mode under ``inference_mode`` (the ids are cloned out of it, so training can reuse them) with the
+    KV cache. Each prompt is prefilled once and its cache shared by its K samples (:func:`prefill_once`).
+    ``adapters``: one peft adapter name per prompt, when ``model`` is a LoRA team answering for several agents in
+    one call (mixed-adapter batch).
     """
     device = next(model.parameters()).device
     eos_ids = eos_token_ids(model, tokenizer)
@@ -100,31 +128,44 @@ def sample_completions(
     model.eval()
     prompt_ids: list[Tensor] = []
     chunks: list[Tensor] = []
+    scores: list[Tensor] = []
+    keep = sampling.keep_logprobs and logits_reach_sampler_unchanged(model, generation_kwargs)
     try:
         step = batch_size or len(prompts)
         for start in range(0, len(prompts), step):
             enc = tokenizer(list(prompts[start : start + step]), return_tensors="pt", padding=True,
                             padding_side="left", add_special_tokens=False)
             enc = {k: v.to(device) for k, v in enc.items()}
-            out = model.generate(
-                **enc,
-                do_sample=True,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k is not None else 0,
-                max_new_tokens=sampling.max_new_tokens,
-                num_return_sequences=num_samples,
-                num_beams=1,
-                use_cache=True,
-                eos_token_id=eos_ids,
-                pad_token_id=pad_id,
-                # Sharded agents are gathered whole before sampling (agents/sharding.py), so the ranks need not
-                # decode in lockstep (transformers turns that on for FSDP modules): each stops at its own EOS.
-                synced_gpus=False,
-                **(generation_kwargs or {}),
-            )
-            width = enc["input_ids"].shape[1]
-            chunks.append(out[:, width:])
+            names = None if adapters is None else list(adapters[start : start + step])
+            recorder = SampledTokenLogprobs() if keep else None
+            extra = dict(generation_kwargs or {})
+            if recorder is not None:
+                extra["logits_processor"] = LogitsProcessorList([recorder])
+            with torch.inference_mode():
+                # A cache of generate's own kind (``cache_implementation: static``, compiled decoding on a GPU) is
+                # built by generate itself: the prompts are then encoded K times.
+                inputs = prefill_once(model, enc, num_samples, names, share="cache_implementation" not in extra)
+                out = model.generate(
+                    **inputs,
+                    do_sample=True,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k if sampling.top_k is not None else 0,
+                    max_new_tokens=sampling.max_new_tokens,
+                    num_return_sequences=1,
+                    num_beams=1,
+                    use_cache=True,
+                    eos_token_id=eos_ids,
+                    pad_token_id=pad_id,
+                    # Sharded agents are gathered whole before sampling (agents/sharding.py), so the ranks need not
+                    # decode in lockstep (transformers turns that on for FSDP modules): each stops at its own EOS.
+                    synced_gpus=False,
+                    **extra,
+                )
+                width = enc["input_ids"].shape[1]
+                if recorder is not None:
+                    scores.append(recorder.finish(out[:, width:]))
+            chunks.append(out[:, width:].clone())  # cloned outside inference mode: a normal tensor
             mask = enc["attention_mask"].bool()
             prompt_ids.extend(row[m].cpu() for row, m in zip(enc["input_ids"], mask))
     finally:
@@ -134,7 +175,79 @@ def sample_completions(
     # Zero out anything after EOS (generate pads with pad_id already; this guards custom stopping).
     completion_ids = completion_ids.masked_fill(~completion_mask, pad_id)
     texts = tokenizer.batch_decode(completion_ids.masked_fill(~completion_mask, pad_id), skip_special_tokens=True)
-    return Completions(prompt_ids, completion_ids.cpu(), completion_mask.cpu(), texts, num_samples)
+    logprobs = None
+    if keep:
+        logprobs = torch.cat([F.pad(s.clone(), (0, completion_ids.shape[1] - s.shape[1])) for s in scores])
+        logprobs = (logprobs * completion_mask).cpu()
+    return Completions(prompt_ids, completion_ids.cpu(), completion_mask.cpu(), texts, num_samples, logprobs)
+
+
+class SampledTokenLogprobs(LogitsProcessor):
+    """log π(sampled token) for every generated position, from the logits each decoding step already computed (the
+    last processor before the sampler's temperature / top-k / top-p): no extra forward."""
+
+    def __init__(self):
+        self.steps: list[Tensor] = []
+        self.last: Tensor | None = None  # the previous step's log-softmax, [rows, V]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.last is not None:  # the token sampled at the previous step is the newest input id
+            self.steps.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.last = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, completion_ids: Tensor) -> Tensor:
+        """[rows, T] for the T generated columns (the last step's token is read from ``completion_ids``)."""
+        if self.last is not None and len(self.steps) < completion_ids.shape[1]:
+            self.steps.append(self.last.gather(-1, completion_ids[:, len(self.steps) : len(self.steps) + 1]).squeeze(-1))
+        return torch.stack(self.steps, dim=1) if self.steps else completion_ids.new_zeros(completion_ids.shape, dtype=torch.float)
+
+
+# Generation settings that change the logits before a processor of ours sees them (then the recorded log-probs would
+# not be the model's), with the values that leave them alone.
+_LOGIT_CHANGERS = {"repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
+                   "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0), "min_length": (None, 0),
+                   "min_new_tokens": (None, 0), "bad_words_ids": (None,), "suppress_tokens": (None,),
+                   "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
+                   "sequence_bias": (None,), "exponential_decay_length_penalty": (None,), "logits_processor": (None,),
+                   "guidance_scale": (None, 1.0), "renormalize_logits": (None, False)}
+
+
+def logits_reach_sampler_unchanged(model, generation_kwargs: dict | None) -> bool:
+    """Whether the logits ``generate`` hands its last processor are the model's own (no penalty, forced or
+    suppressed token, minimum length or user processor in ``generation_kwargs`` or the model's generation
+    config): then the sampled tokens' log-probs can be read there instead of from a scoring forward."""
+    config = getattr(model, "generation_config", None)
+    for name, neutral in _LOGIT_CHANGERS.items():
+        if (generation_kwargs or {}).get(name) not in neutral or getattr(config, name, None) not in neutral:
+            return False
+    return True
+
+
+def prefill_once(model, enc: dict[str, Tensor], K: int, adapters: list[str] | None = None,
+                 share: bool = True) -> dict[str, Any]:
+    """``generate``'s inputs for K samples per prompt (rows prompt-major, K per prompt), with each prompt's KV cache
+    computed once.
+
+    ``num_return_sequences=K`` would copy every prompt K times before the prefill, so a long prompt (a coding or
+    ClassEval task) would be encoded K times. Here all but the last prompt token go through one forward per prompt;
+    the cache is repeated K times along the batch and ``generate`` continues from it with the K-fold rows (it encodes
+    only the last prompt token, then samples). The positions and mask are ``generate``'s own, so the samples follow
+    the same distribution (tests/test_rollout.py). ``adapters``: a peft adapter name per prompt (mixed-adapter
+    batch). ``share=False``: the K-fold rows only (generate prefills them itself).
+    """
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    inputs: dict[str, Any] = {"input_ids": ids.repeat_interleave(K, 0), "attention_mask": mask.repeat_interleave(K, 0)}
+    if adapters is not None:
+        inputs["adapter_names"] = [name for name in adapters for _ in range(K)]
+    if share and K > 1 and ids.shape[1] > 1:
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                    use_cache=True, logits_to_keep=1, **({"adapter_names": list(adapters)} if adapters else {}))
+        cache = cache_of(out)
+        cache.batch_repeat_interleave(K)
+        inputs[CACHE_KEYWORD] = cache
+    return inputs
 
 
 def _pad_right(chunks: list[Tensor], pad_id: int) -> Tensor:
@@ -206,7 +319,7 @@ def collate_rows(prompt_ids: Sequence[Tensor], completions: Sequence[Tensor], ma
     return build_scoring_inputs(rows, ids, mask, pad_id)
 
 
-def select_rows(inputs: ScoringInputs, rows: slice) -> ScoringInputs:
+def select_rows(inputs: ScoringInputs, rows: slice | Tensor) -> ScoringInputs:
     return ScoringInputs(*(getattr(inputs, f)[rows] for f in
                            ("input_ids", "attention_mask", "position_ids", "completion_ids", "completion_mask")))
 
@@ -221,24 +334,30 @@ def trim_prompt_padding(inputs: ScoringInputs) -> ScoringInputs:
                          inputs.completion_ids, inputs.completion_mask)
 
 
-def micro_batches(inputs: ScoringInputs, max_rows: int | None = None, max_tokens: int | None = None) -> list[slice]:
-    """Consecutive row ranges for the forwards of one update: each holds at most ``max_rows`` rows and at most
-    ``max_tokens`` tokens as the forward sees them (rows × its longest prompt + the completion width); a row longer
-    than ``max_tokens`` is a micro-batch of its own. Neither limit: one range with every row."""
+def micro_batches(inputs: ScoringInputs, max_rows: int | None = None,
+                  max_tokens: int | None = None) -> list[slice | Tensor]:
+    """The rows of each forward of one update. By rows only: consecutive ranges of at most ``max_rows`` rows (neither
+    limit: one range with every row). With a token budget: rows bucketed by length — sorted by prompt length, then
+    packed so that a micro-batch holds at most ``max_tokens`` tokens as the forward sees them (rows × its longest
+    prompt + the completion width) and at most ``max_rows`` rows; a row longer than ``max_tokens`` is a micro-batch
+    of its own. Rows of similar length share a forward, so little of it is padding. Returned as index tensors."""
     rows = inputs.input_ids.shape[0]
     if max_tokens is None:
         step = max_rows or rows
         return [slice(s, min(s + step, rows)) for s in range(0, rows, step)]
     width = inputs.completion_ids.shape[1]
-    prompt_lengths = (inputs.attention_mask[:, : inputs.input_ids.shape[1] - width].sum(-1) + width).tolist()
-    ranges, start, longest = [], 0, 0
-    for row, length in enumerate(prompt_lengths):  # planning over rows (scalars), not a per-token loop
-        longest_with = max(longest, length)
-        full = row > start and ((row - start + 1) * longest_with > max_tokens or
-                                (max_rows is not None and row - start >= max_rows))
-        if full:
-            ranges.append(slice(start, row))
-            start, longest_with = row, length
-        longest = longest_with
-    ranges.append(slice(start, rows))
-    return ranges
+    lengths = inputs.attention_mask[:, : inputs.input_ids.shape[1] - width].sum(-1) + width
+    order = torch.argsort(lengths, stable=True)
+    parts, current = [], []
+    for row, length in zip(order.tolist(), lengths[order].tolist()):  # planning over rows (scalars), not tokens
+        if current and ((len(current) + 1) * length > max_tokens or (max_rows is not None and len(current) >= max_rows)):
+            parts.append(current)
+            current = []
+        current.append(row)  # sorted: the newest row is the longest of its micro-batch
+    parts.append(current)
+    return [torch.tensor(part, dtype=torch.long) for part in parts]
+
+
+def take(items: Sequence, rows: slice | Tensor) -> list:
+    """``items[rows]`` for a list and either kind of :func:`micro_batches` rows."""
+    return list(items[rows]) if isinstance(rows, slice) else [items[i] for i in rows.tolist()]

@@ -51,6 +51,7 @@ class AgentSamples:
     sequence_kl: Tensor | None = None  # [K] Σ_t KL estimate (reference KL in the reward)
     ref_logprobs: Tensor | None = None  # [K, T] reference log-probs (reference KL in the loss)
     old_logprobs: Tensor | None = None  # [K, T] the sampling policy's log-probs (set by a PPO-style subclass)
+    sampling_logprobs: Tensor | None = None  # [K, T] log π(token) read at sampling (``SamplingConfig.keep_logprobs``)
 
 
 @dataclass
@@ -251,6 +252,7 @@ class RolloutEngine:
                     completion_ids=samples[i].completion_ids[rows, :width],
                     completion_mask=mask[:, :width],
                     texts=samples[i].texts[rows],
+                    sampling_logprobs=None if samples[i].logprobs is None else samples[i].logprobs[rows, :width],
                 ))
             node = Node(pending.item, turn, agents, joint, rewards[m], raw_t[m], env_step, policy_version,
                         pending.item_index, agent_rewards=None if agent_rewards is None else agent_rewards[m])
