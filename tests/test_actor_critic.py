@@ -424,18 +424,6 @@ def test_a_critic_that_cannot_be_loaded_is_named_by_its_field(cls, overrides, me
         cls(**{**BASE, **overrides})
 
 
-# ----------------------------------------------------------------------------------------------- learning
-def test_iac_team_learns_the_letter_task(tmp_path):
-    """Value head on each actor, from random init; reward = share of the letter 'e' (chance ~0.12)."""
-    module = make_ac(IAC, use_separate_critic=False, reward_func=toy.letter_reward, num_generations=8,
-                     max_new_tokens=8, agent_learning_rate=1e-2, rollout_buffer_size=32)
-    trainer = fit(module, tmp_path, max_steps=20, prompts_per_step=4, items=ITEMS * 4)
-    rewards = column(read_metrics(trainer), "rollout/turn_1/reward_mean")
-    assert len(rewards) == 20
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last > first + 0.1, (first, last, rewards)
-
-
 # ----------------------------------------------------------------------------------------------- metrics callback
 def test_metrics_callback_gets_agent_steps_and_is_logged(tmp_path):
     received = []
