@@ -69,11 +69,33 @@ def worker(args) -> dict:
     else:
         items = [{"prompt": STORY} for _ in range(args.prompts)]
         task = dict(reward_func=toy.brevity_reward)
+    import contextlib
+    import inspect
+
+    if args.role == "before" and args.before_defaults:
+        args.precision, args.generation_dtype = "32", "model"
+    supported = any("generation_dtype" in inspect.signature(k.__init__).parameters
+                    for k in MAGRPO.__mro__ if "__init__" in vars(k))
+    if args.generation_dtype != "model" and supported:
+        task["generation_dtype"] = args.generation_dtype
+    else:
+        args.generation_dtype = "model"
+
+    def precision():
+        if args.precision == "bf16-mixed":
+            return torch.autocast(args.device, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     torch.manual_seed(0)
     module = MAGRPO(agents=args.model, num_agents=args.agents, num_generations=args.k, max_new_tokens=args.tokens,
                     generation_kwargs={"min_new_tokens": args.tokens}, eval_interval=0, log_completions=False,
                     rollout_buffer_size=args.prompts, temperature=0.6, top_p=0.6, top_k=50,
                     use_chat_template=True, lora_rank=args.lora_rank, **task).to(args.device)
+    try:
+        from comlrl_lightning.rollout.generation import weights_changed  # what an update tells the generation copies
+    except ImportError:
+        def weights_changed():
+            pass
     optimizer = module.configure_optimizers()
     optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
@@ -86,7 +108,8 @@ def worker(args) -> dict:
         return out, time.perf_counter() - start
 
     def step() -> dict:
-        rollout = module.engine.rollout(module.agents, module.tokenizers, items)
+        with precision():
+            rollout = module.engine.rollout(module.agents, module.tokenizers, items)
         nodes = rollout.nodes
         masks = torch.cat([a.completion_mask for n in nodes for a in n.agents])
         assert masks.shape == (args.agents * args.prompts * args.k, args.tokens) and bool(masks.all()), masks.shape
@@ -96,7 +119,7 @@ def worker(args) -> dict:
                     "prompt_tokens": statistics.mean(len(n.agents[0].prompt_ids) for n in nodes)}
 
         def score():
-            with torch.no_grad():
+            with torch.no_grad(), precision():
                 for i, model in enumerate(module.agents):
                     token_logprobs(model, module.policy_batch(nodes, i).inputs)
 
@@ -104,13 +127,19 @@ def worker(args) -> dict:
             optimizer.zero_grad()
             for i, model in enumerate(module.agents):
                 batch = module.policy_batch(nodes, i)
-                logp = token_logprobs(model, batch.inputs)
-                loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
+                with precision():
+                    logp = token_logprobs(model, batch.inputs)
+                    loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device),
+                                                   batch.weights.to(logp.device))
                 loss.backward()
+
+        def optimize():
+            optimizer.step()
+            weights_changed()
 
         _, seconds["score"] = timed(score)
         _, seconds["update"] = timed(update)
-        _, seconds["optimizer"] = timed(optimizer.step)
+        _, seconds["optimizer"] = timed(optimize)
         prompt_tokens = [len(n.agents[0].prompt_ids) for n in nodes]
         return {"seconds": seconds, "prompt_tokens": statistics.mean(prompt_tokens)}
 
@@ -127,14 +156,15 @@ def worker(args) -> dict:
     out["costs"] = costs.__dict__
     out["trainable"] = sum(p.numel() for g in optimizer.param_groups for p in g["params"]) // args.agents
     out["optimizer"] = type(optimizer).__name__ + str({k: optimizer.defaults.get(k) for k in ("fused", "foreach")})
+    out["settings"] = {"precision": args.precision, "generation_dtype": args.generation_dtype}
     return out
 
 
 # ---------------------------------------------------------------------------------------------- the parent
-def run_worker(checkout: Path, args) -> dict:
+def run_worker(checkout: Path, args, role: str = "after") -> dict:
     env = {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{REPO / 'benchmarks'}", "OMP_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", *sys.argv[1:]]
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--role", role, *sys.argv[1:]]
     done = subprocess.run(argv, env=env, cwd=checkout, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the worker on {checkout} failed:\n{done.stderr[-3000:]}")
@@ -155,11 +185,13 @@ def main(argv=None) -> dict:
           f"T={args.tokens} forced tokens, {args.threads} thread(s), device {args.device}; {args.repeats} rounds")
     limits = roofline.machine_limits(args.device, args.threads)
     print(roofline.describe(limits))
+    if args.precision != "32" or args.generation_dtype != "model":
+        print("note: the limit is float32's (matmul and weight bytes); bf16 phases can read above 1")
     runs: dict[str, list[dict]] = {name: [] for name in impls}
     started = time.perf_counter()
     for r in range(args.repeats):
         for name, checkout in (impls.items() if r % 2 == 0 else reversed(impls.items())):
-            runs[name].append(run_worker(checkout, args))
+            runs[name].append(run_worker(checkout, args, name))
     limit = limits[0]  # the benchmark's own thread count (CPU) or the GPU
     first = runs["after"][0]
     costs = roofline.ModelCosts(**first["costs"])
@@ -187,7 +219,8 @@ def main(argv=None) -> dict:
                   f"{table[phase]['fraction_of_limit'] or 0:>8.2f} {tokens / median if tokens and median else 0:>8.0f} "
                   f"{samples / median if phase == 'step' and median else 0:>9.2f}")
         report["impls"][name] = {"phases": table, "peak_mib": statistics.median(o["peak_mib"] for o in out),
-                                 "optimizer": out[0]["optimizer"]}
+                                 "optimizer": out[0]["optimizer"], "settings": out[0].get("settings")}
+        print(f"{name:<7} settings: {out[0].get('settings', 'precision 32, generation with the model')}")
         if args.reward == "task" and table["reward"]["median"] > 0:  # one program per joint action (aligned)
             rate = args.prompts * args.k / table["reward"]["median"]
             report["impls"][name]["reward_joint_actions_per_s"] = rate
@@ -233,6 +266,14 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=3, help="timed steps per process, after one warm-up step")
     p.add_argument("--before", default=None, help="another checkout to time in the same run (e.g. a git worktree)")
     p.add_argument("--generate-only", action="store_true", help="time sampling (and the reward) only")
+    p.add_argument("--precision", choices=("32", "bf16-mixed"), default="32",
+                   help="bf16-mixed: the step under bf16 autocast, as Lightning's trainer.precision bf16-mixed runs it")
+    p.add_argument("--generation-dtype", choices=("model", "bfloat16", "float16"), default="model",
+                   help="the generation_dtype field (a checkout without it samples with the model)")
+    p.add_argument("--before-defaults", action="store_true",
+                   help="time --before with the default precision and generation dtype (today's time of a user who "
+                        "changes nothing), the current checkout with the options given")
+    p.add_argument("--role", default="after", help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help="write every number here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)

@@ -203,3 +203,24 @@ def test_a_lora_team_samples_in_one_generate_call_each_row_through_its_own_adapt
             for _ in range(2):
                 torch.testing.assert_close(first.first[row], expected, atol=1e-4, rtol=1e-4)
                 row += 1
+
+
+def test_a_lora_team_trains_with_a_bf16_generation_copy_of_its_one_peft_model(tmp_path):
+    """``generation_dtype: bfloat16`` with a LoRA team: ONE bf16 copy of the team's peft model (base and every
+    adapter) samples for all agents, and after each update it holds the trained adapters."""
+    module = make_module(num_agents=2, lora_rank=4, generation_dtype="bfloat16")
+    fit(module, tmp_path, max_steps=2)
+    from comlrl_lightning.rollout.generation import sampling_copies
+
+    generator = module.agents[0].shared_generator()[0]
+    held = [(m, c) for m, c in sampling_copies("bfloat16").held.items() if m is generator or m in module.agents]
+    team = module.agents[0].team
+    assert len(held) == 1 and held[0][0] is module.agents[0].shared_generator()[0]
+    clone = held[0][1][0]
+    adapters = {n: p for n, p in clone.named_parameters() if "lora_" in n}
+    assert adapters and all(p.dtype == torch.bfloat16 for p in clone.parameters())
+    trained = dict(held[0][0].named_parameters())
+    module.engine.rollout(module.agents, module.tokenizers, ITEMS[:1])  # the last update reaches the copy
+    for name, p in adapters.items():
+        assert torch.equal(p, trained[name].to(torch.bfloat16)), name
+    assert sum(p.numel() for p in clone.parameters()) == sum(p.numel() for p in team.base.parameters())

@@ -476,10 +476,12 @@ def test_choices_accept_any_case_from_python():
         make_module(joint_mode="diagonal")
 
 
-def test_bf16_autocast_is_lightnings_precision_setting(tmp_path):
+@pytest.mark.parametrize("generation_dtype", ["model", "bfloat16"])
+def test_bf16_autocast_is_lightnings_precision_setting(generation_dtype, tmp_path):
     """``trainer.precision: bf16-mixed``: sampling and the update's forwards run under bf16 autocast, the weights and
-    the optimizer stay float32, and token log-probs are computed in float32."""
-    module = make_module()
+    the optimizer stay float32, and token log-probs are computed in float32 (also when a bf16 copy samples:
+    ``generation_dtype``, the usual pairing)."""
+    module = make_module(generation_dtype=generation_dtype)
     seen = []
     losses = module.losses
 

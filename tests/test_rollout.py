@@ -311,6 +311,70 @@ def test_kept_sampling_logprobs_are_what_a_scoring_forward_gives(tiny):
     assert forced.logprobs is None
 
 
+def test_a_bf16_generation_copy_is_made_once_and_refreshed_only_after_the_weights_change(tiny):
+    """``generation_dtype: bfloat16``: agents sample through a bf16 copy of their weights (the training weights stay
+    float32), made once per weight set, refreshed in place after an update changed the weights and left alone
+    otherwise; the log-probs kept while sampling are dropped (they would be the copy's, not the model's)."""
+    import copy
+
+    from comlrl_lightning.rollout.generation import HFGenerate
+
+    model, tok = tiny
+    other = copy.deepcopy(model)
+    backend = HFGenerate()
+    seen = []
+    cfg = SamplingConfig(max_new_tokens=4, keep_logprobs=True, dtype="bfloat16")
+
+    def sample(models):
+        hooks = [m.register_forward_pre_hook(lambda mod, a, k: seen.append(mod), with_kwargs=True) for m in models]
+        try:
+            return backend.sample(models, [tok] * len(models), [["Two"]] * len(models), 2, cfg)
+        finally:
+            for h in hooks:
+                h.remove()
+
+    out = sample([model, model, other])  # two weight sets: two copies
+    held = generation_mod.sampling_copies("bfloat16").held
+    copies = {id(m): held[m][0] for m in (model, other)}
+    assert len(copies) == 2 and seen and not any(m is model or m is other for m in seen), "a training model generated"
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for c in copies.values() for p in c.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(c.logprobs is None for c in out) and [c.completion_ids.shape[0] for c in out] == [2, 2, 2]
+    for source, clone in ((model, copies[id(model)]), (other, copies[id(other)])):
+        for p, q in zip(source.parameters(), clone.parameters()):
+            assert torch.equal(q, p.to(torch.bfloat16))
+
+    bump = [[q._version for q in c.parameters()] for c in copies.values()]  # in-place writes into each copy
+    sample([model, model, other])  # nothing changed: nothing copied
+    assert [[q._version for q in c.parameters()] for c in copies.values()] == bump
+    with torch.no_grad():
+        next(model.parameters()).add_(0.5)  # a write the version counter sees (a checkpoint load)
+    sample([model, model, other])
+    assert {id(m): held[m][0] for m in (model, other)} == copies, "a copy was rebuilt, not refreshed"
+    for p, q in zip(model.parameters(), copies[id(model)].parameters()):
+        assert torch.equal(q, p.to(torch.bfloat16))
+    assert [q._version for q in copies[id(other)].parameters()] == bump[1]  # the other weight set did not change
+    p = next(other.parameters())
+    p.grad = torch.ones_like(p)
+    torch.optim.AdamW([p], lr=0.1, fused=True).step()  # fused AdamW writes in place without counting it ...
+    generation_mod.weights_changed()  # ... so every update says so
+    sample([other])
+    for p, q in zip(other.parameters(), copies[id(other)].parameters()):
+        assert torch.equal(q, p.to(torch.bfloat16))
+
+
+def test_generation_dtype_is_a_checked_field_and_the_kl_reward_scores_instead_of_keeping():
+    from comlrl_lightning import MAGRPO
+
+    with pytest.raises(ValueError, match="generation_dtype must be one of model, bfloat16, float16"):
+        SamplingConfig(dtype="int8")
+    module = MAGRPO(agents="tiny", num_agents=2, reward_func=lambda a, b: [1.0] * len(a), num_generations=2,
+                    max_new_tokens=3, generation_dtype="bfloat16", reference_kl_enabled=True, reference_kl_coef=0.1)
+    assert module.sampling.dtype == "bfloat16" and module.sampling.keep_logprobs  # kept only when sampling in "model"
+    rollout = module.engine.rollout(module.agents, module.tokenizers, [{"prompt": "Two"}])
+    assert all(a.sampling_logprobs is None for n in rollout.nodes for a in n.agents)
+
+
 def test_sample_completions_chunked_prompts(tiny):
     model, tok = tiny
     eos = tok.eos_token_id

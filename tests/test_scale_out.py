@@ -118,8 +118,9 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     from comlrl_lightning.algorithms.base import check_strategy
     from comlrl_lightning.config_errors import ConfigurationError
 
-    def module(parallel="none", lora=None, name="MAGRPO"):
-        return SimpleNamespace(parallel_training=parallel, lora=lora, algorithm_name=name)
+    def module(parallel="none", lora=None, name="MAGRPO", generation_dtype="model"):
+        return SimpleNamespace(parallel_training=parallel, lora=lora, algorithm_name=name,
+                               generation_dtype=generation_dtype)
 
     with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported.*ModelParallel"):
         check_strategy(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), module())
@@ -131,6 +132,9 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     check_strategy(sharded, module())
     with pytest.raises(ConfigurationError, match="with a LoRA team"):
         check_strategy(sharded, module(lora={"base": "tiny"}))
+    with pytest.raises(ConfigurationError, match="generation_dtype 'bfloat16' with trainer.strategy ModelParallel"):
+        check_strategy(sharded, module(generation_dtype="bfloat16"))
+    check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module(generation_dtype="bfloat16"))
     with pytest.raises(ConfigurationError, match="tensor_parallel_size must be 1"):
         check_strategy(SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
                                        world_size=2), module())

@@ -62,6 +62,7 @@ from comlrl_lightning.config_errors import ConfigurationError
 from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.data import ranks
 from comlrl_lightning.data.files import run_root
+from comlrl_lightning.rollout import generation
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
 from comlrl_lightning.rollout.sampling import SamplingConfig, ScoringInputs, select_rows, token_logprobs
@@ -87,7 +88,8 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         self.automatic_optimization = False
         self.check_config()
         self.save_hyperparameters(plain_hparams(self.field_values))
-        self.sampling = SamplingConfig(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
+        self.sampling = SamplingConfig(self.max_new_tokens, self.temperature, self.top_p, self.top_k,
+                                       dtype=self.generation_dtype)
         self.task_reward = RewardCaller(self.team.reward_func, self.reward_processor, self.reward_timeout,
                                         where=self.describe_step)
         self.prompt_formatters = build_formatters(self.team.formatters, self.num_agents)
@@ -306,6 +308,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             trained = [any(p.grad is not None for p in group["params"]) for group in optimizer.param_groups]
             optimizer.step()
             refresh(sharded)  # sharded models: gather the updated weights
+            generation.weights_changed()  # a generation copy of the weights (generation_dtype) is now stale
             scheduler = self.lr_schedulers()
             if scheduler is not None:
                 scheduler.step_groups(trained)
@@ -763,6 +766,10 @@ def check_strategy(trainer: Any, module: Any) -> None:
         require_config(module.lora is None, "trainer.strategy ModelParallelStrategy (FSDP) with a LoRA team "
                                             "(lora_rank) is not available: a LoRA team's base is frozen and held once, "
                                             "so use trainer.strategy ddp.")
+        require_config(module.generation_dtype == "model",
+                       f"generation_dtype {module.generation_dtype!r} with trainer.strategy ModelParallelStrategy "
+                       "(FSDP) is not available: a sharded agent has no whole weights to copy between steps. Set "
+                       "generation_dtype: model, or load the agents in bf16 (model_config: {dtype: bfloat16}).")
     elif not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or "DeepSpeed" in name:
         raise ConfigurationError(
             f"trainer.strategy {name} is not supported; use a single device (trainer.devices: 1), data-parallel "

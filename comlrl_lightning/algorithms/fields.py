@@ -36,6 +36,7 @@ LossAggregation = Literal["seq_sum", "token_mean", "seq_mean_token_mean", "dr_gr
 KlEstimator = Literal["k1", "k2", "k3"]
 KlPlacement = Literal["reward", "loss"]
 CriticType = Literal["v", "q"]
+GenerationDtype = Literal["model", "bfloat16", "float16"]
 PairSelection = Literal["reward_gap", "random", "all", "comparator_reward"]  # comparator_reward: iterative only
 
 
@@ -164,11 +165,15 @@ class SamplingFields(FieldGroup):
             ``cache_implementation: static`` (a static KV cache, compiled decoding on a GPU; prompts are then not
             prefilled once for all K samples).
         generation_batch_size: prompts per ``generate`` call (null: all of a step's prompts).
+        generation_dtype: sample with the training weights as they are (``model``), or with a ``bfloat16`` /
+            ``float16`` copy of them refreshed after each update (memory-bound decoding reads half the bytes; the
+            samples come from the rounded weights, training scores them with its own).
     """
 
     def __init__(self, max_new_tokens: int = 256, temperature: float = 0.6, top_p: float = 0.6,
                  top_k: int | None = 50, generation_kwargs: dict[str, Any] | None = None,
-                 generation_batch_size: int | None = None, **kwargs: Any):
+                 generation_batch_size: int | None = None, generation_dtype: GenerationDtype = "model",
+                 **kwargs: Any):
         self._store(SamplingFields.__init__, locals())
         require(max_new_tokens >= 1, f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
         require(temperature > 0, f"temperature must be > 0 (got {temperature}).")

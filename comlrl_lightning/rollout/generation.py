@@ -13,8 +13,13 @@ in here without touching any algorithm.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Protocol, Sequence
+
+import torch
 
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, sample_completions
 
@@ -39,20 +44,25 @@ class HFGenerate:
         calls: dict[tuple[int, int], list[int]] = {}  # (generator, tokenizer) -> the agents it answers for
         for i, model in enumerate(models):
             calls.setdefault((id(generator_of(model)[0]), id(tokenizers[i])), []).append(i)
+        groups = list(calls.values())
+        copies: dict[int, Any] = {}
+        if sampling.dtype != "model":  # refreshed here, before any thread starts
+            held = sampling_copies(sampling.dtype)
+            copies = {agents[0]: held(generator_of(models[agents[0]])[0]) for agents in groups}
+            sampling = dataclasses.replace(sampling, keep_logprobs=False)  # a copy's log-probs are not the model's
 
         def one(agents: list[int]) -> list[Completions]:
             first = agents[0]
-            if len(agents) == 1:
+            if len(agents) == 1 and first not in copies:
                 return [sample_completions(models[first], tokenizers[first], inputs[first], K, sampling,
                                            self.batch_size, self.generation_kwargs)]
-            generator = generator_of(models[first])[0]
+            generator = copies[first] if first in copies else generator_of(models[first])[0]
             prompts = [prompt for i in agents for prompt in inputs[i]]
             names = [generator_of(models[i])[1] for i in agents for _ in inputs[i]]
             joint = sample_completions(generator, tokenizers[first], prompts, K, sampling, self.batch_size,
                                        self.generation_kwargs, adapters=None if names[0] is None else names)
             return joint.split([len(inputs[i]) for i in agents])
 
-        groups = list(calls.values())
         if self.concurrent and len(groups) > 1:
             with ThreadPoolExecutor(max_workers=len(groups)) as pool:
                 answers = list(pool.map(one, groups))
@@ -70,3 +80,61 @@ def generator_of(model: Any) -> tuple[Any, str | None]:
     team's one peft model with the agent's adapter; any other model is itself."""
     shared = getattr(model, "shared_generator", None)
     return shared() if callable(shared) else (model, None)
+
+
+class SamplingCopies:
+    """Half-precision copies of the models that generate (``generation_dtype``), one per weight set, refreshed from
+    the training weights whenever those changed since the last sampling.
+
+    Decoding a few rows at a time reads every weight once per token, so it is bound by memory bandwidth: a bf16 copy
+    reads half the bytes (and bf16 matrix units do the rest). The samples then come from the rounded weights, like
+    an inference engine's; training scores them with its own weights (the log-probs kept while sampling are
+    dropped). A copy is refreshed when its model's weights changed: an update says so (:meth:`weights_changed`; the
+    fused AdamW kernel writes in place without counting it), and any other in-place write (a checkpoint load) or
+    move is seen through each parameter's version counter and storage. An unchanged model is not copied again.
+    """
+
+    def __init__(self, dtype: str):
+        self.dtype = getattr(torch, dtype)
+        self.held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (copy, stamp)
+
+    def __call__(self, model: torch.nn.Module) -> torch.nn.Module:
+        params = list(model.parameters())
+        stamp = tuple((p.data_ptr(), p._version) for p in params)
+        held = self.held.get(model)
+        if held is None or next(held[0].parameters()).device != params[0].device:
+            clone = copy.deepcopy(model).to(self.dtype).requires_grad_(False).eval()
+            for p in clone.parameters():
+                p.grad = None
+            self.held[model] = (clone, stamp)
+            return clone
+        clone, seen = held
+        if seen != stamp:
+            with torch.no_grad():
+                for target, source in zip(clone.parameters(), params):
+                    target.copy_(source)
+            self.held[model] = (clone, stamp)
+        return clone
+
+    def weights_changed(self) -> None:
+        """The training weights were updated: every copy is refreshed before it samples again."""
+        for model, (clone, _) in list(self.held.items()):
+            self.held[model] = (clone, None)
+
+
+_COPIES: dict[str, SamplingCopies] = {}  # per dtype; each copy lives as long as its model
+
+
+def sampling_copies(dtype: str) -> SamplingCopies:
+    """The process's copies in ``dtype``: every engine that samples with a model (training, evaluation, pair
+    collection, comparators) shares its one copy."""
+    if dtype not in _COPIES:
+        _COPIES[dtype] = SamplingCopies(dtype)
+    return _COPIES[dtype]
+
+
+def weights_changed() -> None:
+    """Called after every update (``MultiAgentModule.update``): the copies are refreshed before they sample again."""
+    for copies in _COPIES.values():
+        copies.weights_changed()
+

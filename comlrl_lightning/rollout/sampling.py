@@ -22,18 +22,23 @@ from comlrl_lightning.agents.value_head import cache_of
 CACHE_KEYWORD = "cache" if "cache" in getattr(_generation, "ALL_CACHE_NAMES", ()) else "past_key_values"
 
 
+GENERATION_DTYPES = ("model", "bfloat16", "float16")
+
+
 @dataclass
 class SamplingConfig:
     """Sampling settings; CoMLRL defaults. Sampling is always on (``do_sample=True``). ``keep_logprobs``: also
     return each sampled token's log-probability under the model (what a scoring forward of the sample gives), read
     from the logits ``generate`` computes anyway, when nothing ahead of the sampler changes them
-    (:func:`logits_reach_sampler_unchanged`)."""
+    (:func:`logits_reach_sampler_unchanged`). ``dtype``: sample with the training weights as they are (``model``) or
+    with a half-precision copy of them (``rollout/generation.py``, :class:`SamplingCopies`)."""
 
     max_new_tokens: int = 256
     temperature: float = 0.6
     top_p: float = 0.6
     top_k: int | None = 50
     keep_logprobs: bool = False
+    dtype: str = "model"  # ``model``, or a half-precision copy to sample with (``bfloat16``, ``float16``)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -44,6 +49,8 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1] (got {self.top_p}).")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 or null (got {self.top_k}).")
+        if self.dtype not in GENERATION_DTYPES:
+            raise ValueError(f"generation_dtype must be one of {', '.join(GENERATION_DTYPES)} (got {self.dtype!r}).")
 
 
 def validate_generation_kwargs(generation_kwargs: dict | None) -> None:
