@@ -70,6 +70,22 @@ def test_each_variant_fits_and_changes_weights(cls, mode, tmp_path):
         assert column(rows, key), key
 
 
+def test_advantage_statistics_are_logged_per_agent(tmp_path):
+    """``agent_i/advantage_mean|advantage_std|zero_advantage_ratio``: normalised group advantages have mean 0 and
+    spread 1 where the group's returns differ; a reward that never varies gives every sample advantage 0."""
+    from comlrl_lightning.algorithms.reinforce import advantage_metrics
+
+    stats = advantage_metrics(torch.tensor([1.0, -1.0, 0.0, 0.0]))
+    assert [float(stats[k]) for k in ("advantage_mean", "advantage_std", "zero_advantage_ratio")] == \
+        pytest.approx([0.0, 0.5 ** 0.5, 0.5])
+    rows = read_metrics(fit(make_module(reward_func=lambda a, b: [1.0] * len(a)), tmp_path / "flat"))
+    assert column(rows, "agent_1/zero_advantage_ratio") == [1.0, 1.0]
+    assert column(rows, "agent_0/advantage_std") == [0.0, 0.0]
+    rows = read_metrics(fit(make_module(num_generations=4), tmp_path / "varied"))
+    assert all(abs(v) < 1e-5 for v in column(rows, "agent_0/advantage_mean"))
+    assert all(0.5 < v <= 1.0 + 1e-5 for v in column(rows, "agent_0/advantage_std"))
+
+
 def test_class_path_variant_defaults_can_be_overridden():
     assert make_module(MARLOO, advantage_mode="mean").advantage_mode == "mean"
 

@@ -89,10 +89,12 @@ class MAGRPO(OnPolicyModule):
                                                               self.micro_batch_tokens)] for batch in batches]
         self.check_update_fits([(self.policy_model(i), c.inputs) for i, agent in enumerate(chunks) for c in agent])
         for i, agent in enumerate(chunks):
-            for chunk in agent:
+            for c, chunk in enumerate(agent):
                 logp = token_logprobs(self.policy_model(i), chunk.inputs)
                 loss, diagnostics = self.policy_loss(i, logp, chunk)
                 assert_finite("policy loss", loss, step=self.global_step, agent=i)
+                if c == 0:  # once per agent and update: what its advantages were
+                    diagnostics = {**advantage_metrics(batches[i].advantages), **diagnostics}
                 yield loss, {f"agent_{i}/loss": loss.detach(), "loss": loss.detach(),
                              **{f"agent_{i}/{name}": value for name, value in diagnostics.items()}}
 
@@ -142,6 +144,13 @@ class MAGRPO(OnPolicyModule):
             metrics["collaboration/parse_failure_rate"] = \
                 self.collaboration.take_parse_failures() / max(rollout.num_joint_actions, 1)
         return metrics
+
+
+def advantage_metrics(advantages: Tensor) -> dict[str, Tensor]:
+    """Mean and spread of one agent's advantages in an update, and the share of its samples with advantage 0 (a
+    group whose returns were all equal: no learning signal, trl's ``frac_reward_zero_std``)."""
+    return {"advantage_mean": advantages.mean(), "advantage_std": advantages.std(unbiased=False),
+            "zero_advantage_ratio": (advantages == 0).float().mean()}
 
 
 class MAREINFORCE(MAGRPO):
