@@ -27,26 +27,26 @@ SMALL = {"max_new_tokens": 4, "use_chat_template": False, "preference_num_candid
          "reward_num_train_epochs": 1}
 
 
-def tiny(value):
-    """Every embedded-model source becomes the tiny factory model."""
-    if value == EMBEDDED:
+def tiny(value, models=(EMBEDDED,)):
+    """Every model source in ``models`` (the embedded SmolLM2, or a recipe's hub ids) becomes the tiny factory model."""
+    if isinstance(value, str) and value in models:
         return "tiny"
     if isinstance(value, list):
-        return [tiny(v) for v in value]
+        return [tiny(v, models) for v in value]
     if isinstance(value, dict):
-        return {k: tiny(v) for k, v in value.items()}
+        return {k: tiny(v, models) for k, v in value.items()}
     return value
 
 
-def small_config(config: Path, root: Path, api_url: str | None = None) -> Path:
+def small_config(config: Path, root: Path, api_url: str | None = None, models=(EMBEDDED,), sizes=SMALL) -> Path:
     cfg = yaml.safe_load(config.read_text())
     model = cfg["model"]
     module, _, name = model["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     accepted = {p for klass in cls.__mro__ if "__init__" in vars(klass)
                 for p in inspect.signature(klass.__init__).parameters}
-    args = tiny(model.get("init_args", {}))
-    args.update({k: v for k, v in SMALL.items() if k in accepted})
+    args = tiny(model.get("init_args", {}), models)
+    args.update({k: v for k, v in sizes.items() if k in accepted})
     if "comparator_api_url" in args:  # a loopback stand-in for the remote comparator
         args["comparator_api_url"] = api_url
     model["init_args"] = args
@@ -57,6 +57,17 @@ def small_config(config: Path, root: Path, api_url: str | None = None) -> Path:
     return out
 
 
+def fit_two_updates(config: Path, root: Path) -> list[dict[str, str]]:
+    """Fit a small config through the CLI into ``root/run``: two updates, a loss logged; returns the metric rows."""
+    from comlrl_lightning.cli import main
+
+    cli = main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root / "run")])
+    assert cli.trainer.global_step == 2
+    rows = list(csv.DictReader(next((root / "run").rglob("metrics.csv")).open()))
+    assert any(row.get("loss") or row.get("reward_model/loss") for row in rows)
+    return rows
+
+
 def needs_shared_data(config: Path) -> bool:
     data = yaml.safe_load(config.read_text())["data"]
     return "comlrl_lightning.envs." in str(data) and "envs.toy" not in str(data)
@@ -64,8 +75,6 @@ def needs_shared_data(config: Path) -> bool:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_every_config_runs_two_updates(config, tmp_path, monkeypatch, request):
-    from comlrl_lightning.cli import main
-
     if needs_shared_data(config) and not SHARED.exists():
         pytest.skip(f"{config.name} reads the benchmark data under {SHARED}")
     monkeypatch.chdir(tmp_path)
@@ -73,9 +82,4 @@ def test_every_config_runs_two_updates(config, tmp_path, monkeypatch, request):
     if "comparator_api_url" in config.read_text():
         api_url = request.getfixturevalue("server").url
         monkeypatch.setenv("COMPARATOR_API_KEY", "sk-test")
-    cli = main(["fit", "--config", str(small_config(config, tmp_path, api_url)), "--trainer.default_root_dir",
-                str(tmp_path / "run")])
-    assert cli.trainer.global_step == 2
-    metrics = next((tmp_path / "run").rglob("metrics.csv"))
-    rows = list(csv.DictReader(metrics.open()))
-    assert any(row.get("loss") or row.get("reward_model/loss") for row in rows)
+    fit_two_updates(small_config(config, tmp_path, api_url), tmp_path)
