@@ -279,6 +279,14 @@ class RewardProcessors:
         return lambda x: 1.0 / (1.0 + math.exp(-x))
 
     @staticmethod
+    def normalize_by_length(max_len: int = 1000) -> Callable[..., float]:
+        """``reward * min(1, text_length / max_len)``; without ``text_length`` (how the trainers call a processor)
+        the reward is returned unchanged."""
+        if max_len <= 0:
+            raise ValueError(f"normalize_by_length: max_len must be > 0 (got {max_len}).")
+        return lambda x, text_length=None: x if text_length is None else x * min(1.0, text_length / max_len)
+
+    @staticmethod
     def exponential_scale(factor: float = 1.0) -> Callable[[float], float]:
         # sign-symmetric: exp(f*|x|) - 1 with the sign of x
         return lambda x: math.copysign(math.expm1(factor * abs(x)), x)
