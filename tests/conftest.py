@@ -7,6 +7,16 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tiny models gain nothing from intra-op threads, and on a shared CPU OpenMP's waiting threads cost ~10x (measured:
+# tests/test_compat.py + test_madpo.py 9 s with one thread, 133 s with two on a loaded 2-core machine). Child
+# processes (DDP ranks, notebook kernels) inherit the variable; set it to use more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture

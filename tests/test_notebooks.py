@@ -33,12 +33,8 @@ def test_notebook_is_stored_clean_with_a_model_parameter_cell(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
-    # The kernel inherits this environment. One intra-op thread: tiny models gain nothing from more, and on a shared
-    # CPU OpenMP's waiting threads make a run ~10x slower.
-    for name, value in (("HF_HUB_OFFLINE", "1"), ("WANDB_MODE", "offline"), ("TOKENIZERS_PARALLELISM", "false"),
-                        ("OMP_NUM_THREADS", "1")):
-        monkeypatch.setenv(name, value)
+def test_notebook_runs_top_to_bottom(path, tmp_path):
+    # The kernel inherits this process's environment (conftest.py: offline, one intra-op thread).
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(notebook, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
