@@ -195,7 +195,7 @@ def test_config_fields_are_the_modules_fields_plus_the_run_settings(config):
     (compat.MAGRPOConfig, {"logging_steps": 0}, "logging_steps must be >= 1"),
     (compat.MAGRPOConfig, {"eval_batch_size": 0}, "eval_batch_size must be >= 1"),
     (compat.MAGRPOConfig, {"rollout_buffer_size": 0}, "rollout_buffer_size must be >= 1"),
-    (compat.MAGRPOConfig, {"advantage_mode": "no-such-baseline"}, "advantage_mode must be one of"),  # ("median" is registered by an example)
+    (compat.MAGRPOConfig, {"advantage_mode": "no-such-baseline"}, "advantage_mode must be one of"),  # not "median": an example registers it
     (compat.MAGRPOConfig, {"parallel_training": "ddp"}, "parallel_training only supports: none, mp"),
     (compat.MAGRPOConfig, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices"),
     (compat.MAGRPOConfig, {"reference_kl_coef": -1.0}, "reference_kl_coef must be >= 0"),
