@@ -90,7 +90,9 @@ def test_madpo_iter_team_learns_the_letter_task(tmp_path):
 def test_marlhf_iter_team_learns_the_letter_task(tmp_path):
     """MARLHFIter from random init: each round a fresh reward model learns the round's pairs (the widest gaps of
     32 comparisons per task), then four MAGRPO epochs train on it; the team's task reward on held-out items
-    rises."""
+    rises. Its gain depends on the seed more than any other family's (10 seeds of fit_iter: +0.02 to +0.46, median
+    +0.2); with the agents' learning rate at 1e-12 it moves by +0.009, so a margin of 0.05 tells learning from
+    none."""
     from comlrl_lightning import MARLHFIter
     from test_iterative import fit_iter, make_iter
 
@@ -102,7 +104,7 @@ def test_marlhf_iter_team_learns_the_letter_task(tmp_path):
     trainer, _ = fit_iter(module, tmp_path, items=ITEMS * 2)
     assert trainer.current_epoch == 3 * 5  # three rounds of a reward-model epoch + four RL epochs
     after = held_out_reward(module)
-    assert after > before + 0.15, (before, after)
+    assert after > before + 0.05, (before, after)
 
 
 def held_out_reward(module) -> float:

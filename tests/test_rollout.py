@@ -8,6 +8,7 @@ Model-backed tests use the offline ``tiny`` Qwen2 (pad == eos, left padding). Th
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from comlrl_lightning.rollout.rewards import RewardCaller, ScaleShift, build_for
 from comlrl_lightning.rollout.sampling import (
     Completions,
     SamplingConfig,
+    TopKTopPSampler,
     build_scoring_inputs,
     collate_rows,
     completion_mask_from_ids,
@@ -248,7 +250,7 @@ def test_sample_completions_free_sampling_invariants_and_seed(tiny):
 
 def test_each_prompt_is_prefilled_once_and_samples_the_tokens_generate_alone_would(tiny):
     """Prefix sharing: one forward encodes the M prompts (not M x K rows); the K samples continue from its cache and,
-    seed for seed, draw exactly the tokens of ``generate(num_return_sequences=K)`` on the K-fold prompts."""
+    seed for seed, draw exactly the tokens ``generate`` draws on the K-fold prompts with the same sampler."""
     model, tok = tiny
     prompts = ["Write a short story about a cat who", "Two", "The quick brown fox jumps over the lazy dog and"]
     cfg = SamplingConfig(max_new_tokens=12, temperature=1.0, top_p=0.9, top_k=50)
@@ -265,13 +267,55 @@ def test_each_prompt_is_prefilled_once_and_samples_the_tokens_generate_alone_wou
             assert all(rows == 12 and length == 1 for rows, length in widths[1:]), widths  # then one token a step
             torch.manual_seed(seed)
             with torch.no_grad():
-                alone = model.generate(**enc, do_sample=True, temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=12,
-                                       num_return_sequences=4, eos_token_id=tok.eos_token_id,
+                fold = {k: v.repeat_interleave(4, 0) for k, v in enc.items()}  # what num_return_sequences=4 does
+                alone = model.generate(**fold, do_sample=False, max_new_tokens=12,
+                                       logits_processor=LogitsProcessorList([TopKTopPSampler(cfg)]),
+                                       eos_token_id=tok.eos_token_id,
                                        pad_token_id=tok.pad_token_id)[:, enc.input_ids.shape[1]:]
             width = ours.completion_ids.shape[1]
             assert torch.equal(ours.completion_ids, alone[:, :width]), f"seed {seed}: different tokens"
     finally:
         hook.remove()
+
+
+class _Spy(LogitsProcessor):
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        return scores
+
+
+def test_tokens_are_drawn_by_our_sampler_unless_another_truncation_is_asked_for(tiny, monkeypatch):
+    """TopKTopPSampler draws every token (generate runs greedy on its one-hot scores); ``min_p`` in
+    ``generation_kwargs`` or the model's generation config hands sampling back to ``generate``."""
+    from comlrl_lightning.rollout import sampling as rollout_sampling
+
+    model, tok = tiny
+    draws = []
+    real = rollout_sampling.sample_tokens
+    monkeypatch.setattr(rollout_sampling, "sample_tokens", lambda *a, **k: draws.append(1) or real(*a, **k))
+    cfg = SamplingConfig(max_new_tokens=4, temperature=0.8, top_p=0.9, top_k=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # greedy generate with our sampler warns about nothing
+        torch.manual_seed(0)
+        out = sample_completions(model, tok, PROMPTS, 3, cfg)
+    assert len(draws) == out.completion_ids.shape[1] > 0, "one draw per decoding step"
+    assert out.completion_ids.unique().numel() > 2, "not sampling"
+    assert rollout_sampling.samples_with_own_sampler(model, None)
+    draws.clear()
+    out = sample_completions(model, tok, PROMPTS, 3, cfg, generation_kwargs={"min_p": 0.05})
+    assert not draws and not rollout_sampling.samples_with_own_sampler(model, {"min_p": 0.05})
+    model.generation_config.typical_p = 0.9
+    try:
+        assert not rollout_sampling.samples_with_own_sampler(model, None)
+    finally:
+        model.generation_config.typical_p = None
+    # a user's processor runs before ours
+    spy = _Spy()
+    sample_completions(model, tok, PROMPTS, 2, cfg, generation_kwargs={"logits_processor": LogitsProcessorList([spy])})
+    assert spy.calls > 0 and len(draws) == spy.calls
 
 
 def test_agents_sharing_one_model_sample_in_one_call(tiny):

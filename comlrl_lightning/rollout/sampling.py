@@ -17,6 +17,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation import utils as _generation
 
 from comlrl_lightning.agents.value_head import cache_of
+from comlrl_lightning.core.sampling import sample_tokens
 
 # What ``generate`` calls a cache handed to it (transformers renamed ``past_key_values`` to ``cache``).
 CACHE_KEYWORD = "cache" if "cache" in getattr(_generation, "ALL_CACHE_NAMES", ()) else "past_key_values"
@@ -124,7 +125,10 @@ def sample_completions(
     """``num_samples`` completions per prompt with one ``generate`` per chunk of ``batch_size`` prompts.
 
     Runs in eval mode under ``inference_mode`` (the ids are cloned out of it, so training can reuse them) with the
-    KV cache. Each prompt is prefilled once and its cache shared by its K samples (:func:`prefill_once`).
+    KV cache. Each prompt is prefilled once and its cache shared by its K samples (:func:`prefill_once`). Tokens are
+    drawn by :class:`TopKTopPSampler` (``transformers``' temperature / top-k / top-p distribution, computed on the
+    top-k candidates only), unless ``generation_kwargs`` or the model's generation config asks for another
+    truncation (``min_p``, ``typical_p``, …): then by ``generate``'s own sampler.
     ``adapters``: one peft adapter name per prompt, when ``model`` is a LoRA team answering for several agents in
     one call (mixed-adapter batch).
     """
@@ -137,6 +141,7 @@ def sample_completions(
     chunks: list[Tensor] = []
     scores: list[Tensor] = []
     keep = sampling.keep_logprobs and logits_reach_sampler_unchanged(model, generation_kwargs)
+    own = samples_with_own_sampler(model, generation_kwargs)
     try:
         step = batch_size or len(prompts)
         for start in range(0, len(prompts), step):
@@ -146,18 +151,24 @@ def sample_completions(
             names = None if adapters is None else list(adapters[start : start + step])
             recorder = SampledTokenLogprobs() if keep else None
             extra = dict(generation_kwargs or {})
-            if recorder is not None:
-                extra["logits_processor"] = LogitsProcessorList([recorder])
+            processors = list(extra.pop("logits_processor", None) or []) + ([recorder] if recorder else [])
+            if own:  # our sampler is the last processor and generate takes its draw as the argmax
+                processors.append(TopKTopPSampler(sampling))
+                for name in _OTHER_TRUNCATIONS:  # set to a neutral value (a greedy generate would warn about it)
+                    extra.pop(name, None)
+                draw = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+            else:
+                draw = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                        "top_k": sampling.top_k if sampling.top_k is not None else 0}
+            if processors:
+                extra["logits_processor"] = LogitsProcessorList(processors)
             with torch.inference_mode():
                 # A cache of generate's own kind (``cache_implementation: static``, compiled decoding on a GPU) is
                 # built by generate itself: the prompts are then encoded K times.
                 inputs = prefill_once(model, enc, num_samples, names, share="cache_implementation" not in extra)
                 out = model.generate(
                     **inputs,
-                    do_sample=True,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    top_k=sampling.top_k if sampling.top_k is not None else 0,
+                    **draw,
                     max_new_tokens=sampling.max_new_tokens,
                     num_return_sequences=1,
                     num_beams=1,
@@ -224,11 +235,38 @@ def logits_reach_sampler_unchanged(model, generation_kwargs: dict | None) -> boo
     """Whether the logits ``generate`` hands its last processor are the model's own (no penalty, forced or
     suppressed token, minimum length or user processor in ``generation_kwargs`` or the model's generation
     config): then the sampled tokens' log-probs can be read there instead of from a scoring forward."""
+    return _all_neutral(model, generation_kwargs, _LOGIT_CHANGERS)
+
+
+class TopKTopPSampler(LogitsProcessor):
+    """The sampler, run as the last logits processor of a greedy ``generate``: it draws each row's token from the
+    temperature / top-k / top-p distribution (:func:`comlrl_lightning.core.sampling.sample_tokens`) and leaves that
+    token the only finite score, so ``generate``'s argmax takes the draw. ``generate``'s own sampling sorts and
+    draws over the whole vocabulary every step (docs/algorithms.md#sampling)."""
+
+    def __init__(self, sampling: SamplingConfig):
+        self.temperature, self.top_k, self.top_p = sampling.temperature, sampling.top_k, sampling.top_p
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        tokens = sample_tokens(scores, self.temperature, self.top_k, self.top_p)
+        return torch.full_like(scores, float("-inf")).scatter_(-1, tokens.unsqueeze(-1), 0.0)
+
+
+# Sampling truncations of ``generate`` that TopKTopPSampler does not apply, with the values that leave them off.
+_OTHER_TRUNCATIONS = {"min_p": (None, 0.0), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0),
+                      "eta_cutoff": (None, 0.0), "top_h": (None,)}
+
+
+def _all_neutral(model, generation_kwargs: dict | None, settings: dict[str, tuple]) -> bool:
     config = getattr(model, "generation_config", None)
-    for name, neutral in _LOGIT_CHANGERS.items():
-        if (generation_kwargs or {}).get(name) not in neutral or getattr(config, name, None) not in neutral:
-            return False
-    return True
+    return all((generation_kwargs or {}).get(name) in neutral and getattr(config, name, None) in neutral
+               for name, neutral in settings.items())
+
+
+def samples_with_own_sampler(model, generation_kwargs: dict | None) -> bool:
+    """Whether :class:`TopKTopPSampler` draws the tokens: no other truncation (``min_p``, ``typical_p``, …) is asked
+    for in ``generation_kwargs`` or the model's generation config."""
+    return _all_neutral(model, generation_kwargs, _OTHER_TRUNCATIONS)
 
 
 def prefill_once(model, enc: dict[str, Tensor], K: int, adapters: list[str] | None = None,
