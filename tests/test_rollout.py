@@ -318,6 +318,27 @@ def test_tokens_are_drawn_by_our_sampler_unless_another_truncation_is_asked_for(
     assert spy.calls > 0 and len(draws) == spy.calls
 
 
+def test_our_sampler_draws_the_tokens_generates_own_sampler_would_in_distribution(tiny):
+    """3000 samples of 2 tokens each way (our sampler; generate's, handed back by a ``min_p`` that truncates nothing
+    under top-k 50): a two-sample chi-square per position stays within 4 standard deviations of its degrees of
+    freedom (a wrong temperature, a top-p off by one token or a top-k after top-p would exceed it by far)."""
+    model, tok = tiny
+    cfg = SamplingConfig(max_new_tokens=2, temperature=0.3, top_p=0.9, top_k=50)
+
+    def run(kwargs):
+        torch.manual_seed(0)
+        return sample_completions(model, tok, ["Two"], 3000, cfg, generation_kwargs=kwargs).completion_ids
+
+    ours, theirs = run(None), run({"min_p": 1e-9})
+    for position in range(2):
+        a, b = (torch.bincount(ids[:, position], minlength=len(tok)).double() for ids in (ours, theirs))
+        seen = (a + b) > 0
+        expected = (a + b)[seen] / 2
+        chi2 = (((a[seen] - expected) ** 2 + (b[seen] - expected) ** 2) / expected).sum().item()
+        dof = int(seen.sum()) - 1
+        assert chi2 < dof + 4 * (2 * dof) ** 0.5, (position, chi2, dof)
+
+
 def test_agents_sharing_one_model_sample_in_one_call(tiny):
     from comlrl_lightning.rollout.generation import HFGenerate
 
