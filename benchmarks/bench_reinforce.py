@@ -39,11 +39,15 @@ collection active so their ``self.log`` calls are recorded as in ``fit``.
     python benchmarks/bench_reinforce.py --baseline --trl --json benchmarks/results/cpu.json
     python benchmarks/bench_reinforce.py --actor-critic --json benchmarks/results/cpu_actor_critic.json
     python benchmarks/bench_reinforce.py --preference --json benchmarks/results/cpu_preference.json
+
+``--precision bf16-mixed`` and ``--generation-dtype bfloat16`` apply to ``ours`` only (the per-sample loop and trl run
+as they are): the two bf16 options a user of the package sets.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -68,6 +72,7 @@ from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF, PreferenceDataMod
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
+from comlrl_lightning.rollout.generation import weights_changed  # noqa: E402
 from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs  # noqa: E402
 
 PROMPTS = [
@@ -191,15 +196,22 @@ def assert_forced(masks, args, num_agents: int) -> None:
     assert rows.shape[1] == args.tokens and bool(rows.all()), f"completion lengths {rows.sum(-1).tolist()}"
 
 
-def build_module(model: str, args, num_agents: int, device: str) -> MAGRPO:
-    module = MAGRPO(**workload_kwargs(model, args, num_agents), rollout_buffer_size=args.prompts)
+def build_module(model: str, args, num_agents: int, device: str, **options) -> MAGRPO:
+    module = MAGRPO(**workload_kwargs(model, args, num_agents), rollout_buffer_size=args.prompts, **options)
     return module.to(device)
+
+
+def precision(args):
+    """``--precision bf16-mixed``: bf16 autocast, as Lightning's ``trainer.precision: bf16-mixed`` runs a step."""
+    if args.precision == "bf16-mixed":
+        return torch.autocast(args.device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, float]]:
     """One team update through the package's code path; returns {phase: (seconds, peak MiB)}."""
     device = args.device
-    with Phase(device) as rollout_phase:
+    with Phase(device) as rollout_phase, precision(args):
         rollout = module.engine.rollout(module.agents, module.tokenizers, items)
     nodes = rollout.nodes
     assert_forced([agent.completion_mask for node in nodes for agent in node.agents], args, module.num_agents)
@@ -210,7 +222,7 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
             inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
                                   [s.completion_mask for s in samples], module.tokenizers[i].pad_token_id)
             model.eval()
-            with torch.no_grad():
+            with torch.no_grad(), precision(args):
                 token_logprobs(model, inputs)
             model.train()
 
@@ -219,12 +231,14 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
         total = 0.0
         for i, model in enumerate(module.agents):
             batch = module.policy_batch(nodes, i)
-            logp = token_logprobs(model, batch.inputs)
-            loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
+            with precision(args):
+                logp = token_logprobs(model, batch.inputs)
+                loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
             total = total + loss
         total.backward()
         module.clip_and_measure_gradients()
         optimizer.step()
+        weights_changed()  # what MultiAgentModule.update tells the generation copies
 
     gen, rew = rollout.timings["generate"], rollout.timings["reward"]
     return {"generate": (gen, rollout_phase.peak_mib), "reward": (rew, 0.0),
@@ -239,7 +253,7 @@ class Ours:
     def __init__(self, model: str, args, num_agents: int):
         torch.manual_seed(0)
         self.model, self.num_agents, self.args = model, num_agents, args
-        self.module = build_module(model, args, num_agents, args.device)
+        self.module = build_module(model, args, num_agents, args.device, generation_dtype=args.generation_dtype)
         self.optimizer = self.module.configure_optimizers()
         self.items = workload_items(args)
         self.params = n_params(self.module.agents[0])
@@ -765,6 +779,10 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads on CPU (default 1: stable on shared machines; 0 = torch's default)")
     p.add_argument("--baseline", action="store_true", help="also time the per-sample, per-token implementation")
+    p.add_argument("--precision", choices=("32", "bf16-mixed"), default="32",
+                   help="ours only: bf16-mixed runs its rollout, scoring and loss under bf16 autocast")
+    p.add_argument("--generation-dtype", choices=("model", "bfloat16", "float16"), default="model",
+                   help="ours only: the generation_dtype field (sample from a half-precision copy)")
     p.add_argument("--trl", action="store_true", help="also time trl's GRPOTrainer on the same workload at N=1")
     p.add_argument("--actor-critic", action="store_true",
                    help="also time IAC (separate critics and value heads on the actors) and MAAC updates")

@@ -419,13 +419,45 @@ def test_a_bf16_generation_copy_is_made_once_and_refreshed_only_after_the_weight
     for p, q in zip(model.parameters(), copies[id(model)].parameters()):
         assert torch.equal(q, p.to(torch.bfloat16))
     assert [q._version for q in copies[id(other)].parameters()] == bump[1]  # the other weight set did not change
-    p = next(other.parameters())
-    p.grad = torch.ones_like(p)
-    torch.optim.AdamW([p], lr=0.1, fused=True).step()  # fused AdamW writes in place without counting it ...
+    for p in other.parameters():
+        p.grad = torch.ones_like(p)
+    torch.optim.AdamW(other.parameters(), lr=0.1, fused=True).step()  # fused AdamW writes in place uncounted ...
     generation_mod.weights_changed()  # ... so every update says so
     sample([other])
     for p, q in zip(other.parameters(), copies[id(other)].parameters()):
         assert torch.equal(q, p.to(torch.bfloat16))
+    # On CPU the copy's linear layers multiply by packed weights: re-packed with the refresh, they give what a plain
+    # bf16 copy of the updated weights gives (a stale pack would give the old weights' logits).
+    clone = copies[id(other)]
+    assert any(isinstance(m, generation_mod.PackedLinear) for m in clone.modules()) == generation_mod._packing_works()
+    ids = tok("The quick brown fox", return_tensors="pt").input_ids
+    with torch.no_grad():
+        plain = copy.deepcopy(other).to(torch.bfloat16)(input_ids=ids).logits.float()
+        assert torch.allclose(clone(input_ids=ids).logits.float(), plain, atol=1e-2)
+    assert all(isinstance(m, torch.nn.Embedding) or not isinstance(m, torch.nn.Linear) or not torch.equal(
+        m.weight, m0.weight) for m, m0 in zip(other.modules(), model.modules())), "a linear layer did not change"
+
+
+@pytest.mark.skipif(not generation_mod._packing_works(), reason="this torch build packs no bf16 linears for oneDNN")
+def test_packed_linear_gives_the_plain_bf16_matmul():
+    """PackedLinear (the CPU bf16 sampling copy's layers): the plain layer's output for 2-D and 3-D inputs of any
+    row count, with and without bias; re-packing after a write follows the new weight; only CPU bf16 layers are
+    packed."""
+    torch.manual_seed(0)
+    for bias in (True, False):
+        layer = torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16)
+        xs = [torch.randn(4, 64), torch.randn(3, 7, 64), torch.randn(33, 64)]
+        expected = [layer(x.bfloat16()) for x in xs]
+        assert generation_mod.pack_linears(torch.nn.Sequential(layer)) == 1 and isinstance(layer, generation_mod.PackedLinear)
+        for x, want in zip(xs, expected):
+            assert torch.allclose(layer(x.bfloat16()).float(), want.float(), atol=1e-2, rtol=1e-2)
+        with torch.no_grad():
+            layer.weight.mul_(-1)
+        generation_mod.pack_linears(torch.nn.Sequential(layer))
+        assert torch.allclose(layer(xs[0].bfloat16()).float(), torch.nn.functional.linear(
+            xs[0].bfloat16(), layer.weight, layer.bias).float(), atol=1e-2, rtol=1e-2)
+    assert generation_mod.pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4))) == 0  # fp32: left as it is
+    assert generation_mod.pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4).half())) == 0
 
 
 def test_generation_dtype_is_a_checked_field_and_the_kl_reward_scores_instead_of_keeping():
