@@ -161,17 +161,18 @@ def worker(args) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- the parent
-def run_worker(checkout: Path, args, role: str = "after") -> dict:
+def run_worker(checkout: Path, args, argv: list[str], role: str = "after") -> dict:
     env = {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{REPO / 'benchmarks'}", "OMP_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--role", role, *sys.argv[1:]]
-    done = subprocess.run(argv, env=env, cwd=checkout, capture_output=True, text=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--role", role, *argv]
+    done = subprocess.run(command, env=env, cwd=checkout, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the worker on {checkout} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
@@ -191,7 +192,7 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     for r in range(args.repeats):
         for name, checkout in (impls.items() if r % 2 == 0 else reversed(impls.items())):
-            runs[name].append(run_worker(checkout, args, name))
+            runs[name].append(run_worker(checkout, args, argv, name))
     limit = limits[0]  # the benchmark's own thread count (CPU) or the GPU
     first = runs["after"][0]
     costs = roofline.ModelCosts(**first["costs"])
@@ -202,7 +203,7 @@ def main(argv=None) -> dict:
     samples = args.agents * args.prompts * args.k
     report = {"machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                           "load_average": os.getloadavg()}, "config": vars(args), "limits": roofline.as_dict(limits),
-              "lower_bounds_s": bounds, "impls": {}}
+              "lower_bounds_s": bounds, "prompt_tokens": first["prompt_tokens"], "impls": {}}
     print(f"prompt tokens (mean) {first['prompt_tokens']:.0f}; limit per phase (s): "
           + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
     header = f"{'impl':<7} {'phase':<10} {'median s':>9} {'min s':>8} {'of limit':>8} {'tok/s':>8} {'samples/s':>9}"
