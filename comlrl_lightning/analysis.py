@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from comlrl_lightning.callbacks.charts import COMPARATOR_COLOR, TARGET_COLOR
+from comlrl_lightning.core.distributions import SIDES
 
 __all__ = ["PLOT_KINDS", "RunFigure", "load_run", "load_reward_distributions", "predictions_table", "plot_run",
            "plot_reward_distributions", "find_run_file"]
@@ -326,12 +327,12 @@ def plot_reward_distributions(run: str | Path | Sequence[dict[str, Any]], part: 
     for ax, record in zip(axes, records):
         edges = record["bin_edges"]
         width = (edges[1] - edges[0]) / 2
-        for offset, side, color in ((0.0, "target", TARGET_COLOR), (width, "comparator", COMPARATOR_COLOR)):
+        for offset, side, color in zip((0.0, width), SIDES, (TARGET_COLOR, COMPARATOR_COLOR)):
             stats = record[part][side]
             mean = "" if stats["mean"] is None else f", mean {stats['mean']:.2f}"
             ax.bar([e + offset for e in edges[:-1]], stats["counts"], width=width, align="edge", color=color,
                    label=f"{side} (n={stats['sample_count']}{mean})")
-        ax.set_ylim(0, 1.45 * max(1, *(max(record[part][side]["counts"]) for side in ("target", "comparator"))))
+        ax.set_ylim(0, 1.45 * max(1, *(max(record[part][side]["counts"]) for side in SIDES)))
         ax.set_title(f"round {record['iteration']}")
         ax.set_xlabel("raw reward")
         ax.set_ylabel("count")

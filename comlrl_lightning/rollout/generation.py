@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Protocol, Sequence
@@ -100,6 +101,7 @@ class PackedLinear(torch.nn.Linear):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 4)  # 4: a decoding batch
 
 
+@functools.cache
 def _packing_works() -> bool:
     """Whether this torch build packs bf16 linears for oneDNN and gets the plain matmul's result (checked once on a
     small layer, so a build without the private ops, or without bf16 support, samples unpacked)."""
@@ -116,18 +118,13 @@ def _packing_works() -> bool:
         return False
 
 
-_PACKING: list[bool] = []  # the probe's answer, once per process
-
-
 def pack_linears(model: torch.nn.Module) -> int:
     """Make every plain ``nn.Linear`` of a CPU bf16 copy a :class:`PackedLinear` (or re-pack it after a refresh);
     returns how many. Anything else (another device or dtype, a build without oneDNN bf16) is left as it is."""
     first = next(model.parameters(), None)
     if first is None or first.device.type != "cpu" or first.dtype != torch.bfloat16:
         return 0
-    if not _PACKING:
-        _PACKING.append(_packing_works())
-    if not _PACKING[0]:
+    if not _packing_works():  # probed once per process
         return 0
     layers = [m for m in model.modules() if type(m) in (torch.nn.Linear, PackedLinear)]
     for layer in layers:
