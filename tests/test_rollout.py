@@ -19,6 +19,7 @@ from comlrl_lightning.rollout.rewards import RewardCaller, ScaleShift, build_for
 from comlrl_lightning.rollout.sampling import (
     Completions,
     SamplingConfig,
+    ScoringInputs,
     TopKTopPSampler,
     build_scoring_inputs,
     collate_rows,
@@ -27,6 +28,7 @@ from comlrl_lightning.rollout.sampling import (
     micro_batches,
     sample_completions,
     select_rows,
+    shared_prompts,
     token_logprobs,
     trim_prompt_padding,
 )
@@ -125,6 +127,79 @@ def test_token_logprobs_match_unpadded_reference(tiny):
     with torch.no_grad():
         sub = token_logprobs(model, select_rows(inputs, slice(2, 4)))
     torch.testing.assert_close(sub, got[2:4], atol=1e-5, rtol=0)
+
+
+def _grouped_rows(tok, K: int = 3, width: int = 6) -> ScoringInputs:
+    """K random completions (some ending early in EOS) for each of three prompts of different lengths."""
+    g = torch.Generator().manual_seed(1)
+    texts = ["The quick brown fox jumps over the lazy dog and runs away", "Two agents", "Write code to sort a list"]
+    prompt_ids = [torch.tensor(tok(t, add_special_tokens=False).input_ids) for t in texts]
+    comps = [torch.randint(1, len(tok), (K, width), generator=g) for _ in texts]
+    comps[0][0, 2] = comps[2][1, 0] = tok.eos_token_id
+    masks = [completion_mask_from_ids(c, [tok.eos_token_id]) for c in comps]
+    return collate_rows(prompt_ids, comps, masks, tok.pad_token_id)
+
+
+def test_rows_sharing_a_prompt_encode_it_once_with_the_single_forwards_logprobs_and_gradients(tiny):
+    """The K samples of a prompt are scored from one encoding of it: one forward over the distinct prompts (all but
+    their last token), then one over every row's continuation. Log-probs and every parameter's gradient equal the
+    single forward over the whole rows."""
+    model, tok = tiny
+    inputs = _grouped_rows(tok)
+    first, prompt_of = shared_prompts(inputs)
+    assert sorted(first.tolist()) == [0, 3, 6] and prompt_of[first].tolist() == [0, 1, 2]
+    assert (prompt_of == prompt_of[[0, 0, 0, 3, 3, 3, 6, 6, 6]]).all()
+    P, T = inputs.input_ids.shape[1] - 6, 6
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
+                                           with_kwargs=True)
+    weights = torch.randn(9, 6, generator=torch.Generator().manual_seed(2))
+    grads = {}
+    try:
+        for share in (True, False):
+            seen.clear()
+            model.zero_grad()
+            logp = token_logprobs(model, inputs, share_prompts=share)
+            (logp * weights).sum().backward()
+            grads[share] = (logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+            assert seen == ([(3, P - 1), (9, T)] if share else [(9, P + T)]), seen
+    finally:
+        hook.remove()
+        model.zero_grad()
+    torch.testing.assert_close(grads[True][0], grads[False][0], atol=2e-5, rtol=0)
+    assert (grads[True][0][inputs.completion_mask] < 0).all()
+    for name, grad in grads[False][1].items():
+        torch.testing.assert_close(grads[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    # A micro-batch's rows, in any order and mixing prompts, share the same way.
+    rows = torch.tensor([7, 1, 4, 0, 8])
+    with torch.no_grad():
+        part = token_logprobs(model, trim_prompt_padding(select_rows(inputs, rows)))
+    torch.testing.assert_close(part, grads[False][0][rows], atol=2e-5, rtol=0)
+    # Distinct prompts, or one row, have nothing to share.
+    assert shared_prompts(select_rows(inputs, torch.tensor([0, 3, 6]))) is None
+    assert shared_prompts(select_rows(inputs, slice(0, 1))) is None
+
+
+def test_scoring_under_gradient_checkpointing_scores_whole_rows(tiny):
+    """Gradient checkpointing drops a KV cache passed to a layer, so a shared prompt cannot be continued from: the
+    rows are scored whole (sharing there would score the completions without their prompt)."""
+    import copy
+
+    from comlrl_lightning.agents.memory import enable_checkpointing
+
+    model, tok = tiny
+    inputs = _grouped_rows(tok)
+    with torch.no_grad():
+        expected = token_logprobs(model, inputs, share_prompts=False)
+    ckpt = copy.deepcopy(model)
+    enable_checkpointing(ckpt)
+    ckpt.train()
+    seen = []
+    ckpt.register_forward_pre_hook(lambda m, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
+                                   with_kwargs=True)
+    logp = token_logprobs(ckpt, inputs)
+    assert seen == [tuple(inputs.input_ids.shape)]
+    torch.testing.assert_close(logp.detach(), expected, atol=2e-5, rtol=0)
 
 
 def test_build_scoring_inputs_layout():
@@ -436,6 +511,27 @@ def test_a_bf16_generation_copy_is_made_once_and_refreshed_only_after_the_weight
         assert torch.allclose(clone(input_ids=ids).logits.float(), plain, atol=1e-2)
     assert all(isinstance(m, torch.nn.Embedding) or not isinstance(m, torch.nn.Linear) or not torch.equal(
         m.weight, m0.weight) for m, m0 in zip(other.modules(), model.modules())), "a linear layer did not change"
+
+
+def test_a_half_precision_copy_on_a_cpu_without_its_matrix_instructions_is_warned_about(tiny, monkeypatch, caplog):
+    """Where the CPU has no bf16 / fp16 matrix instructions the copy's matmuls are emulated and sampling is slower
+    than in float32: making such a copy warns once, naming the field and its fix; a CPU with them does not warn."""
+    import copy
+
+    model, _ = tiny
+    assert generation_mod.cpu_multiplies_in(torch.float32)
+    for has_units, warned in ((False, 1), (True, 0)):
+        monkeypatch.setattr(generation_mod, "cpu_multiplies_in", lambda dtype: has_units)
+        generation_mod._warn_emulated.cache_clear()
+        copies = generation_mod.SamplingCopies("bfloat16")
+        with caplog.at_level("WARNING", logger=generation_mod.__name__):
+            caplog.clear()
+            copies(copy.deepcopy(model))
+            copies(copy.deepcopy(model))  # a second weight set: no second warning
+        messages = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
+        assert len(messages) == warned, messages
+        assert all("generation_dtype: bfloat16" in m and "generation_dtype: model" in m for m in messages)
+    generation_mod._warn_emulated.cache_clear()
 
 
 @pytest.mark.skipif(not generation_mod._packing_works(), reason="this torch build packs no bf16 linears for oneDNN")

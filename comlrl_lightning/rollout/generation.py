@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import logging
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Protocol, Sequence
@@ -23,6 +24,8 @@ from typing import Any, Mapping, Protocol, Sequence
 import torch
 
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, sample_completions
+
+log = logging.getLogger(__name__)
 
 
 class GenerationBackend(Protocol):
@@ -106,7 +109,7 @@ def _packing_works() -> bool:
     """Whether this torch build packs bf16 linears for oneDNN and gets the plain matmul's result (checked once on a
     small layer, so a build without the private ops, or without bf16 support, samples unpacked)."""
     try:
-        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        if not (torch.backends.mkldnn.is_available() and cpu_multiplies_in(torch.bfloat16)):
             return False
         layer = torch.nn.Linear(8, 16).to(torch.bfloat16)
         x = torch.randn(3, 2, 8, dtype=torch.bfloat16)
@@ -155,6 +158,8 @@ class SamplingCopies:
         stamp = tuple((p.data_ptr(), p._version) for p in params)
         held = self.held.get(model)
         if held is None or next(held[0].parameters()).device != params[0].device:
+            if params[0].device.type == "cpu" and not cpu_multiplies_in(self.dtype):
+                _warn_emulated(self.dtype)
             clone = copy.deepcopy(model).to(self.dtype).requires_grad_(False).eval()
             for p in clone.parameters():
                 p.grad = None
@@ -174,6 +179,25 @@ class SamplingCopies:
         """The training weights were updated: every copy is refreshed before it samples again."""
         for model, (clone, _) in list(self.held.items()):
             self.held[model] = (clone, None)
+
+
+def cpu_multiplies_in(dtype: torch.dtype) -> bool:
+    """Whether this CPU has matrix instructions for ``dtype`` that oneDNN uses (bf16: AVX512-BF16, AMX or
+    AVX-NE-CONVERT; fp16: AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT). Without them a half-precision matmul is emulated
+    and runs slower than float32."""
+    probe = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}.get(dtype)
+    try:
+        return probe is None or bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+@functools.cache
+def _warn_emulated(dtype: torch.dtype) -> None:
+    name = str(dtype).removeprefix("torch.")
+    log.warning("generation_dtype: %s on a CPU without %s matrix instructions: its matmuls are emulated, so sampling "
+                "from the %s copy is slower than from the float32 weights here (bfloat16: 1.4x slower on an AMD EPYC with "
+                "AVX2, benchmarks/README.md). Set generation_dtype: model on this machine.", name, name, name)
 
 
 _COPIES: dict[str, SamplingCopies] = {}  # per dtype; each copy lives as long as its model

@@ -16,6 +16,7 @@ from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation import utils as _generation
 
+from comlrl_lightning.agents.memory import is_checkpointing
 from comlrl_lightning.agents.value_head import cache_of
 from comlrl_lightning.core.sampling import sample_tokens
 
@@ -331,26 +332,60 @@ def build_scoring_inputs(prompt_ids: Sequence[Tensor], completion_ids: Tensor, c
     )
 
 
-def token_logprobs(model, inputs: ScoringInputs) -> Tensor:
+def token_logprobs(model, inputs: ScoringInputs, share_prompts: bool = True) -> Tensor:
     """log π(y_t | x, y_<t) for every completion position, [B, T] float32 (0 where masked).
 
-    One forward; logits are kept only for the completion positions (``logits_to_keep``), and the log-prob is
-    ``gather - logsumexp`` in float32, so no [B, T, V] log-softmax copy is materialised.
+    Logits are kept only for the completion positions (``logits_to_keep``), and the log-prob is ``gather -
+    logsumexp`` in float32, so no [B, T, V] log-softmax copy is materialised. Rows that share a prompt (the K samples
+    of one prompt) have it encoded once (:func:`shared_prompts`): one forward over the distinct prompts fills a KV
+    cache (with grad), each row continues from its prompt's entries. The result and its gradient are the single
+    forward's, to float rounding (tests/test_rollout.py). ``share_prompts=False``, or gradient checkpointing (which
+    drops a cache), gives the single forward over every row.
     """
     device = next(model.parameters()).device
     T = inputs.completion_ids.shape[1]
-    out = model(
-        input_ids=inputs.input_ids.to(device),
-        attention_mask=inputs.attention_mask.to(device),
-        position_ids=inputs.position_ids.to(device),
-        use_cache=False,
-        logits_to_keep=T + 1,
-    )
-    logits = out.logits[:, -T - 1 : -1, :]  # position t predicts completion token t
+    ids, mask, positions = (inputs.input_ids.to(device), inputs.attention_mask.to(device),
+                            inputs.position_ids.to(device))
+    shared = shared_prompts(inputs) if share_prompts and _keeps_cache(model) else None
+    if shared is None:
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=T + 1)
+        logits = out.logits[:, -T - 1 : -1, :]  # position t predicts completion token t
+    else:
+        first, prompt_of = (x.to(device) for x in shared)
+        P = ids.shape[1] - T  # all prompt tokens but the last go through the prompt forward, once per prompt
+        prompts = model(input_ids=ids[first, : P - 1], attention_mask=mask[first, : P - 1],
+                        position_ids=positions[first, : P - 1], use_cache=True, logits_to_keep=1)
+        cache = cache_of(prompts)
+        cache.batch_select_indices(prompt_of)  # an indexing copy: gradients flow back to the shared prompt
+        out = model(input_ids=ids[:, P - 1 : -1], attention_mask=mask[:, :-1], position_ids=positions[:, P - 1 : -1],
+                    use_cache=True, logits_to_keep=T, **{CACHE_KEYWORD: cache})
+        logits = out.logits  # the last prompt token and the completion but its last token: T positions
     targets = inputs.completion_ids.to(device)
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1).float()
     logp = picked - torch.logsumexp(logits.float(), dim=-1)
     return logp * inputs.completion_mask.to(device)
+
+
+def shared_prompts(inputs: ScoringInputs) -> tuple[Tensor, Tensor] | None:
+    """Which rows have the same prompt (ids and padding): ``(first, prompt_of)``, the first row of each distinct
+    prompt [U] and each row's index into them [B]; None when no two rows share one or the prompts are one token."""
+    P = inputs.input_ids.shape[1] - inputs.completion_ids.shape[1]
+    rows = inputs.input_ids.shape[0]
+    if P < 2 or rows < 2:
+        return None
+    prompts = inputs.input_ids[:, :P].masked_fill(inputs.attention_mask[:, :P] == 0, -1)
+    distinct, prompt_of = torch.unique(prompts, dim=0, return_inverse=True)
+    if distinct.shape[0] == rows:
+        return None
+    first = torch.full((distinct.shape[0],), rows, dtype=torch.long)
+    first.scatter_reduce_(0, prompt_of, torch.arange(rows), reduce="amin")
+    return first, prompt_of
+
+
+def _keeps_cache(model) -> bool:
+    """Whether a forward of ``model`` keeps the KV cache it is given: gradient checkpointing (when grads are on)
+    drops it, so the rows must then be scored whole."""
+    return not (torch.is_grad_enabled() and is_checkpointing(model))
 
 
 def collate_rows(prompt_ids: Sequence[Tensor], completions: Sequence[Tensor], masks: Sequence[Tensor],
