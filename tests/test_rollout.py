@@ -25,6 +25,7 @@ from comlrl_lightning.rollout.sampling import (
     collate_rows,
     completion_mask_from_ids,
     eos_token_ids,
+    forward_tokens,
     micro_batches,
     sample_completions,
     select_rows,
@@ -166,6 +167,7 @@ def test_rows_sharing_a_prompt_encode_it_once_with_the_single_forwards_logprobs_
     finally:
         hook.remove()
         model.zero_grad()
+    assert forward_tokens(model, inputs) == 3 * (P - 1) + 9 * T  # what the update's memory check counts
     torch.testing.assert_close(grads[True][0], grads[False][0], atol=2e-5, rtol=0)
     assert (grads[True][0][inputs.completion_mask] < 0).all()
     for name, grad in grads[False][1].items():
@@ -199,6 +201,7 @@ def test_scoring_under_gradient_checkpointing_scores_whole_rows(tiny):
                                    with_kwargs=True)
     logp = token_logprobs(ckpt, inputs)
     assert seen == [tuple(inputs.input_ids.shape)]
+    assert forward_tokens(ckpt, inputs) == inputs.input_ids.numel()
     torch.testing.assert_close(logp.detach(), expected, atol=2e-5, rtol=0)
 
 

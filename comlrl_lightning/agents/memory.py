@@ -53,8 +53,9 @@ def enable_checkpointing(model: Any) -> None:
         inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def activation_bytes(model: Any, rows: int, width: int, scored_positions: int) -> int | None:
-    """Memory one training forward of ``rows`` × ``width`` tokens keeps for its backward (None: unknown model)."""
+def activation_bytes(model: Any, tokens: int, scored_positions: int) -> int | None:
+    """Memory one training forward over ``tokens`` tokens, ``scored_positions`` of them projected onto the vocabulary,
+    keeps for its backward (None: unknown model)."""
     config = _config(model)
     if config is None:
         return None
@@ -62,8 +63,8 @@ def activation_bytes(model: Any, rows: int, width: int, scored_positions: int) -
     vocab = getattr(config, "vocab_size", 0) or 0
     element = next(model.parameters()).element_size()
     vectors = VECTORS_PER_TOKEN_LAYER_CHECKPOINTED if is_checkpointing(model) else VECTORS_PER_TOKEN_LAYER
-    hidden = rows * width * layers * config.hidden_size * vectors * element
-    logits = rows * scored_positions * vocab * 4 * 3  # float32 logits, their log-sum-exp pass and its gradient
+    hidden = tokens * layers * config.hidden_size * vectors * element
+    logits = scored_positions * vocab * 4 * 3  # float32 logits, their log-sum-exp pass and its gradient
     return int(hidden + logits)
 
 

@@ -65,7 +65,8 @@ from comlrl_lightning.data.files import run_root
 from comlrl_lightning.rollout import generation
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
-from comlrl_lightning.rollout.sampling import SamplingConfig, ScoringInputs, select_rows, token_logprobs
+from comlrl_lightning.rollout.sampling import (SamplingConfig, ScoringInputs, forward_tokens, select_rows,
+                                              token_logprobs)
 from comlrl_lightning.rollout.tree import RolloutEngine
 
 MODEL_CONFIG_KEYS = ("dtype", "torch_dtype", "attn_implementation", "special_tokens", "model_kwargs",
@@ -371,8 +372,8 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             return
         cost: dict[int, int] = {}
         for model, inputs in forwards:
-            rows, width = inputs.input_ids.shape
-            need = activation_bytes(model, rows, width, inputs.completion_ids.shape[1] + 1)
+            rows = inputs.input_ids.shape[0]
+            need = activation_bytes(model, forward_tokens(model, inputs), rows * (inputs.completion_ids.shape[1] + 1))
             if need is None:
                 return
             cost[id(model)] = max(cost.get(id(model), 0), need)

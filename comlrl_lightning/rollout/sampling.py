@@ -382,6 +382,17 @@ def shared_prompts(inputs: ScoringInputs) -> tuple[Tensor, Tensor] | None:
     return first, prompt_of
 
 
+def forward_tokens(model, inputs: ScoringInputs) -> int:
+    """Tokens the forwards of :func:`token_logprobs` run for ``inputs`` (what their activations scale with): a shared
+    prompt counts once."""
+    rows, width = inputs.input_ids.shape
+    shared = shared_prompts(inputs) if _keeps_cache(model) else None
+    if shared is None:
+        return rows * width
+    T = inputs.completion_ids.shape[1]
+    return len(shared[0]) * (width - T - 1) + rows * T
+
+
 def _keeps_cache(model) -> bool:
     """Whether a forward of ``model`` keeps the KV cache it is given: gradient checkpointing (when grads are on)
     drops it, so the rows must then be scored whole."""
