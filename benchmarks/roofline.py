@@ -14,7 +14,7 @@ projection is a V x H matmul whether or not it is tied to the embeddings):
 * FLOPs per generated token ≈ 2·(body + V·H): one forward of one position (attention over the context is small at
   these lengths and is left out, so the limit is optimistic);
 * FLOPs per trained token ≈ 6·body (+ 6·V·H for each completion position, the only positions whose logits are
-  computed): forward 2·, backward 4·;
+  computed): forward 2·, backward 4·; a prompt shared by K samples is encoded once, in sampling and in training;
 * a decode step reads every weight once: at small batches generation is bound by bandwidth, not FLOPs;
 * an AdamW step reads parameter, gradient and two moments and writes parameter and moments: 28 bytes per float32
   parameter, bandwidth-bound.
@@ -108,7 +108,8 @@ def lower_bounds(costs: ModelCosts, limits: Limits, *, agents: int, prompts: int
     rows, weights = prompts * k, costs.parameters * costs.bytes_per_parameter
     prefill = costs.forward_flops(prompts, prompt, 1) / flops
     decode = tokens * max(costs.generate_flops(rows) / flops, weights / bandwidth)
-    score = costs.forward_flops(rows, prompt + tokens, tokens + 1) / flops
+    # Scoring encodes each prompt once too: the prompts, then every row's completion (and its last prompt token).
+    score = (costs.forward_flops(prompts, prompt - 1, 0) + costs.forward_flops(rows, tokens, tokens)) / flops
     trained = trainable if trainable is not None else costs.parameters
     return {
         "generate": agents * (prefill + decode),
