@@ -226,16 +226,14 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
                 token_logprobs(model, inputs)
             model.train()
 
-    with Phase(device) as update:  # MAGRPO.update without Lightning's wrappers
+    with Phase(device) as update:  # MAGRPO.update without Lightning's wrappers: one graph (agent) at a time
         optimizer.zero_grad()
-        total = 0.0
         for i, model in enumerate(module.agents):
             batch = module.policy_batch(nodes, i)
             with precision(args):
                 logp = token_logprobs(model, batch.inputs)
                 loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
-            total = total + loss
-        total.backward()
+            loss.backward()
         module.clip_and_measure_gradients()
         optimizer.step()
         weights_changed()  # what MultiAgentModule.update tells the generation copies

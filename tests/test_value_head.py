@@ -152,6 +152,11 @@ def test_token_logprobs_on_wrapper(tiny, wrapped):
         got = token_logprobs(wrapped, inputs)
     torch.testing.assert_close(got, expected)
     assert got.shape == (2, 3) and got[1, 2] == 0
+    # Two rows of one prompt: the wrapper passes the shared prompt's cache through to its backbone.
+    shared = build_scoring_inputs([prompts[0], prompts[0]], completions, cmask, tok.pad_token_id)
+    with torch.no_grad():
+        whole = token_logprobs(model, shared, share_prompts=False)
+        torch.testing.assert_close(token_logprobs(wrapped, shared), whole, atol=2e-5, rtol=0)
 
 
 def test_generate_and_sampling_on_wrapper(tiny, wrapped, batch):
