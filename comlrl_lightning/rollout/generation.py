@@ -195,9 +195,10 @@ def cpu_multiplies_in(dtype: torch.dtype) -> bool:
 @functools.cache
 def _warn_emulated(dtype: torch.dtype) -> None:
     name = str(dtype).removeprefix("torch.")
-    log.warning("generation_dtype: %s on a CPU without %s matrix instructions: its matmuls are emulated, so sampling "
-                "from the %s copy is slower than from the float32 weights here (bfloat16: 1.4x slower on an AMD EPYC with "
-                "AVX2, benchmarks/README.md). Set generation_dtype: model on this machine.", name, name, name)
+    log.warning("generation_dtype: %s on a CPU without %s matrix instructions: its matmuls are emulated, so "
+                "sampling from the %s copy is slower than from the float32 weights here (bfloat16: 1.4x slower on an "
+                "AMD EPYC with AVX2, benchmarks/README.md). Set generation_dtype: model on this machine.",
+                name, name, name)
 
 
 _COPIES: dict[str, SamplingCopies] = {}  # per dtype; each copy lives as long as its model
