@@ -237,6 +237,19 @@ def test_micro_batches_by_rows_and_by_token_budget():
     assert sum(int((~p.attention_mask[:, :-2].bool()).sum()) for p in parts) == 1  # one pad, in the [1, 2] bucket
 
 
+def test_a_token_budget_counts_a_shared_prompt_once(tiny):
+    """K rows of one prompt cost its prompt once plus their continuations, as ``token_logprobs`` runs them: a budget
+    that fits the group whole keeps it in one forward (its prompt encoded once); counted per row, it would split."""
+    model, _ = tiny
+    prompts = [torch.arange(1, 9), torch.arange(11, 19)]  # two 8-token prompts, 4 rows each, completions 2 wide
+    inp = collate_rows(prompts, [torch.ones(4, 2, dtype=torch.long)] * 2, [torch.ones(4, 2, dtype=torch.bool)] * 2, 0)
+    # per group: 7 prompt tokens once + 4 rows x (last prompt token + 1 completion token) = 15 (whole rows: 4 x 10)
+    assert [p.tolist() for p in micro_batches(inp, max_tokens=15)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert all(forward_tokens(model, select_rows(inp, p)) == 15 for p in micro_batches(inp, max_tokens=15))
+    assert len(micro_batches(inp, max_tokens=15, share_prompts=False)) == 8  # 10 tokens a row: one row each
+    assert [p.tolist() for p in micro_batches(inp, max_tokens=30)] == [list(range(8))]  # 2 x 7 + 8 x 2
+
+
 def test_trimming_prompt_padding_keeps_positions_and_log_probs(tiny):
     model, tok = tiny
     prompts = [torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([11, 12]), torch.tensor([13, 14, 15])]

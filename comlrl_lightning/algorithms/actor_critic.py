@@ -48,6 +48,7 @@ from comlrl_lightning.rollout.sampling import (
     collate_rows,
     micro_batches,
     select_rows,
+    shares_prompts,
     take,
     token_logprobs,
     trim_prompt_padding,
@@ -357,7 +358,8 @@ class IAC(CriticFields, OnPolicyModule):
         rows, N, turn = len(samples), self.num_agents, samples[0].turn + 1
         inputs = [self.agent_inputs(i, samples) for i in range(N)]
         weights = [token_loss_weights(x.completion_mask, self.loss_aggregation, self.max_new_tokens) for x in inputs]
-        plans = [micro_batches(x, self.micro_batch_size, self.micro_batch_tokens) for x in inputs]
+        plans = [micro_batches(x, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i)))
+                 for i, x in enumerate(inputs)]
         self.check_update_fits([(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], r)))
                                 for i in range(N) for r in plans[i]])
         value_terms = 1 if self.centralized_critic else N
@@ -376,7 +378,8 @@ class IAC(CriticFields, OnPolicyModule):
                     loss = loss + self.value_loss_coef * vloss.to(loss.device)
                 yield loss, {**diagnostics, "loss": loss.detach()}
         if self.centralized_critic:  # the shared critic: on the team target, over the whole joint mini-batch
-            for part_rows in micro_batches(inputs[0], self.micro_batch_size, self.micro_batch_tokens):
+            for part_rows in micro_batches(inputs[0], self.micro_batch_size, self.micro_batch_tokens,
+                                           share_prompts=False):  # the critic reads whole rows
                 vloss = self._value_loss(0, take(samples, part_rows), rows)
                 yield self.value_loss_coef * vloss, {"critic/value_loss": vloss.detach(),
                                                      f"turn_{turn}/value_loss": vloss.detach(),

@@ -203,8 +203,8 @@ class OptimizationFields(FieldGroup):
         lr_decay_steps: updates the schedule spans, warm-up included (null: ``trainer.max_steps``).
         lr_min_ratio: the decayed learning rate's floor, as a fraction of the learning rate.
         micro_batch_size: rows per forward of an update (gradients accumulate; null: all rows at once).
-        micro_batch_tokens: at most this many tokens per forward (rows x longest row): bounds update memory for
-            long prompts (null: no budget).
+        micro_batch_tokens: at most this many tokens per forward (rows x longest row; a prompt shared by K rows
+            counted once): bounds update memory for long prompts (null: no budget).
     """
 
     def __init__(self, agent_learning_rate: float | list[float] = 5e-6, weight_decay: float = 0.01,

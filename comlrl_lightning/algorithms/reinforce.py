@@ -33,6 +33,7 @@ from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     micro_batches,
     select_rows,
+    shares_prompts,
     token_logprobs,
     trim_prompt_padding,
 )
@@ -85,8 +86,9 @@ class MAGRPO(OnPolicyModule):
     def losses(self, nodes: list[Node]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Agent by agent, micro-batch by micro-batch: the policy loss of each forward."""
         batches = [self.policy_batch(nodes, i) for i in range(self.num_agents)]
-        chunks = [[batch.rows(rows) for rows in micro_batches(batch.inputs, self.micro_batch_size,
-                                                              self.micro_batch_tokens)] for batch in batches]
+        plans = [micro_batches(batch.inputs, self.micro_batch_size, self.micro_batch_tokens,
+                               shares_prompts(self.policy_model(i))) for i, batch in enumerate(batches)]
+        chunks = [[batch.rows(rows) for rows in plan] for batch, plan in zip(batches, plans)]
         self.check_update_fits([(self.policy_model(i), c.inputs) for i, agent in enumerate(chunks) for c in agent])
         for i, agent in enumerate(chunks):
             for c, chunk in enumerate(agent):

@@ -346,7 +346,7 @@ def token_logprobs(model, inputs: ScoringInputs, share_prompts: bool = True) -> 
     T = inputs.completion_ids.shape[1]
     ids, mask, positions = (inputs.input_ids.to(device), inputs.attention_mask.to(device),
                             inputs.position_ids.to(device))
-    shared = shared_prompts(inputs) if share_prompts and _keeps_cache(model) else None
+    shared = shared_prompts(inputs) if share_prompts and shares_prompts(model) else None
     if shared is None:
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=T + 1)
         logits = out.logits[:, -T - 1 : -1, :]  # position t predicts completion token t
@@ -373,29 +373,33 @@ def shared_prompts(inputs: ScoringInputs) -> tuple[Tensor, Tensor] | None:
     rows = inputs.input_ids.shape[0]
     if P < 2 or rows < 2:
         return None
-    prompts = inputs.input_ids[:, :P].masked_fill(inputs.attention_mask[:, :P] == 0, -1)
-    distinct, prompt_of = torch.unique(prompts, dim=0, return_inverse=True)
-    if distinct.shape[0] == rows:
+    prompt_of = _prompt_index(inputs)
+    distinct = int(prompt_of.max()) + 1
+    if distinct == rows:
         return None
-    first = torch.full((distinct.shape[0],), rows, dtype=torch.long)
+    first = torch.full((distinct,), rows, dtype=torch.long)
     first.scatter_reduce_(0, prompt_of, torch.arange(rows), reduce="amin")
     return first, prompt_of
+
+
+def _prompt_index(inputs: ScoringInputs) -> Tensor:
+    """[B] each row's index among the distinct prompts (ids and padding) of ``inputs``."""
+    P = inputs.input_ids.shape[1] - inputs.completion_ids.shape[1]
+    prompts = inputs.input_ids[:, :P].masked_fill(inputs.attention_mask[:, :P] == 0, -1)
+    return torch.unique(prompts, dim=0, return_inverse=True)[1]
 
 
 def forward_tokens(model, inputs: ScoringInputs) -> int:
     """Tokens the forwards of :func:`token_logprobs` run for ``inputs`` (what their activations scale with): a shared
     prompt counts once."""
     rows, width = inputs.input_ids.shape
-    shared = shared_prompts(inputs) if _keeps_cache(model) else None
-    if shared is None:
-        return rows * width
-    T = inputs.completion_ids.shape[1]
-    return len(shared[0]) * (width - T - 1) + rows * T
+    shared = shared_prompts(inputs) if shares_prompts(model) else None
+    return _forward_cost(rows, rows if shared is None else len(shared[0]), width, inputs.completion_ids.shape[1])
 
 
-def _keeps_cache(model) -> bool:
-    """Whether a forward of ``model`` keeps the KV cache it is given: gradient checkpointing (when grads are on)
-    drops it, so the rows must then be scored whole."""
+def shares_prompts(model) -> bool:
+    """Whether :func:`token_logprobs` encodes a shared prompt once for ``model``: not where a forward drops the KV
+    cache it is given (gradient checkpointing, when grads are on); the rows are then scored whole."""
     return not (torch.is_grad_enabled() and is_checkpointing(model))
 
 
@@ -425,28 +429,41 @@ def trim_prompt_padding(inputs: ScoringInputs) -> ScoringInputs:
                          inputs.completion_ids, inputs.completion_mask)
 
 
-def micro_batches(inputs: ScoringInputs, max_rows: int | None = None,
-                  max_tokens: int | None = None) -> list[slice | Tensor]:
+def micro_batches(inputs: ScoringInputs, max_rows: int | None = None, max_tokens: int | None = None,
+                  share_prompts: bool = True) -> list[slice | Tensor]:
     """The rows of each forward of one update. By rows only: consecutive ranges of at most ``max_rows`` rows (neither
     limit: one range with every row). With a token budget: rows bucketed by length — sorted by prompt length, then
-    packed so that a micro-batch holds at most ``max_tokens`` tokens as the forward sees them (rows × its longest
-    prompt + the completion width) and at most ``max_rows`` rows; a row longer than ``max_tokens`` is a micro-batch
-    of its own. Rows of similar length share a forward, so little of it is padding. Returned as index tensors."""
+    packed so that a micro-batch's forwards run at most ``max_tokens`` tokens (:func:`forward_tokens`: rows × its
+    longest row, or, where rows share a prompt and ``share_prompts``, each distinct prompt once plus every row's
+    continuation) and hold at most ``max_rows`` rows; a row longer than ``max_tokens`` is a micro-batch of its own.
+    Rows of similar length share a forward, so little of it is padding. Returned as index tensors."""
     rows = inputs.input_ids.shape[0]
     if max_tokens is None:
         step = max_rows or rows
         return [slice(s, min(s + step, rows)) for s in range(0, rows, step)]
     width = inputs.completion_ids.shape[1]
     lengths = inputs.attention_mask[:, : inputs.input_ids.shape[1] - width].sum(-1) + width
+    prompt_of = _prompt_index(inputs) if share_prompts else None
     order = torch.argsort(lengths, stable=True)
-    parts, current = [], []
+    parts, current, prompts = [], [], set()
     for row, length in zip(order.tolist(), lengths[order].tolist()):  # planning over rows (scalars), not tokens
-        if current and ((len(current) + 1) * length > max_tokens or (max_rows is not None and len(current) >= max_rows)):
+        prompt = row if prompt_of is None else int(prompt_of[row])
+        cost = _forward_cost(len(current) + 1, len(prompts | {prompt}), length, width)
+        if current and (cost > max_tokens or (max_rows is not None and len(current) >= max_rows)):
             parts.append(current)
-            current = []
+            current, prompts = [], set()
         current.append(row)  # sorted: the newest row is the longest of its micro-batch
+        prompts.add(prompt)
     parts.append(current)
     return [torch.tensor(part, dtype=torch.long) for part in parts]
+
+
+def _forward_cost(rows: int, prompts: int, length: int, width: int) -> int:
+    """Tokens the forwards of :func:`token_logprobs` run for ``rows`` rows of ``prompts`` distinct prompts, the
+    longest row ``length`` tokens of which ``width`` are completion."""
+    if prompts == rows or length - width < 2:  # nothing shared: one forward over the whole rows
+        return rows * length
+    return prompts * (length - width - 1) + rows * width
 
 
 def take(items: Sequence, rows: slice | Tensor) -> list:
