@@ -248,6 +248,10 @@ def test_a_token_budget_counts_a_shared_prompt_once(tiny):
     assert all(forward_tokens(model, select_rows(inp, p)) == 15 for p in micro_batches(inp, max_tokens=15))
     assert len(micro_batches(inp, max_tokens=15, share_prompts=False)) == 8  # 10 tokens a row: one row each
     assert [p.tolist() for p in micro_batches(inp, max_tokens=30)] == [list(range(8))]  # 2 x 7 + 8 x 2
+    # Rows without prompt tokens (an empty prompt, no chat template) have nothing to share: priced whole.
+    empty = build_scoring_inputs([torch.tensor([], dtype=torch.long)] * 3, torch.ones(3, 2, dtype=torch.long),
+                                 torch.ones(3, 2, dtype=torch.bool), 0)
+    assert [p.tolist() for p in micro_batches(empty, max_tokens=4)] == [[0, 1], [2]]
 
 
 def test_trimming_prompt_padding_keeps_positions_and_log_probs(tiny):

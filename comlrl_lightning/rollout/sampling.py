@@ -443,12 +443,13 @@ def micro_batches(inputs: ScoringInputs, max_rows: int | None = None, max_tokens
         return [slice(s, min(s + step, rows)) for s in range(0, rows, step)]
     width = inputs.completion_ids.shape[1]
     lengths = inputs.attention_mask[:, : inputs.input_ids.shape[1] - width].sum(-1) + width
-    prompt_of = _prompt_index(inputs) if share_prompts else None
+    shared = share_prompts and inputs.input_ids.shape[1] - width >= 2  # as shared_prompts decides
+    prompt_of = _prompt_index(inputs).tolist() if shared else list(range(rows))
     order = torch.argsort(lengths, stable=True)
     parts, current, prompts = [], [], set()
     for row, length in zip(order.tolist(), lengths[order].tolist()):  # planning over rows (scalars), not tokens
-        prompt = row if prompt_of is None else int(prompt_of[row])
-        cost = _forward_cost(len(current) + 1, len(prompts | {prompt}), length, width)
+        prompt = prompt_of[row]
+        cost = _forward_cost(len(current) + 1, len(prompts) + (prompt not in prompts), length, width)
         if current and (cost > max_tokens or (max_rows is not None and len(current) >= max_rows)):
             parts.append(current)
             current, prompts = [], set()
