@@ -373,6 +373,62 @@ def test_each_prompt_is_prefilled_once_and_samples_the_tokens_generate_alone_wou
         hook.remove()
 
 
+def test_the_vocabulary_projection_timed_faster_samples_the_same_tokens_and_log_probs(tiny, monkeypatch):
+    """While decoding, a large CPU vocabulary projection may multiply as W @ xᵀ (rollout/decoding.py): seed for seed
+    the samples are the plain projection's tokens, the kept log-probs a scoring forward's, and the head's own
+    forward is back afterwards."""
+    from comlrl_lightning.rollout import decoding
+
+    model, tok = tiny
+    head = model.get_output_embeddings()
+    cfg = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=50, keep_logprobs=True)
+    monkeypatch.setattr(decoding, "_CHOICES", {})
+    torch.manual_seed(0)
+    plain = sample_completions(model, tok, PROMPTS, 3, cfg)
+    assert not decoding._CHOICES, "a small vocabulary is timed"
+    monkeypatch.setattr(decoding, "LARGE_WEIGHT_BYTES", 0)
+    monkeypatch.setattr(decoding, "CLEARLY_FASTER", float("inf"))  # W @ xᵀ whatever the timing
+    used = []
+    by_columns = decoding._by_columns
+    monkeypatch.setattr(decoding, "_by_columns", lambda layer, x: used.append(x.shape) or by_columns(layer, x))
+    torch.manual_seed(0)
+    fast = sample_completions(model, tok, PROMPTS, 3, cfg)
+    assert {rows for (_, _, _, rows), chosen in decoding._CHOICES.items() if chosen} >= {2, 6}  # prefill, decoding
+    assert len(used) >= cfg.max_new_tokens
+    assert "forward" not in vars(head)
+    assert torch.equal(fast.completion_ids, plain.completion_ids)
+    torch.testing.assert_close(fast.logprobs, plain.logprobs, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        x = torch.randn(5, 1, head.in_features)
+        torch.testing.assert_close(by_columns(head, x), head(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_vocabulary_projection_keeps_the_form_that_times_clearly_faster(monkeypatch):
+    """The choice is timed once per shape and row count: the form made slower loses, and the result is kept."""
+    import time
+
+    from comlrl_lightning.rollout import decoding
+
+    layer = torch.nn.Linear(16, 32)
+    x = torch.randn(4, 16)
+
+    def slowed(form):
+        def run(layer, x):
+            time.sleep(0.01)
+            return form(layer, x)
+        return run
+
+    for slow, expected in (("_plain", True), ("_by_columns", False)):
+        with monkeypatch.context() as patch:
+            patch.setattr(decoding, "_CHOICES", {})
+            patch.setattr(decoding, slow, slowed(getattr(decoding, slow)))
+            assert decoding.columns_faster(layer, x) is expected
+            assert decoding._CHOICES == {(torch.float32, 32, 16, 4): expected}
+            timed = []
+            patch.setattr(decoding, "_best_seconds", lambda fn: timed.append(fn) or 0.0)
+            assert decoding.columns_faster(layer, x) is expected and not timed  # timed once
+
+
 class _Spy(LogitsProcessor):
     def __init__(self):
         self.calls = 0

@@ -7,6 +7,7 @@ never padding (our fix of CoMLRL's last-token / pad-target bug, docs/differences
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -19,6 +20,7 @@ from transformers.generation import utils as _generation
 from comlrl_lightning.agents.memory import is_checkpointing
 from comlrl_lightning.agents.value_head import cache_of
 from comlrl_lightning.core.sampling import sample_tokens
+from comlrl_lightning.rollout.decoding import fast_vocab_projection
 
 # What ``generate`` calls a cache handed to it (transformers renamed ``past_key_values`` to ``cache``).
 CACHE_KEYWORD = "cache" if "cache" in getattr(_generation, "ALL_CACHE_NAMES", ()) else "past_key_values"
@@ -163,7 +165,8 @@ def sample_completions(
                         "top_k": sampling.top_k if sampling.top_k is not None else 0}
             if processors:
                 extra["logits_processor"] = LogitsProcessorList(processors)
-            with torch.inference_mode():
+            fast = "cache_implementation" not in extra  # a compiled decoding step traces the plain projection
+            with torch.inference_mode(), fast_vocab_projection(model) if fast else contextlib.nullcontext():
                 # A cache of generate's own kind (``cache_implementation: static``, compiled decoding on a GPU) is
                 # built by generate itself: the prompts are then encoded K times.
                 inputs = prefill_once(model, enc, num_samples, names, share="cache_implementation" not in extra)
