@@ -7,6 +7,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 CONFIG ?= configs/magrpo.yaml
 ARGS ?=
+TEST_WORKERS ?= 2  # pytest-xdist processes for make test (each test file runs whole in one of them)
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
@@ -24,7 +25,7 @@ fit: $(VENV)/.installed
 	$(PY) -m comlrl_lightning fit --config $(CONFIG) $(ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
