@@ -70,9 +70,8 @@ def columns_faster(layer: torch.nn.Linear, x: Tensor) -> bool:
 
 def _project(layer: torch.nn.Linear, x: Tensor) -> Tensor:
     rows = x.numel() // x.shape[-1]
-    if 0 < rows <= MAX_ROWS and not torch.is_grad_enabled() and x.dtype == layer.weight.dtype and columns_faster(layer, x):
-        return _by_columns(layer, x)
-    return _plain(layer, x)
+    skinny = 0 < rows <= MAX_ROWS and not torch.is_grad_enabled() and x.dtype == layer.weight.dtype
+    return _by_columns(layer, x) if skinny and columns_faster(layer, x) else _plain(layer, x)
 
 
 def _projects_on_cpu(layer: object) -> bool:
