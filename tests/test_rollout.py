@@ -385,7 +385,7 @@ def test_the_vocabulary_projection_timed_faster_samples_the_same_tokens_and_log_
     monkeypatch.setattr(decoding, "_CHOICES", {})
     torch.manual_seed(0)
     plain = sample_completions(model, tok, PROMPTS, 3, cfg)
-    assert not decoding._CHOICES, "a small vocabulary is timed"
+    assert not decoding._CHOICES, "a small vocabulary was timed"
     monkeypatch.setattr(decoding, "LARGE_WEIGHT_BYTES", 0)
     monkeypatch.setattr(decoding, "CLEARLY_FASTER", float("inf"))  # W @ xᵀ whatever the timing
     used = []

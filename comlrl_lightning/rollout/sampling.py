@@ -165,11 +165,12 @@ def sample_completions(
                         "top_k": sampling.top_k if sampling.top_k is not None else 0}
             if processors:
                 extra["logits_processor"] = LogitsProcessorList(processors)
-            fast = "cache_implementation" not in extra  # a compiled decoding step traces the plain projection
-            with torch.inference_mode(), fast_vocab_projection(model) if fast else contextlib.nullcontext():
-                # A cache of generate's own kind (``cache_implementation: static``, compiled decoding on a GPU) is
-                # built by generate itself: the prompts are then encoded K times.
-                inputs = prefill_once(model, enc, num_samples, names, share="cache_implementation" not in extra)
+            # A cache of generate's own kind (``cache_implementation: static``, compiled decoding on a GPU) is built
+            # by generate itself: the prompts are then encoded K times, and the compiled step keeps the plain
+            # vocabulary projection.
+            own_cache = "cache_implementation" in extra
+            with torch.inference_mode(), contextlib.nullcontext() if own_cache else fast_vocab_projection(model):
+                inputs = prefill_once(model, enc, num_samples, names, share=not own_cache)
                 out = model.generate(
                     **inputs,
                     **draw,
