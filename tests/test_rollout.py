@@ -373,60 +373,69 @@ def test_each_prompt_is_prefilled_once_and_samples_the_tokens_generate_alone_wou
         hook.remove()
 
 
-def test_the_vocabulary_projection_timed_faster_samples_the_same_tokens_and_log_probs(tiny, monkeypatch):
-    """While decoding, a large CPU vocabulary projection may multiply as W @ xᵀ (rollout/decoding.py): seed for seed
-    the samples are the plain projection's tokens, the kept log-probs a scoring forward's, and the head's own
-    forward is back afterwards."""
+def test_the_decoding_products_timed_faster_sample_the_same_tokens_and_log_probs(tiny, monkeypatch):
+    """While decoding, a model's large CPU linear layers may multiply as W @ xᵀ (rollout/decoding.py): seed for seed
+    the samples are the plain products' tokens, the kept log-probs a scoring forward's, a forward with grad keeps
+    the plain product, and the layers' own forwards are back afterwards."""
     from comlrl_lightning.rollout import decoding
 
     model, tok = tiny
-    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     cfg = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=50, keep_logprobs=True)
     monkeypatch.setattr(decoding, "_CHOICES", {})
     torch.manual_seed(0)
     plain = sample_completions(model, tok, PROMPTS, 3, cfg)
-    assert not decoding._CHOICES, "a small vocabulary was timed"
+    assert not decoding._CHOICES, "a small model was timed"
     monkeypatch.setattr(decoding, "LARGE_WEIGHT_BYTES", 0)
     monkeypatch.setattr(decoding, "CLEARLY_FASTER", float("inf"))  # W @ xᵀ whatever the timing
     used = []
     by_columns = decoding._by_columns
-    monkeypatch.setattr(decoding, "_by_columns", lambda layer, x: used.append(x.shape) or by_columns(layer, x))
+    monkeypatch.setattr(decoding, "_by_columns", lambda layer, x: used.append(layer) or by_columns(layer, x))
     torch.manual_seed(0)
     fast = sample_completions(model, tok, PROMPTS, 3, cfg)
-    assert {rows for (_, _, _, rows), chosen in decoding._CHOICES.items() if chosen} >= {2, 6}  # prefill, decoding
-    assert len(used) >= cfg.max_new_tokens
-    assert "forward" not in vars(head)
+    assert {rows for (_, rows, _), chosen in decoding._CHOICES.items() if chosen} >= {2, 6}  # prefill, decoding
+    assert {id(layer) for layer in used} == {id(layer) for layer in linears}
+    assert not any("forward" in vars(layer) for layer in linears)
     assert torch.equal(fast.completion_ids, plain.completion_ids)
     torch.testing.assert_close(fast.logprobs, plain.logprobs, atol=1e-5, rtol=1e-5)
-    with torch.no_grad():
-        x = torch.randn(5, 1, head.in_features)
-        torch.testing.assert_close(by_columns(head, x), head(x), atol=1e-5, rtol=1e-5)
+    used.clear()
+    with decoding.fast_decoding_products(model):
+        model(input_ids=fast.completion_ids[:2, :1]).logits.sum().backward()  # training: with grad, 2 rows
+    assert not used
+    model.zero_grad()
 
 
-def test_the_vocabulary_projection_keeps_the_form_that_times_clearly_faster(monkeypatch):
-    """The choice is timed once per shape and row count: the form made slower loses, and the result is kept."""
+def test_the_decoding_products_keep_the_form_that_times_clearly_faster(monkeypatch):
+    """The form made slower loses; the choice is timed once per thread count, row count and set of weight shapes;
+    W @ xᵀ gives F.linear's result, contiguous."""
     import time
 
     from comlrl_lightning.rollout import decoding
 
-    layer = torch.nn.Linear(16, 32)
-    x = torch.randn(4, 16)
+    layers = [torch.nn.Linear(16, 32), torch.nn.Linear(32, 16, bias=False)]
+    x = torch.randn(3, 1, 16)
+    with torch.no_grad():
+        out = decoding._by_columns(layers[0], x)
+        torch.testing.assert_close(out, layers[0](x), atol=1e-6, rtol=1e-6)
+    assert out.is_contiguous()
 
     def slowed(form):
         def run(layer, x):
-            time.sleep(0.01)
+            time.sleep(0.002)
             return form(layer, x)
         return run
 
     for slow, expected in (("_plain", True), ("_by_columns", False)):
         with monkeypatch.context() as patch:
-            patch.setattr(decoding, "_CHOICES", {})
             patch.setattr(decoding, slow, slowed(getattr(decoding, slow)))
-            assert decoding.columns_faster(layer, x) is expected
-            assert decoding._CHOICES == {(torch.float32, 32, 16, 4): expected}
-            timed = []
-            patch.setattr(decoding, "_best_seconds", lambda fn: timed.append(fn) or 0.0)
-            assert decoding.columns_faster(layer, x) is expected and not timed  # timed once
+            assert decoding.columns_faster(layers, 4) is expected
+    timed = []
+    monkeypatch.setattr(decoding, "_CHOICES", {})
+    monkeypatch.setattr(decoding, "columns_faster", lambda layers, rows: timed.append(rows) or rows == 4)
+    first, second = decoding._Products(layers), decoding._Products(layers[::-1])
+    assert first.by_columns(4) and second.by_columns(4) and not first.by_columns(2)
+    assert timed == [4, 2]
+    assert decoding._Products(layers[:1]).by_columns(4) and timed == [4, 2, 4]  # other shapes: timed again
 
 
 class _Spy(LogitsProcessor):

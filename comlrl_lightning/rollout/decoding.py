@@ -1,36 +1,41 @@
-"""The vocabulary projection of a decoding step on a CPU (benchmarks/README.md#the-vocabulary-projection).
+"""The linear products of a decoding step on a CPU (benchmarks/README.md#the-decoding-products).
 
-Each decoding step multiplies a few rows (the K samples of a few prompts) by the vocabulary matrix, the largest
-weight of a small model (49152 x 576 floats, 113 MB, for SmolLM2-135M). The step reads all of it, so its floor is
-memory bandwidth. How close a BLAS gets to that floor for so few rows depends on the library and the CPU. With MKL
-on an AMD EPYC (1 thread, 4 rows), ``F.linear(x, W)`` took 31 ms, ``(W @ xᵀ)ᵀ`` 14 ms, and reading the matrix once
-10 ms.
+Each decoding step multiplies a few rows (the K samples of a few prompts) by every weight matrix of the model, and
+reads each matrix from memory: the step goes through all of them (540 MB for SmolLM2-135M in float32) before it
+comes back to a layer, so none is still in the caches. Its floor is memory bandwidth. How close a BLAS gets to that
+floor for so few rows depends on the library, the CPU and the shape. With MKL on an AMD EPYC (1 thread, 4 rows),
+``(W @ xᵀ)ᵀ`` took 0.69–0.86 of ``F.linear(x, W)``'s time for the layers' matrices, and 0.45 for the vocabulary
+projection; at 16 rows it was the slower.
 
-So while a model decodes (:func:`fast_vocab_projection`, around ``generate``), a large vocabulary projection on the
-CPU times both forms once per shape and row count, and keeps ``W @ xᵀ`` where it is clearly the faster. The two are
-the same sums, accumulated in another order: the logits agree to float rounding (tests/test_rollout.py). Training's
-forward, with its many rows, is left alone.
+So while a model decodes (:func:`fast_decoding_products`, around ``generate``), its large CPU linear layers time both
+forms once per process, row count and weight shape, and keep ``W @ xᵀ`` where it is clearly the faster. The timing
+goes through the layers in the model's order, as a decoding step does, so each product reads its matrix from memory.
+The two forms are the same sums, accumulated in another order: the logits agree to float rounding
+(tests/test_rollout.py). Training's forward, with its many rows, is left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from typing import Iterator
+from collections import defaultdict
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# A weight smaller than this stays in the caches between steps, where the plain product does well.
+# The layers of one weight shape whose matrices, together, are smaller than this stay in the caches between steps,
+# where the plain product does well: they are left alone.
 LARGE_WEIGHT_BYTES = 16 * 2**20
 # More rows than this make the product compute-bound, where the plain product does well.
-MAX_ROWS = 64
+MAX_ROWS = 8
 # W @ xᵀ is kept only when it takes less than this fraction of the plain product's time, so that a near tie, whose
 # timing noise could go either way, does not change the kernel (and the logits' last bits) from run to run.
 CLEARLY_FASTER = 0.8
 
-_CHOICES: dict[tuple, bool] = {}  # (dtype, out features, in features, rows) -> multiply as W @ xᵀ
+_CHOICES: dict[tuple, bool] = {}  # (threads, rows, the layers' weight shapes) -> multiply as W @ xᵀ
 
 
 def _plain(layer: torch.nn.Linear, x: Tensor) -> Tensor:
@@ -39,58 +44,89 @@ def _plain(layer: torch.nn.Linear, x: Tensor) -> Tensor:
 
 def _by_columns(layer: torch.nn.Linear, x: Tensor) -> Tensor:
     flat = x.reshape(-1, x.shape[-1])
-    out = torch.mm(layer.weight, flat.t()).t()
+    # Contiguous, as F.linear's: the next layer's product (and attention) is slower on a transposed input.
+    out = torch.mm(layer.weight, flat.t()).t().contiguous()
     if layer.bias is not None:
-        out = out + layer.bias
+        out += layer.bias
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _best_seconds(fn, repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
+def _shape(layer: torch.nn.Linear) -> tuple:
+    return (layer.weight.dtype, *layer.weight.shape, layer.bias is not None)
+
+
+def columns_faster(layers: Sequence[torch.nn.Linear], rows: int, repeats: int = 3) -> bool:
+    """Whether ``W @ xᵀ`` is clearly faster than ``F.linear`` for ``layers`` at ``rows`` rows. A pass multiplies by
+    every layer in order, as a decoding step does; each form's time is its best of ``repeats`` passes after one
+    warm-up pass (the forms alternate)."""
+    inputs = {shape: torch.ones(rows, shape[2], dtype=shape[0], device=layer.weight.device)  # no random draw:
+              for shape, layer in {_shape(layer): layer for layer in layers}.items()}  # sampling's stays as seeded
+
+    def one_pass(form) -> float:
         start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        for layer in layers:
+            form(layer, inputs[_shape(layer)])
+        return time.perf_counter() - start
+
+    forms = (_plain, _by_columns)
+    with torch.no_grad():
+        for form in forms:
+            one_pass(form)
+        passes = [[one_pass(form) for form in forms] for _ in range(repeats)]
+    plain, columns = (min(run[i] for run in passes) for i in range(len(forms)))
+    return columns < CLEARLY_FASTER * plain
 
 
-def columns_faster(layer: torch.nn.Linear, x: Tensor) -> bool:
-    """Whether ``W @ xᵀ`` is clearly faster than ``F.linear`` for ``layer`` at ``x``'s rows: timed once per shape
-    and row count in a process (both forms warmed up, then the best of three each)."""
-    rows = x.numel() // x.shape[-1]
-    key = (x.dtype, *layer.weight.shape, rows)
-    if key not in _CHOICES:
-        _plain(layer, x)  # warm-up
-        _by_columns(layer, x)
-        plain = _best_seconds(lambda: _plain(layer, x))
-        columns = _best_seconds(lambda: _by_columns(layer, x))
-        _CHOICES[key] = columns < CLEARLY_FASTER * plain
-    return _CHOICES[key]
+class _Products:
+    """The form each row count multiplies in, for one model's large layers: timed once per process, thread count,
+    row count and set of weight shapes (:func:`columns_faster`)."""
+
+    def __init__(self, layers: Sequence[torch.nn.Linear]):
+        self.layers = layers
+        self.shapes = frozenset(map(_shape, layers))
+        self.by_rows: dict[int, bool] = {}
+
+    def by_columns(self, rows: int) -> bool:
+        if rows not in self.by_rows:
+            key = (torch.get_num_threads(), rows, self.shapes)
+            if key not in _CHOICES:
+                _CHOICES[key] = columns_faster(self.layers, rows)
+            self.by_rows[rows] = _CHOICES[key]
+        return self.by_rows[rows]
+
+    def multiply(self, layer: torch.nn.Linear, x: Tensor) -> Tensor:
+        rows = x.numel() // x.shape[-1]
+        skinny = 0 < rows <= MAX_ROWS and not torch.is_grad_enabled() and x.dtype == layer.weight.dtype
+        return _by_columns(layer, x) if skinny and self.by_columns(rows) else _plain(layer, x)
 
 
-def _project(layer: torch.nn.Linear, x: Tensor) -> Tensor:
-    rows = x.numel() // x.shape[-1]
-    skinny = 0 < rows <= MAX_ROWS and not torch.is_grad_enabled() and x.dtype == layer.weight.dtype
-    return _by_columns(layer, x) if skinny and columns_faster(layer, x) else _plain(layer, x)
+def _multiplies_on_cpu(module: object) -> bool:
+    """A plain ``nn.Linear`` with plain CPU tensors, whose forward is the class's (not one set on the instance, as
+    accelerate's hooks do). A LoRA layer's base layer is one; a packed sampling copy or a sharded layer is not."""
+    return (type(module) is torch.nn.Linear and type(module.weight.data) is torch.Tensor
+            and module.weight.device.type == "cpu" and "forward" not in vars(module))
 
 
-def _projects_on_cpu(layer: object) -> bool:
-    return (type(layer) is torch.nn.Linear and layer.weight.device.type == "cpu"
-            and layer.weight.numel() * layer.weight.element_size() >= LARGE_WEIGHT_BYTES)
+def large_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """``model``'s CPU linear layers, in its order, whose weight shape it holds ``LARGE_WEIGHT_BYTES`` or more of."""
+    layers = [m for m in model.modules() if _multiplies_on_cpu(m)]
+    held: dict[tuple, dict[int, int]] = defaultdict(dict)  # shape -> distinct weights -> bytes
+    for layer in layers:
+        held[_shape(layer)][id(layer.weight)] = layer.weight.numel() * layer.weight.element_size()
+    return [layer for layer in layers if sum(held[_shape(layer)].values()) >= LARGE_WEIGHT_BYTES]
 
 
 @contextlib.contextmanager
-def fast_vocab_projection(model: torch.nn.Module) -> Iterator[None]:
-    """While the block runs (a ``generate`` under ``inference_mode``), ``model``'s output embedding, when it is a
-    large plain ``nn.Linear`` on the CPU, multiplies in the form timed faster on this machine. Anything else (a GPU,
-    a LoRA- or FSDP-wrapped head, a packed sampling copy, a small vocabulary) is left as it is."""
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    if not _projects_on_cpu(head) or "forward" in vars(head):  # a forward set on the instance (accelerate's hooks)
-        yield
-        return
-    head.forward = _project.__get__(head)
+def fast_decoding_products(model: torch.nn.Module) -> Iterator[None]:
+    """While the block runs (a ``generate`` under ``inference_mode``), ``model``'s large CPU linear layers
+    (:func:`large_linears`) multiply a few rows in the form timed faster on this machine. Anything else (a GPU, a
+    small model, a packed sampling copy) is left as it is; the layers' own forwards are back afterwards."""
+    layers = large_linears(model)
+    products = _Products(layers)
+    for layer in layers:
+        layer.forward = functools.partial(products.multiply, layer)
     try:
         yield
     finally:
-        del head.forward
+        for layer in layers:
+            del layer.forward

@@ -20,7 +20,7 @@ from transformers.generation import utils as _generation
 from comlrl_lightning.agents.memory import is_checkpointing
 from comlrl_lightning.agents.value_head import cache_of
 from comlrl_lightning.core.sampling import sample_tokens
-from comlrl_lightning.rollout.decoding import fast_vocab_projection
+from comlrl_lightning.rollout.decoding import fast_decoding_products
 
 # What ``generate`` calls a cache handed to it (transformers renamed ``past_key_values`` to ``cache``).
 CACHE_KEYWORD = "cache" if "cache" in getattr(_generation, "ALL_CACHE_NAMES", ()) else "past_key_values"
@@ -167,9 +167,9 @@ def sample_completions(
                 extra["logits_processor"] = LogitsProcessorList(processors)
             # A cache of generate's own kind (``cache_implementation: static``, compiled decoding on a GPU) is built
             # by generate itself: the prompts are then encoded K times, and the compiled step keeps the plain
-            # vocabulary projection.
+            # linear products.
             own_cache = "cache_implementation" in extra
-            with torch.inference_mode(), contextlib.nullcontext() if own_cache else fast_vocab_projection(model):
+            with torch.inference_mode(), contextlib.nullcontext() if own_cache else fast_decoding_products(model):
                 inputs = prefill_once(model, enc, num_samples, names, share=not own_cache)
                 out = model.generate(
                     **inputs,
