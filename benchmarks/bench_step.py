@@ -91,6 +91,10 @@ def worker(args) -> dict:
                     generation_kwargs={"min_new_tokens": args.tokens}, eval_interval=0, log_completions=False,
                     rollout_buffer_size=args.prompts, temperature=0.6, top_p=0.6, top_k=50,
                     use_chat_template=True, lora_rank=args.lora_rank, **task).to(args.device)
+    if args.device == "cpu" and getattr(module, "keep_freed_cpu_memory", False):  # as fit starts (on_fit_start)
+        from comlrl_lightning.agents.memory import keep_freed_memory
+
+        keep_freed_memory()
     try:
         from comlrl_lightning.rollout.generation import weights_changed  # what an update tells the generation copies
     except ImportError:

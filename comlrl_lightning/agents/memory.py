@@ -11,6 +11,8 @@ fit (tens of GB on a 24 GB machine) before the kernel's OOM killer does, not to 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 from typing import Any
 
@@ -91,3 +93,20 @@ def available_bytes(device: torch.device) -> int | None:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     return None
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """From now on, keep the memory this process frees for its next allocations instead of handing it back to the
+    operating system (glibc's ``mallopt``: no separately mapped chunks, no trimming of the heap); whether it took
+    effect (False on another C library). A training step on the CPU frees and allocates again ~1 GB of activations
+    and gradients, and each page the system hands out anew costs a page fault: ~5 µs on a KVM guest, 200–300k of
+    them, ~1 s, per update of two SmolLM2-135M agents (benchmarks/README.md#memory-kept-for-the-next-step). The
+    process then stays at its peak memory, as PyTorch's caching allocator does on a GPU."""
+    libc = ctypes.CDLL(None)  # the C library this process runs on
+    if not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))

@@ -41,7 +41,8 @@ from torchmetrics.aggregation import CatMetric
 from comlrl_lightning.agents import CausalLMWithValueHead, load_agents, resolve_devices, save_agents
 from comlrl_lightning.agents.loading import validate_agent_sources
 from comlrl_lightning.agents.lora import LoRATeam, adapter_base, is_adapter_dir
-from comlrl_lightning.agents.memory import activation_bytes, available_bytes, enable_checkpointing, missing_state_bytes
+from comlrl_lightning.agents.memory import (activation_bytes, available_bytes, enable_checkpointing, keep_freed_memory,
+                                            missing_state_bytes)
 from comlrl_lightning.agents.sharding import (
     full_state_dicts,
     gathered,
@@ -429,6 +430,8 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             self.trainer.limit_val_batches = self._limit_val_batches
 
     def on_fit_start(self) -> None:
+        if self.keep_freed_cpu_memory and self.device.type == "cpu":
+            keep_freed_memory()  # no page fault per fresh page, step after step (agents/memory.py)
         for logger in self.loggers:  # W&B charts against env_step (CoMLRL's x-axis) instead of global_step
             if type(logger).__name__ == "WandbLogger":
                 logger.experiment.define_metric("env_step")

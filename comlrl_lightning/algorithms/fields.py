@@ -205,12 +205,15 @@ class OptimizationFields(FieldGroup):
         micro_batch_size: rows per forward of an update (gradients accumulate; null: all rows at once).
         micro_batch_tokens: at most this many tokens per forward (rows x longest row; a prompt shared by K rows
             counted once): bounds update memory for long prompts (null: no budget).
+        keep_freed_cpu_memory: on a CPU, the process keeps the memory a step frees for the next one instead of
+            returning it to the system, which hands pages out anew at a page fault each (glibc; the process stays
+            at its peak memory).
     """
 
     def __init__(self, agent_learning_rate: float | list[float] = 5e-6, weight_decay: float = 0.01,
                  adamw_implementation: AdamWImplementation = "auto", max_grad_norm: float | None = None, lr_warmup_steps: int = 0, lr_decay: LrDecay = "constant",
                  lr_decay_steps: int | None = None, lr_min_ratio: float = 0.0, micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
-                 **kwargs: Any):
+                 keep_freed_cpu_memory: bool = True, **kwargs: Any):
         self._store(OptimizationFields.__init__, locals())
         rates = agent_learning_rate if isinstance(agent_learning_rate, (list, tuple)) else [agent_learning_rate]
         require(all(r > 0 for r in rates), f"agent_learning_rate must be > 0 (got {list(rates)}).")
