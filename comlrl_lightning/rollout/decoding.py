@@ -3,12 +3,12 @@
 Each decoding step multiplies a few rows (the K samples of a few prompts) by every weight matrix of the model, and
 reads each matrix from memory: the step goes through all of them (540 MB for SmolLM2-135M in float32) before it
 comes back to a layer, so none is still in the caches. Its floor is memory bandwidth. How close a BLAS gets to that
-floor for so few rows depends on the library, the CPU and the shape. With MKL on an AMD EPYC (1 thread, 4 rows),
-``(W @ xᵀ)ᵀ`` took 0.69–0.86 of ``F.linear(x, W)``'s time for the layers' matrices, and 0.45 for the vocabulary
-projection; at 16 rows it was the slower.
+floor for so few rows depends on the library, the CPU, the shapes and the rows. With MKL on an AMD EPYC (1 thread),
+``(W @ xᵀ)ᵀ`` took 0.68–0.71 of ``F.linear(x, W)``'s time over all of SmolLM2-135M's layers at 4 rows (0.45 for the
+vocabulary projection alone), and 1.3–1.5 at 12 rows.
 
 So while a model decodes (:func:`fast_decoding_products`, around ``generate``), its large CPU linear layers time both
-forms once per process, row count and weight shape, and keep ``W @ xᵀ`` where it is clearly the faster. The timing
+forms once per process, thread count and row count, and use ``W @ xᵀ`` where it is clearly the faster. The timing
 goes through the layers in the model's order, as a decoding step does, so each product reads its matrix from memory.
 The two forms are the same sums, accumulated in another order: the logits agree to float rounding
 (tests/test_rollout.py). Training's forward, with its many rows, is left alone.
