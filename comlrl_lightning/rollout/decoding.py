@@ -59,8 +59,9 @@ def columns_faster(layers: Sequence[torch.nn.Linear], rows: int, repeats: int = 
     """Whether ``W @ xᵀ`` is clearly faster than ``F.linear`` for ``layers`` at ``rows`` rows. A pass multiplies by
     every layer in order, as a decoding step does; each form's time is its best of ``repeats`` passes after one
     warm-up pass (the forms alternate)."""
-    inputs = {shape: torch.ones(rows, shape[2], dtype=shape[0], device=layer.weight.device)  # no random draw:
-              for shape, layer in {_shape(layer): layer for layer in layers}.items()}  # sampling's stays as seeded
+    # Ones, not a random draw: the sampling that follows stays as seeded.
+    inputs = {shape: torch.ones(rows, shape[2], dtype=shape[0], device=layer.weight.device)
+              for shape, layer in {_shape(layer): layer for layer in layers}.items()}
 
     def one_pass(form) -> float:
         start = time.perf_counter()
@@ -83,16 +84,13 @@ class _Products:
 
     def __init__(self, layers: Sequence[torch.nn.Linear]):
         self.layers = layers
-        self.shapes = frozenset(map(_shape, layers))
-        self.by_rows: dict[int, bool] = {}
+        self.shapes = frozenset(map(_shape, layers))  # a frozenset keeps its hash: the key below is cheap
 
     def by_columns(self, rows: int) -> bool:
-        if rows not in self.by_rows:
-            key = (torch.get_num_threads(), rows, self.shapes)
-            if key not in _CHOICES:
-                _CHOICES[key] = columns_faster(self.layers, rows)
-            self.by_rows[rows] = _CHOICES[key]
-        return self.by_rows[rows]
+        key = (torch.get_num_threads(), rows, self.shapes)
+        if key not in _CHOICES:
+            _CHOICES[key] = columns_faster(self.layers, rows)
+        return _CHOICES[key]
 
     def multiply(self, layer: torch.nn.Linear, x: Tensor) -> Tensor:
         rows = x.numel() // x.shape[-1]
