@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # roofline.py
 
 from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF, PreferenceDataModule  # noqa: E402
+from comlrl_lightning.agents.memory import keep_freed_memory  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
@@ -124,7 +125,13 @@ class Phase:
     CUDA: ``max_memory_allocated`` minus what was allocated at the start. CPU: growth of the process's peak
     RSS over its RSS at the start, after ``malloc_trim`` and a reset of the kernel's high-water mark (falls back
     to the ``getrusage`` max-RSS delta, a lower bound, where the reset is not allowed).
+
+    A CPU process that keeps what it frees (``--keep-freed-memory``, as fit does) is timed without that trim, which
+    would hand the kept memory back before every phase: ``measure_memory`` is then off and the peak is None, except
+    in one more, untimed round that ``measure`` runs for the memory figures.
     """
+
+    measure_memory = True
 
     def __init__(self, device: str):
         self.device = device
@@ -137,7 +144,7 @@ class Phase:
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
             self._start = torch.cuda.memory_allocated()
-        else:
+        elif self.measure_memory:
             _malloc_trim()
             self._hwm = _reset_peak_rss() and _rss_kib() is not None
             self._start = _rss_kib()[0] if self._hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -149,14 +156,18 @@ class Phase:
         self.seconds = time.perf_counter() - self._tic
         if self.device == "cuda":
             self.peak_mib = (torch.cuda.max_memory_allocated() - self._start) / 2**20
+        elif not self.measure_memory:
+            self.peak_mib = None
         else:
             peak = _rss_kib()[1] if self._hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             self.peak_mib = max(peak - self._start, 0) / 1024
         return False
 
 
-def summarize(samples: list[dict[str, tuple[float, float]]], tokens: dict[str, int]) -> dict[str, dict]:
-    """Median seconds and max peak memory of each phase over the repeats, with tokens/s."""
+def summarize(samples: list[dict[str, tuple[float, float]]], tokens: dict[str, int],
+              memory: dict[str, tuple[float, float]] | None = None) -> dict[str, dict]:
+    """Median seconds and max peak memory of each phase over the repeats (or the peaks of ``memory``, the round
+    that measured them), with tokens/s."""
     out = {}
     for name in samples[0]:
         seconds = [s[name][0] for s in samples]
@@ -168,7 +179,8 @@ def summarize(samples: list[dict[str, tuple[float, float]]], tokens: dict[str, i
             "seconds_all": seconds,
             "tokens": n_tok,
             "tokens_per_s": (n_tok / median) if n_tok and median > 0 else None,
-            "peak_mib": max((s[name][1] for s in samples if s[name][1] is not None), default=None),
+            "peak_mib": max((s[name][1] for s in ([memory] if memory else samples) if s[name][1] is not None),
+                            default=None),
         }
     return out
 
@@ -398,8 +410,9 @@ class PairCollection:
         return {"collect pairs": (collect.seconds, collect.peak_mib), "update": (update.seconds, update.peak_mib)}
 
     def annotate(self, result: dict) -> None:
-        add_pair_rates(result, self.counts[1:])  # drop the warm-up round
-        result["phases"]["collect pairs"]["generate_seconds"] = statistics.median(self.generate_seconds[1:])
+        timed = slice(1, 1 + self.args.repeats)  # not the warm-up round, nor a memory round after the timed ones
+        add_pair_rates(result, self.counts[timed])
+        result["phases"]["collect pairs"]["generate_seconds"] = statistics.median(self.generate_seconds[timed])
 
 
 class RewardModelUpdate:
@@ -436,7 +449,7 @@ class RewardModelUpdate:
         return {"reward-model update": (update.seconds, update.peak_mib)}
 
     def annotate(self, result: dict) -> None:
-        add_pair_rates(result, self.counts[1:])  # drop the warm-up round
+        add_pair_rates(result, self.counts[1 : 1 + self.args.repeats])  # the timed rounds
 
 
 # ---------------------------------------------------------------------------------------------- per-sample
@@ -531,11 +544,18 @@ def measure(runners: list, args) -> list[dict]:
     for _ in range(args.repeats):
         for runner, out in zip(runners, runs):
             out.append(runner.once())
+    memory = [None] * len(runners)
+    if not Phase.measure_memory:  # the timed rounds kept their memory: one more round measures it
+        Phase.measure_memory = True
+        try:
+            memory = [runner.once() for runner in runners]
+        finally:
+            Phase.measure_memory = False
     results = []
-    for r, out in zip(runners, runs):
+    for r, out, peaks in zip(runners, runs, memory):
         tokens = {} if hasattr(r, "annotate") else workload_tokens(args, r.num_agents, r.impl)
         result = {"impl": r.impl, "model": r.model, "num_agents": r.num_agents, "params_per_agent": r.params,
-                  "phases": summarize(out, tokens)}
+                  "phases": summarize(out, tokens, peaks)}
         if hasattr(r, "annotate"):  # preference runners count their own pairs and tokens per round
             r.annotate(result)
         results.append(result)
@@ -570,10 +590,12 @@ def run_trl(model_name: str, args) -> dict:
 
         def on_step_begin(self, *a, **kw):
             gc.collect()
-            _malloc_trim()
+            cpu_memory = args.device == "cpu" and Phase.measure_memory  # off: the process keeps what it frees
+            if cpu_memory:
+                _malloc_trim()
             sync(args.device)
             self._gen = 0.0
-            self._rss = _rss_kib()[0] if args.device == "cpu" and _reset_peak_rss() and _rss_kib() else None
+            self._rss = _rss_kib()[0] if cpu_memory and _reset_peak_rss() and _rss_kib() else None
             if args.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
                 self._rss = torch.cuda.memory_allocated()
@@ -794,6 +816,10 @@ def parse_args(argv=None):
                    help="preference pairs kept per prompt for --preference (default 4)")
     p.add_argument("--pair-batch", type=int, default=8,
                    help="pairs per MADPO / reward-model update for --preference (default 8)")
+    p.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a CPU, keep the memory a step frees for the next, as fit does (keep_freed_cpu_memory): "
+                        "process-wide, so for every implementation timed; each phase's memory is then measured in "
+                        "one more, untimed round (default on)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -814,6 +840,8 @@ def main(argv=None) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.device == "cpu" and args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.device == "cpu" and args.keep_freed_memory:
+        Phase.measure_memory = not keep_freed_memory()  # as fit does on a CPU (agents/memory.py)
     info = machine(args)
     print(f"workload: N={args.agents} agents x M={args.prompts} prompt(s) x K={args.k} samples x T={args.tokens} "
           f"tokens; median of {args.repeats} after 1 warm-up")
