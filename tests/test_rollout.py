@@ -373,6 +373,102 @@ def test_each_prompt_is_prefilled_once_and_samples_the_tokens_generate_alone_wou
         hook.remove()
 
 
+def test_a_shared_prefix_is_kept_once_and_decodes_the_tokens_of_the_repeated_cache(tiny, monkeypatch):
+    """The cache holds each prompt's entries once, the K rows' own entries apart, and every decoding step's attention
+    goes through the shared-prefix path; seed for seed the tokens are those of the cache repeated K times, the kept
+    log-probs agree to float rounding, and the model's attention implementation is back afterwards."""
+    from comlrl_lightning.rollout import sampling as sampling_mod
+    from comlrl_lightning.rollout import shared_prefix
+
+    model, tok = tiny
+    prompts = ["Write a short story about a cat who", "Two", "The quick brown fox jumps over the lazy dog and"]
+    cfg = SamplingConfig(max_new_tokens=10, temperature=1.0, top_p=0.9, top_k=50, keep_logprobs=True)
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    with torch.inference_mode():
+        cache = sampling_mod.prefill_once(model, dict(enc), 4)[sampling_mod.CACHE_KEYWORD]
+    assert isinstance(cache, shared_prefix.SharedPrefixCache)
+    P = enc.input_ids.shape[1] - 1
+    assert all(layer.prefix_keys.shape[0] == 3 and layer.keys.shape[0] == 12 for layer in cache.layers)
+    assert cache.get_seq_length() == P
+
+    shared_steps = []
+    attention = shared_prefix.shared_prefix_attention
+
+    def counted(module, query, *args, **kwargs):
+        shared_steps.append(query.shape)
+        return attention(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(shared_prefix.AttentionInterface._global_mapping, shared_prefix.ATTENTION, counted)
+    torch.manual_seed(0)
+    shared = sample_completions(model, tok, prompts, 4, cfg)
+    layers = model.config.num_hidden_layers
+    assert len(shared_steps) == layers * shared.completion_ids.shape[1]  # every step, every layer: one query token
+    assert all(shape[0] == 12 and shape[2] == 1 for shape in shared_steps)
+    assert model.config._attn_implementation == "sdpa"
+
+    class Fails(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            raise RuntimeError("a processor failed")
+
+    with pytest.raises(RuntimeError, match="a processor failed"):
+        sample_completions(model, tok, prompts, 4, cfg, generation_kwargs={"logits_processor": [Fails()]})
+    assert model.config._attn_implementation == "sdpa" and shared_prefix._ACTIVE.get() is None
+
+    monkeypatch.setattr(sampling_mod, "can_share", lambda cache, model: False)
+    seen = len(shared_steps)
+    torch.manual_seed(0)
+    repeated = sample_completions(model, tok, prompts, 4, cfg)
+    assert len(shared_steps) == seen  # the repeated cache: ordinary attention
+    assert torch.equal(shared.completion_ids, repeated.completion_ids)
+    torch.testing.assert_close(shared.logprobs, repeated.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prefix_attention_is_attention_over_the_repeated_prefix():
+    """By hand: queries of 2 prompts x K=3 rows, grouped heads, left padding in the prefix: the shared-prefix
+    attention gives sdpa's attention over [prefix repeated K times | the rows' own entries]; a query of several
+    tokens, or a sliding window, falls back to exactly that."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from comlrl_lightning.rollout import shared_prefix
+
+    torch.manual_seed(0)
+    prompts, K, kv_heads, G, P, t, d = 2, 3, 2, 3, 5, 4, 8
+    rows = prompts * K
+    prompt_cache = DynamicCache()
+    prompt_cache.layers = [DynamicLayer()]
+    prompt_cache.layers[0].update(torch.randn(prompts, kv_heads, P, d), torch.randn(prompts, kv_heads, P, d))
+    cache = shared_prefix.SharedPrefixCache(prompt_cache, K)
+    layer = cache.layers[0]
+    own_keys, own_values = layer.update(torch.randn(rows, kv_heads, t, d), torch.randn(rows, kv_heads, t, d))
+    assert cache.get_seq_length() == P + t
+    query = torch.randn(rows, kv_heads * G, 1, d)
+    mask = torch.ones(rows, 1, 1, P + t, dtype=torch.bool)
+    mask[:K, ..., :2] = False  # the first prompt is left-padded by 2
+    module = type("Attention", (), {"layer_idx": 0, "num_key_value_groups": G, "is_causal": True})()
+    full_keys, full_values = layer.repeated()
+    assert torch.equal(full_keys[K:2 * K, :, :P], layer.prefix_keys[1:].expand(K, -1, -1, -1))
+    token = shared_prefix._ACTIVE.set(cache)
+    try:
+        for m in (mask, None):
+            expected, _ = sdpa_attention_forward(module, query, full_keys, full_values, m, scaling=0.3)
+            got, _ = shared_prefix.shared_prefix_attention(module, query, own_keys, own_values, m, scaling=0.3)
+            assert got.shape == expected.shape == (rows, 1, kv_heads * G, d)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        two = torch.randn(rows, kv_heads * G, 2, d)
+        two_mask = torch.ones(rows, 1, 2, P + t, dtype=torch.bool)
+        expected, _ = sdpa_attention_forward(module, two, full_keys, full_values, two_mask)
+        got, _ = shared_prefix.shared_prefix_attention(module, two, own_keys, own_values, two_mask)
+        torch.testing.assert_close(got, expected)
+        expected, _ = sdpa_attention_forward(module, query, full_keys, full_values, mask, sliding_window=3)
+        got, _ = shared_prefix.shared_prefix_attention(module, query, own_keys, own_values, mask, sliding_window=3)
+        torch.testing.assert_close(got, expected)
+    finally:
+        shared_prefix._ACTIVE.reset(token)
+    with pytest.raises(RuntimeError, match="K rows"):
+        cache.batch_select_indices(torch.tensor([0]))
+
+
 def test_the_decoding_products_timed_faster_sample_the_same_tokens_and_log_probs(tiny, monkeypatch):
     """While decoding, a model's large CPU linear layers may multiply as W @ xᵀ (rollout/decoding.py): seed for seed
     the samples are the plain products' tokens, the kept log-probs a scoring forward's, a forward with grad keeps

@@ -21,6 +21,7 @@ from comlrl_lightning.agents.memory import is_checkpointing
 from comlrl_lightning.agents.value_head import cache_of
 from comlrl_lightning.core.sampling import sample_tokens
 from comlrl_lightning.rollout.decoding import fast_decoding_products
+from comlrl_lightning.rollout.shared_prefix import SharedPrefixCache, can_share, shared_prefix_decoding
 
 # What ``generate`` calls a cache handed to it (transformers renamed ``past_key_values`` to ``cache``).
 CACHE_KEYWORD = "cache" if "cache" in getattr(_generation, "ALL_CACHE_NAMES", ()) else "past_key_values"
@@ -169,8 +170,13 @@ def sample_completions(
             # by generate itself: the prompts are then encoded K times, and the compiled step keeps the plain
             # linear products.
             own_cache = "cache_implementation" in extra
-            with torch.inference_mode(), contextlib.nullcontext() if own_cache else fast_decoding_products(model):
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.inference_mode())
+                if not own_cache:
+                    stack.enter_context(fast_decoding_products(model))
                 inputs = prefill_once(model, enc, num_samples, names, share=not own_cache)
+                if isinstance(inputs.get(CACHE_KEYWORD), SharedPrefixCache):
+                    stack.enter_context(shared_prefix_decoding(model, inputs[CACHE_KEYWORD]))
                 out = model.generate(
                     **inputs,
                     **draw,
@@ -280,10 +286,13 @@ def prefill_once(model, enc: dict[str, Tensor], K: int, adapters: list[str] | No
     computed once.
 
     ``num_return_sequences=K`` would copy every prompt K times before the prefill, so a long prompt (a coding or
-    ClassEval task) would be encoded K times. Here all but the last prompt token go through one forward per prompt;
-    the cache is repeated K times along the batch and ``generate`` continues from it with the K-fold rows (it encodes
-    only the last prompt token, then samples). The positions and mask are ``generate``'s own, so the samples follow
-    the same distribution (tests/test_rollout.py). ``adapters``: a peft adapter name per prompt (mixed-adapter
+    ClassEval task) would be encoded K times. Here all but the last prompt token go through one forward per prompt,
+    and ``generate`` continues from their cache with the K-fold rows (it encodes only the last prompt token, then
+    samples). The cache keeps each prompt's entries once for its K rows (a
+    :class:`~comlrl_lightning.rollout.shared_prefix.SharedPrefixCache`, decoded under
+    :func:`~comlrl_lightning.rollout.shared_prefix.shared_prefix_decoding`) where the model's attention allows it,
+    and is repeated K times along the batch otherwise. The positions and mask are ``generate``'s own, so the samples
+    follow the same distribution (tests/test_rollout.py). ``adapters``: a peft adapter name per prompt (mixed-adapter
     batch). ``share=False``: the K-fold rows only (generate prefills them itself).
     """
     ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -295,7 +304,10 @@ def prefill_once(model, enc: dict[str, Tensor], K: int, adapters: list[str] | No
         out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
                     use_cache=True, logits_to_keep=1, **({"adapter_names": list(adapters)} if adapters else {}))
         cache = cache_of(out)
-        cache.batch_repeat_interleave(K)
+        if can_share(cache, model):
+            cache = SharedPrefixCache(cache, K)
+        else:
+            cache.batch_repeat_interleave(K)
         inputs[CACHE_KEYWORD] = cache
     return inputs
 
