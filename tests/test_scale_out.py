@@ -199,21 +199,23 @@ def test_madpo_iter_writes_each_replay_shard_once_and_every_rank_reads_it(tmp_pa
     assert (root / "policy_checkpoints" / "initial" / "agent_0").is_dir()
 
 
+# The run's checkpoints every 2 updates, all kept (the default keeps the newest only): a run resumes from the
+# checkpoint its own step 2 wrote, mid-run, as after a crash.
+KEEP_EVERY_2 = ["--trainer.callbacks+=comlrl_lightning.callbacks.checkpoints.RunCheckpoints",
+                "--trainer.callbacks.every_n_updates", "2", "--trainer.callbacks.save_top_k", "-1"]
+
+
 def test_a_two_process_run_resumes_exactly(tmp_path):
     common = ["--data.init_args.max_train_items", "16", "--trainer.max_steps", "4", "--model.init_args.eval_interval",
-              "0", "--checkpoint_every_n_updates", "2"]
-    full = ddp_fit(tmp_path / "full", "quickstart", *common)
-    checkpoint = tmp_path / "full" / "run" / "quickstart" / "version_0" / "checkpoints"
-    step2 = [c for c in checkpoint.glob("*.ckpt") if "step=2" in c.name]
-    if not step2:  # the newest only is kept: rerun to step 2
-        ddp_fit(tmp_path / "half", "quickstart", *common[:-2], "--trainer.max_steps", "2")
-        step2 = list((tmp_path / "half" / "run" / "quickstart" / "version_0" / "checkpoints").glob("*step=2*.ckpt"))
-    resumed = ddp_fit(tmp_path / "resumed", "quickstart", *common, "--ckpt_path", str(step2[0]))
+              "0"]
+    full = ddp_fit(tmp_path / "full", "quickstart", *common, *KEEP_EVERY_2)
+    step2 = next((tmp_path / "full" / "run" / "quickstart" / "version_0" / "checkpoints").glob("*step=2.ckpt"))
+    resumed = ddp_fit(tmp_path / "resumed", "quickstart", *common, "--ckpt_path", str(step2))
     assert_same_weights_after_every_step(resumed)
     assert resumed[0]["final_digest"] == full[0]["final_digest"], "the resumed run diverged from the full one"
     assert [s["digest"] for s in resumed[0]["steps"]] == [s["digest"] for s in full[0]["steps"][2:]]
     # On one process instead (docs/scaling.md: the data position moves to the same item, the buffers are kept)
-    single = ddp_fit(tmp_path / "single", "quickstart", *common, "--ckpt_path", str(step2[0]), world=1)
+    single = ddp_fit(tmp_path / "single", "quickstart", *common, "--ckpt_path", str(step2), world=1)
     assert [s["global_step"] for s in single[0]["steps"]] == [3, 4]
     assert single[0]["steps"][0]["env_step"] == full[0]["steps"][1]["env_step"] + 2 * 4  # 2 items x K=4
     # its two steps train on the items of the two-process run's third global batch
@@ -265,7 +267,7 @@ def test_fsdp_shards_the_agents_trains_as_ddp_does_and_resumes_exactly(tmp_path)
     common = ["--data.init_args.max_train_items", "9", "--model.init_args.max_grad_norm", "1.0",
               "--model.init_args.eval_interval", "2", "--model.init_args.eval_num_samples", "3",
               "--trainer.max_epochs", "1", "--trainer.max_steps", "-1"]
-    sharded = ddp_fit(tmp_path / "fsdp", "quickstart", *common, fsdp=True)
+    sharded = ddp_fit(tmp_path / "fsdp", "quickstart", *common, *KEEP_EVERY_2, fsdp=True)
     replicated = ddp_fit(tmp_path / "ddp", "quickstart", *common)
     assert_same_weights_after_every_step(sharded)
     assert [len(b) for b in sharded[1]["items"]] == [2, 2, 0]
@@ -273,9 +275,7 @@ def test_fsdp_shards_the_agents_trains_as_ddp_does_and_resumes_exactly(tmp_path)
         assert a["env_step"] == b["env_step"]
         for key in ("agent_0/grad_norm", "agent_1/grad_norm", "rollout/turn_1/reward_mean"):
             assert a["logged"][key] == pytest.approx(b["logged"][key], rel=1e-4), key
-    ddp_fit(tmp_path / "half", "quickstart", *common, "--trainer.max_steps", "2", "--checkpoint_every_n_updates", "2",
-            fsdp=True)
-    step2 = next((tmp_path / "half" / "run" / "quickstart" / "version_0" / "checkpoints").glob("epoch=0-step=2.ckpt"))
+    step2 = next((tmp_path / "fsdp" / "run" / "quickstart" / "version_0" / "checkpoints").glob("epoch=0-step=2.ckpt"))
     assert step2.is_dir(), "a sharded run writes a distributed checkpoint directory"
     resumed = ddp_fit(tmp_path / "resumed", "quickstart", *common, "--ckpt_path", str(step2), fsdp=True)
     assert [s["digest"] for s in resumed[0]["steps"]] == [s["digest"] for s in sharded[0]["steps"][2:]]
