@@ -11,7 +11,9 @@ Checks (each prints PASS/FAIL and lands in the JSON):
 3. ``fsdp``: the same team sharded with FSDP2 (``ModelParallelStrategy``) over the GPUs present (one GPU: one
    rank, which still runs the gather / reduce-scatter path of ``agents/sharding.py`` on CUDA): updates run, weights
    change. ``ddp``: Lightning DDP over the GPUs present — skipped on one GPU (NCCL cannot put two ranks on one device).
-4. Throughput: generated tokens/s and updates/s of MAGRPO steps (N=2, K=8, T=128 forced new tokens, 4 prompts per
+4. ``shared_prefix``: sampling with each prompt's KV cache kept once against the cache repeated K times, seed for
+   seed: the same tokens and log-probs in float32 (bfloat16's differences recorded), and each form's time.
+5. Throughput: generated tokens/s and updates/s of MAGRPO steps (N=2, K=8, T=128 forced new tokens, 4 prompts per
    step), full and LoRA, bf16 and fp32; the first step (warm-up) is not timed.
 
     python benchmarks/gpu_check.py --json benchmarks/results/gpu_check.json           # on a GPU machine
@@ -133,6 +135,56 @@ def check_fsdp(args, report):
     report["fsdp"] = {"pass": bool(ok), "global_step": trainer.global_step, "sharded": type(mod.agents[0]).__name__}
 
 
+def check_shared_prefix(args, report):
+    """Sampling with each prompt's KV cache kept once (rollout/shared_prefix.py) against the cache repeated K times,
+    on the device, seed for seed, prompts of several lengths (left padding): in float32 the rows' tokens agree and
+    the kept log-probs agree to rounding up to a row's first differing token; bfloat16's numbers are recorded. Each
+    form's sampling time is recorded too."""
+    from comlrl_lightning.agents.factories import MODEL_FACTORIES
+    from comlrl_lightning.rollout import sampling
+
+    device = "cuda" if args.accelerator == "gpu" else "cpu"
+    prompts = [" ".join(["the quick brown fox jumps"] * n) for n in (2, 8, 20, 40)][: args.prompts]
+    cfg = sampling.SamplingConfig(max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None,
+                                  keep_logprobs=True)
+    share = sampling.can_share
+    rows = {}
+    for dtype in ("float32", "bfloat16"):
+        model, tok = MODEL_FACTORIES["tiny"](**args.body, dtype=dtype)
+        model.to(device).eval()
+        runs, seconds = {}, {}
+        for form in ("warm-up", "shared", "repeated"):
+            sampling.can_share = (lambda cache, model: False) if form == "repeated" else share
+            try:
+                torch.manual_seed(0)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                tic = time.perf_counter()
+                # no forced length: its logits processors would keep the log-probs from being recorded
+                runs[form] = sampling.sample_completions(model, tok, prompts, args.k, cfg)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                seconds[form] = time.perf_counter() - tic
+            finally:
+                sampling.can_share = share
+        shared, repeated = runs["shared"], runs["repeated"]
+        differ = shared.completion_ids != repeated.completion_ids
+        # up to each row's first differing token, both forms condition on the same tokens
+        same_so_far = (differ.long().cumsum(dim=1) == 0) & shared.completion_mask & repeated.completion_mask
+        gap = (shared.logprobs - repeated.logprobs).abs()[same_so_far]
+        rows[dtype] = {"rows_identical": float((~differ).all(dim=1).float().mean()),
+                       "max_logprob_gap": float(gap.max()) if gap.numel() else 0.0,
+                       "shared_seconds": seconds["shared"], "repeated_seconds": seconds["repeated"],
+                       "shared_over_repeated": seconds["shared"] / seconds["repeated"]}
+        print(f"  {dtype}: rows identical {rows[dtype]['rows_identical']:.2f}, max log-prob gap "
+              f"{rows[dtype]['max_logprob_gap']:.2e}, sampling shared / repeated "
+              f"{rows[dtype]['shared_over_repeated']:.2f} ({seconds['shared']:.2f} / {seconds['repeated']:.2f} s)",
+              flush=True)
+        del model
+    fp32 = rows["float32"]
+    report["shared_prefix"] = {"pass": fp32["rows_identical"] >= 0.9 and fp32["max_logprob_gap"] <= 1e-3, **rows}
+
+
 def peak_memory(args, num_agents, lora):
     """Peak GPU memory (GiB) of one update of a team, and the weights' share of it."""
     import gc
@@ -231,6 +283,7 @@ def main() -> None:
     run_check("magrpo", check_magrpo, report, args, report)
     run_check("fsdp", check_fsdp, report, args, report)
     run_check("lora", check_lora, report, args, report)
+    run_check("shared_prefix", check_shared_prefix, report, args, report)
     if torch.cuda.device_count() > 1:
         report["ddp"] = {"pass": None, "note": "run benchmarks/bench_scaling.py --device cuda --processes 1,2"}
     else:
@@ -255,7 +308,7 @@ def main() -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    failed = [k for k in ("magrpo", "fsdp", "lora") if not report.get(k, {}).get("pass")]
+    failed = [k for k in ("magrpo", "fsdp", "lora", "shared_prefix") if not report.get(k, {}).get("pass")]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed", flush=True)
     raise SystemExit(1 if failed else 0)
 

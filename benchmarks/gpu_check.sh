@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CUDA correctness and throughput on a GPU machine (≤ 8 minutes): one team of two ~0.36B agents built from a
 # config (MAGRPO updates), the same team as LoRA adapters on one base (reference KL on), peak GPU memory of 2 and
-# 4 agents (full vs LoRA), and tokens/s and updates/s. DDP across GPUs when more than one is present.
+# 4 agents (full vs LoRA), sampling with the shared-prefix cache against the repeated one (same tokens in float32),
+# and tokens/s and updates/s. DDP across GPUs when more than one is present.
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]        # default benchmarks/results
 set -euo pipefail
 RESULTS=${1:-benchmarks/results}
