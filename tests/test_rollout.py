@@ -422,11 +422,18 @@ def test_a_shared_prefix_is_kept_once_and_decodes_the_tokens_of_the_repeated_cac
     assert torch.equal(shared.completion_ids, repeated.completion_ids)
     torch.testing.assert_close(shared.logprobs, repeated.logprobs, atol=1e-5, rtol=1e-5)
 
+    # eager attention may be a model's own function (soft-capping, sinks), which the shared path cannot fall back to
+    monkeypatch.setattr(sampling_mod, "can_share", shared_prefix.can_share)
+    monkeypatch.setattr(model.config, "_attn_implementation", "eager")
+    with torch.inference_mode():
+        cache = sampling_mod.prefill_once(model, dict(enc), 4)[sampling_mod.CACHE_KEYWORD]
+    assert not isinstance(cache, shared_prefix.SharedPrefixCache) and cache.layers[0].keys.shape[0] == 12
+
 
 def test_shared_prefix_attention_is_attention_over_the_repeated_prefix():
     """By hand: queries of 2 prompts x K=3 rows, grouped heads, left padding in the prefix: the shared-prefix
-    attention gives sdpa's attention over [prefix repeated K times | the rows' own entries]; a query of several
-    tokens, or a sliding window, falls back to exactly that."""
+    attention gives sdpa's attention over [prefix repeated K times | the rows' own entries]; so does a query of
+    several tokens (sdpa over the repeated prefix) and a sliding window (the mask holds it, as for sdpa)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -13,10 +13,12 @@ with the scores of both parts in one softmax, so the result is ordinary attentio
 in another order (the logits agree to float rounding; tests/test_rollout.py).
 
 The attention runs under its own name (:data:`ATTENTION`, registered with transformers' attention and mask
-interfaces) while :func:`shared_prefix_decoding` is active; the model's masks are transformers' own (the ``sdpa``
-boolean masks, padding included). It applies to one decoded token per row (every step after the prefill), on layers
-whose attention is plain: a model whose attention takes a sliding window, logit soft-capping or sink tokens, or a
-query of several tokens, gets ordinary attention over the prefix repeated for its rows.
+interfaces) while :func:`shared_prefix_decoding` is active, in place of ``sdpa``; the model's masks are
+transformers' own (the ``sdpa`` boolean masks, padding and any sliding window included). It applies to one decoded
+token per row (every step after the prefill). Anything else it leaves to ``sdpa`` itself, over the prefix repeated
+for the rows: a query of several tokens, a position bias, soft-capping or sink tokens. A model whose attention is not
+``sdpa`` (``eager``, whose model-specific function this module cannot call; flash attention) keeps the cache
+repeated K times.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
 ATTENTION = "comlrl_shared_prefix"
-# The attention implementations whose results this one reproduces (the others, e.g. flash attention, keep theirs).
-REPLACES = ("sdpa", "eager")
-# Keyword arguments of a model's attention that change what it computes; with any of them set, the layer falls back
-# to ordinary attention over the repeated prefix.
-_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "position_bias", "sinks")
+# The attention implementation this one stands in for, and falls back to (the others keep the repeated cache).
+REPLACES = "sdpa"
+# Keyword arguments of a model's attention that change what it computes (a sliding window does not: the mask holds
+# it); with any of them set, the layer falls back to sdpa over the repeated prefix.
+_UNSUPPORTED = ("softcap", "s_aux", "position_bias", "sinks")
 
 _ACTIVE: ContextVar["SharedPrefixCache | None"] = ContextVar("comlrl_shared_prefix_cache", default=None)
 
@@ -90,24 +92,27 @@ class SharedPrefixCache(DynamicCache):
 
 def can_share(cache: DynamicCache, model) -> bool:
     """Whether ``cache`` (of a forward over the prompts) can become a :class:`SharedPrefixCache` for ``model``: every
-    layer a plain growing one with entries, and the model's attention one this module reproduces."""
-    config = _attention_config(model)
-    return (config is not None and config._attn_implementation in REPLACES and len(cache.layers) > 0
-            and all(type(layer) is DynamicLayer and layer.get_seq_length() > 0 for layer in cache.layers))
+    layer a plain growing one with entries, and the model's attention ``sdpa`` (:data:`REPLACES`)."""
+    configs = _attention_configs(model)
+    plain = len(cache.layers) > 0 and all(type(layer) is DynamicLayer and layer.get_seq_length() > 0
+                                          for layer in cache.layers)
+    return plain and bool(configs) and all(config._attn_implementation == REPLACES for config in configs)
 
 
 @contextlib.contextmanager
 def shared_prefix_decoding(model, cache: SharedPrefixCache) -> Iterator[None]:
     """While the block runs (a ``generate`` continuing from ``cache``), ``model``'s attention reads each prompt's
     entries once for its rows (:func:`shared_prefix_attention`)."""
-    config = _attention_config(model)
-    before = config._attn_implementation
+    configs = _attention_configs(model)
+    before = [config._attn_implementation for config in configs]
     token = _ACTIVE.set(cache)
-    config._attn_implementation = ATTENTION
+    for config in configs:
+        config._attn_implementation = ATTENTION
     try:
         yield
     finally:
-        config._attn_implementation = before
+        for config, implementation in reversed(list(zip(configs, before))):
+            config._attn_implementation = implementation
         _ACTIVE.reset(token)
 
 
@@ -118,11 +123,11 @@ def shared_prefix_attention(module, query: Tensor, key: Tensor, value: Tensor, a
     sequence (``[rows, 1, 1, P + t]``), or None where nothing is masked. Returns ``[rows, 1, heads, d]``."""
     cache, index = _ACTIVE.get(), getattr(module, "layer_idx", None)
     layer = cache.layers[index] if cache is not None and index is not None and index < len(cache.layers) else None
-    if layer is None or key is not layer.keys:  # not this cache's layer: nothing is shared here
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    if query.shape[2] != 1 or dropout or any(kwargs.get(name) is not None for name in _UNSUPPORTED):
+    shared = layer is not None and key is layer.keys  # else not this cache's layer: nothing is shared here
+    if shared and (query.shape[2] != 1 or dropout or any(kwargs.get(name) is not None for name in _UNSUPPORTED)):
         key, value = layer.repeated()
+        shared = False
+    if not shared:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     rows, heads, _, dim = query.shape
@@ -146,15 +151,12 @@ def shared_prefix_attention(module, query: Tensor, key: Tensor, value: Tensor, a
     return out.reshape(rows, 1, heads, -1), None
 
 
-def _attention_config(model):
-    """The config whose ``_attn_implementation`` ``model``'s attention layers and masks read (a peft or value-head
-    wrapper's inner transformers model)."""
+def _attention_configs(model) -> list:
+    """The configs whose ``_attn_implementation`` ``model``'s attention layers and masks read: those of every
+    transformers model inside it (a peft or value-head wrapper's inner model, a composite model's parts)."""
     from transformers import PreTrainedModel
 
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            return module.config
-    return None
+    return list({id(m.config): m.config for m in model.modules() if isinstance(m, PreTrainedModel)}.values())
 
 
 AttentionInterface.register(ATTENTION, shared_prefix_attention)
