@@ -191,7 +191,7 @@ def main(argv=None) -> dict:
     limits = roofline.machine_limits(args.device, args.threads)
     print(roofline.describe(limits))
     if args.precision != "32" or args.generation_dtype != "model":
-        print("note: the limit is float32's (matmul and weight bytes); bf16 phases can read above 1")
+        print("note: the limit is float32's (matmul and weight bytes); half-precision phases can read above 1")
     runs: dict[str, list[dict]] = {name: [] for name in impls}
     started = time.perf_counter()
     for r in range(args.repeats):

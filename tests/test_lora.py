@@ -205,22 +205,40 @@ def test_a_lora_team_samples_in_one_generate_call_each_row_through_its_own_adapt
                 row += 1
 
 
-def test_a_lora_team_trains_with_a_bf16_generation_copy_of_its_one_peft_model(tmp_path):
-    """``generation_dtype: bfloat16`` with a LoRA team: ONE bf16 copy of the team's peft model (base and every
-    adapter) samples for all agents, and after each update it holds the trained adapters."""
-    module = make_module(num_agents=2, lora_rank=4, generation_dtype="bfloat16")
-    fit(module, tmp_path, max_steps=2)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_lora_team_trains_with_a_generation_copy_of_its_one_peft_model(dtype, tmp_path):
+    """``generation_dtype: bfloat16`` / ``float16`` with a LoRA team: ONE copy of the team's peft model (base and
+    every adapter) samples for all agents, and after each update it holds the trained adapters. On a CPU without
+    fp16 matrix instructions the float16 copy shares the team's tensors and multiplies by fp16 packs of them, which
+    must follow the trained adapters too."""
+    from comlrl_lightning.rollout import generation as generation_mod
     from comlrl_lightning.rollout.generation import sampling_copies
 
+    module = make_module(num_agents=2, lora_rank=4, generation_dtype=dtype)
+    fit(module, tmp_path, max_steps=2)
     generator = module.agents[0].shared_generator()[0]
-    held = [(m, c) for m, c in sampling_copies("bfloat16").held.items() if m is generator or m in module.agents]
+    held = [(m, c) for m, c in sampling_copies(dtype).held.items() if m is generator or m in module.agents]
     team = module.agents[0].team
     assert len(held) == 1 and held[0][0] is module.agents[0].shared_generator()[0]
     clone = held[0][1][0]
     adapters = {n: p for n, p in clone.named_parameters() if "lora_" in n}
-    assert adapters and all(p.dtype == torch.bfloat16 for p in clone.parameters())
     trained = dict(held[0][0].named_parameters())
     module.engine.rollout(module.agents, module.tokenizers, ITEMS[:1])  # the last update reaches the copy
-    for name, p in adapters.items():
-        assert torch.equal(p, trained[name].to(torch.bfloat16)), name
-    assert sum(p.numel() for p in clone.parameters()) == sum(p.numel() for p in team.base.parameters())
+    assert adapters and sum(p.numel() for p in clone.parameters()) == sum(p.numel() for p in team.base.parameters())
+    shared = next(clone.parameters()) is next(generator.parameters())
+    assert shared == (dtype == "float16" and not generation_mod.cpu_multiplies_in(torch.float16)
+                      and generation_mod.packing_works(generation_mod.FP16_WEIGHTS))
+    if not shared:
+        assert all(p.dtype == getattr(torch, dtype) for p in clone.parameters())
+        for name, p in adapters.items():
+            assert torch.equal(p, trained[name].to(p.dtype)), name
+        return
+    assert all(p is trained[name] for name, p in adapters.items())
+    packed = {n: m for n, m in clone.named_modules() if "lora_B" in n and isinstance(m, generation_mod.PackedLinear)}
+    assert packed and any(bool(m.weight.abs().sum() > 0) for m in packed.values())  # trained away from zero
+    for name, layer in packed.items():  # each pack is of the trained weight, not of the zeros it started from
+        x = torch.randn(3, layer.in_features)
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight.detach().half().float()),
+                                   atol=1e-5, rtol=1e-5, msg=name)
+
+

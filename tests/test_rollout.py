@@ -692,7 +692,8 @@ def test_a_bf16_generation_copy_is_made_once_and_refreshed_only_after_the_weight
     # On CPU the copy's linear layers multiply by packed weights: re-packed with the refresh, they give what a plain
     # bf16 copy of the updated weights gives (a stale pack would give the old weights' logits).
     clone = copies[id(other)]
-    assert any(isinstance(m, generation_mod.PackedLinear) for m in clone.modules()) == generation_mod._packing_works()
+    assert any(isinstance(m, generation_mod.PackedLinear) for m in clone.modules()) == generation_mod.packing_works(
+        generation_mod.BF16_BLOCKED)
     ids = tok("The quick brown fox", return_tensors="pt").input_ids
     with torch.no_grad():
         plain = copy.deepcopy(other).to(torch.bfloat16)(input_ids=ids).logits.float()
@@ -719,29 +720,117 @@ def test_a_half_precision_copy_on_a_cpu_without_its_matrix_instructions_is_warne
         messages = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
         assert len(messages) == warned, messages
         assert all("generation_dtype: bfloat16" in m and "generation_dtype: model" in m for m in messages)
+        assert all(("generation_dtype: float16" in m) == generation_mod.packing_works(generation_mod.FP16_WEIGHTS)
+                   for m in messages)
     generation_mod._warn_emulated.cache_clear()
 
 
-@pytest.mark.skipif(not generation_mod._packing_works(), reason="this torch build packs no bf16 linears for oneDNN")
-def test_packed_linear_gives_the_plain_bf16_matmul():
-    """PackedLinear (the CPU bf16 sampling copy's layers): the plain layer's output for 2-D and 3-D inputs of any
-    row count, with and without bias; re-packing after a write follows the new weight; only CPU bf16 layers are
-    packed."""
+@pytest.mark.parametrize("packing", [generation_mod.BF16_BLOCKED, generation_mod.FP16_WEIGHTS], ids=lambda p: p.name)
+def test_packed_linear_gives_the_plain_product_with_the_packings_weights(packing):
+    """PackedLinear (a CPU sampling copy's layers): the plain product with the packing's weights (bf16: the bf16
+    layer's; fp16 weights: float32 products over the fp16-rounded weight) for 2-D and 3-D inputs of any row count,
+    with and without bias; re-packing after a write follows the new weight; only layers of the dtype the packing
+    takes are packed; a weight beyond fp16's range is left to the plain product."""
+    if not generation_mod.packing_works(packing):
+        pytest.skip(f"this torch build or CPU does not pack linears as {packing.name}")
+    rounded = torch.float16 if packing is generation_mod.FP16_WEIGHTS else packing.takes
     torch.manual_seed(0)
+    tol = {"atol": 1e-2, "rtol": 1e-2} if packing.takes == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+
+    def plain(layer, x):
+        bias = None if layer.bias is None else layer.bias.detach()
+        return torch.nn.functional.linear(x, layer.weight.detach().to(rounded).to(packing.takes), bias)
+
     for bias in (True, False):
-        layer = torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16)
-        xs = [torch.randn(4, 64), torch.randn(3, 7, 64), torch.randn(33, 64)]
-        expected = [layer(x.bfloat16()) for x in xs]
-        assert generation_mod.pack_linears(torch.nn.Sequential(layer)) == 1 and isinstance(layer, generation_mod.PackedLinear)
+        layer = torch.nn.Linear(64, 96, bias=bias).to(packing.takes)
+        xs = [torch.randn(4, 64).to(packing.takes), torch.randn(3, 7, 64).to(packing.takes),
+              torch.randn(33, 64).to(packing.takes)]
+        expected = [plain(layer, x) for x in xs]
+        assert generation_mod.pack_linears(torch.nn.Sequential(layer), packing) == 1
+        assert isinstance(layer, generation_mod.PackedLinear)
         for x, want in zip(xs, expected):
-            assert torch.allclose(layer(x.bfloat16()).float(), want.float(), atol=1e-2, rtol=1e-2)
+            got = layer(x)
+            assert got.shape == want.shape and torch.allclose(got.float(), want.float(), **tol)
+            if packing is generation_mod.FP16_WEIGHTS and bias:  # the rounding is the weight's, not a no-op
+                assert not torch.allclose(got, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-7)
         with torch.no_grad():
             layer.weight.mul_(-1)
-        generation_mod.pack_linears(torch.nn.Sequential(layer))
-        assert torch.allclose(layer(xs[0].bfloat16()).float(), torch.nn.functional.linear(
-            xs[0].bfloat16(), layer.weight, layer.bias).float(), atol=1e-2, rtol=1e-2)
-    assert generation_mod.pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4))) == 0  # fp32: left as it is
-    assert generation_mod.pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4).half())) == 0
+        generation_mod.pack_linears(torch.nn.Sequential(layer), packing)
+        assert torch.allclose(layer(xs[0]).float(), plain(layer, xs[0]).float(), **tol)
+    other = torch.float32 if packing.takes == torch.bfloat16 else torch.bfloat16
+    assert generation_mod.pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4).to(other)), packing) == 0
+    assert generation_mod.pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4).half()), packing) == 0
+    if packing is generation_mod.FP16_WEIGHTS:
+        huge = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            huge.weight[0, 0] = 1e6  # fp16's largest is 65504
+        x = torch.randn(2, 4)
+        want = huge(x)
+        generation_mod.pack_linears(torch.nn.Sequential(huge), packing)
+        assert huge.packed is None and torch.equal(huge(x), want)
+
+
+def test_a_float16_copy_on_a_cpu_without_fp16_units_shares_the_models_tensors_and_packs_fp16_weights(tiny):
+    """``generation_dtype: float16`` on a CPU without fp16 matrix instructions (where an fp16 matmul is emulated):
+    the copy is the model's own module tree with every tensor shared (no second float32 model), whose linear layers
+    multiply float32 activations by fp16-rounded weights. Its logits are those of the model with its linear weights
+    rounded to fp16; the training model is left as it was; after an update the copy re-packs the new weights
+    without writing into the model's tensors; a CPU with fp16 units gets a cast copy instead."""
+    import copy
+
+    if not generation_mod.packing_works(generation_mod.FP16_WEIGHTS):
+        pytest.skip("this torch build or CPU does not pack fp16 weights for fbgemm")
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    ids = tok("The quick brown fox", return_tensors="pt").input_ids
+
+    def rounded_logits(source):
+        reference = copy.deepcopy(source)
+        with torch.no_grad():
+            for m in reference.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight = torch.nn.Parameter(m.weight.half().float())
+            return reference(input_ids=ids).logits
+
+    with torch.no_grad():
+        exact = model(input_ids=ids).logits
+    copies = generation_mod.SamplingCopies("float16")
+    clone = copies(model)
+    assert clone is not model and all(a is b for a, b in zip(clone.parameters(), model.parameters()))
+    assert all(a is b for a, b in zip(clone.buffers(), model.buffers()))
+    linears = [m for m in clone.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is generation_mod.PackedLinear and m.packed is not None for m in linears)
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert not clone.training and all(p.dtype == torch.float32 for p in clone.parameters())
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, exact)  # the training model is untouched
+        torch.testing.assert_close(clone(input_ids=ids).logits, rounded_logits(model), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(clone(input_ids=ids).logits, exact, atol=1e-7, rtol=0)
+
+    frozen = linears[0].weight  # a frozen layer (a LoRA team's base) is not re-packed after an update
+    linears[0].requires_grad_(False)
+    packs = {id(m): m.packed for m in linears}
+    trained = [p for p in model.parameters() if p.requires_grad]
+    for p in trained:
+        p.grad = torch.ones_like(p)
+    torch.optim.AdamW(trained, lr=0.1, fused=True).step()  # written in place, uncounted
+    versions = [p._version for p in model.parameters()]
+    copies.weights_changed()
+    assert copies(model) is clone  # refreshed, not rebuilt
+    assert [p._version for p in model.parameters()] == versions, "the refresh wrote into the model's tensors"
+    assert [m.packed is packs[id(m)] for m in linears] == [m.weight is frozen for m in linears]
+    with torch.no_grad():
+        torch.testing.assert_close(clone(input_ids=ids).logits, rounded_logits(model), atol=1e-5, rtol=1e-5)
+        frozen.mul_(0.5)  # a counted write (a checkpoint load) re-packs even a frozen layer
+    copies(model)
+    assert linears[0].packed is not packs[id(linears[0])]
+    with torch.no_grad():
+        torch.testing.assert_close(clone(input_ids=ids).logits, rounded_logits(model), atol=1e-5, rtol=1e-5)
+
+    cast = generation_mod.SamplingCopies("float16")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(generation_mod, "cpu_multiplies_in", lambda dtype: True)
+        assert all(p.dtype == torch.float16 for p in cast(copy.deepcopy(model)).parameters())
 
 
 def test_generation_dtype_is_a_checked_field_and_the_kl_reward_scores_instead_of_keeping():

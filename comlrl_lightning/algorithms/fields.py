@@ -167,7 +167,8 @@ class SamplingFields(FieldGroup):
         generation_batch_size: prompts per ``generate`` call (null: all of a step's prompts).
         generation_dtype: sample with the training weights as they are (``model``), or with a ``bfloat16`` /
             ``float16`` copy of them refreshed after each update (memory-bound decoding reads half the bytes; the
-            samples come from the rounded weights, training scores them with its own).
+            samples come from the rounded weights, training scores them with its own). On a CPU without fp16
+            matrix units (AVX2), ``float16`` keeps float32 products over fp16 weights (the fast choice there).
     """
 
     def __init__(self, max_new_tokens: int = 256, temperature: float = 0.6, top_p: float = 0.6,
