@@ -831,6 +831,8 @@ def test_a_float16_copy_on_a_cpu_without_fp16_units_shares_the_models_tensors_an
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(generation_mod, "cpu_multiplies_in", lambda dtype: True)
         assert all(p.dtype == torch.float16 for p in cast(copy.deepcopy(model)).parameters())
+    # A model whose weights are not float32 (loaded in bf16) has nothing to share: it gets an fp16 copy too.
+    assert all(p.dtype == torch.float16 for p in cast(copy.deepcopy(model).bfloat16()).parameters())
 
 
 def test_generation_dtype_is_a_checked_field_and_the_kl_reward_scores_instead_of_keeping():

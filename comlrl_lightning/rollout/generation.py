@@ -244,7 +244,9 @@ class SamplingCopies:
 
     def _copy(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         on_cpu = device.type == "cpu"
-        if self.dtype == torch.float16 and on_cpu and not cpu_multiplies_in(self.dtype) and packing_works(FP16_WEIGHTS):
+        float32 = next(model.parameters()).dtype == torch.float32
+        if (self.dtype == torch.float16 and on_cpu and float32 and not cpu_multiplies_in(self.dtype)
+                and packing_works(FP16_WEIGHTS)):
             # The module tree copied, every tensor shared with the model: only the packed weights are new.
             tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
             clone = copy.deepcopy(model, tensors).eval()
