@@ -722,6 +722,15 @@ def test_a_half_precision_copy_on_a_cpu_without_its_matrix_instructions_is_warne
         assert all("generation_dtype: bfloat16" in m and "generation_dtype: model" in m for m in messages)
         assert all(("generation_dtype: float16" in m) == generation_mod.packing_works(generation_mod.FP16_WEIGHTS)
                    for m in messages)
+    # A float16 copy that is emulated (here: of a model loaded in bf16, which has no float32 tensors to share) names
+    # generation_dtype: model only, not the value already set.
+    monkeypatch.setattr(generation_mod, "cpu_multiplies_in", lambda dtype: False)
+    generation_mod._warn_emulated.cache_clear()
+    with caplog.at_level("WARNING", logger=generation_mod.__name__):
+        caplog.clear()
+        generation_mod.SamplingCopies("float16")(copy.deepcopy(model).bfloat16())
+    messages = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
+    assert len(messages) == 1 and "Set generation_dtype: model on" in messages[0], messages
     generation_mod._warn_emulated.cache_clear()
 
 
@@ -733,7 +742,7 @@ def test_packed_linear_gives_the_plain_product_with_the_packings_weights(packing
     takes are packed; a weight beyond fp16's range is left to the plain product."""
     if not generation_mod.packing_works(packing):
         pytest.skip(f"this torch build or CPU does not pack linears as {packing.name}")
-    rounded = torch.float16 if packing is generation_mod.FP16_WEIGHTS else packing.takes
+    rounded = packing.weights
     torch.manual_seed(0)
     tol = {"atol": 1e-2, "rtol": 1e-2} if packing.takes == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
 

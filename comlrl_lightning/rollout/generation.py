@@ -89,11 +89,14 @@ def generator_of(model: Any) -> tuple[Any, str | None]:
 @dataclasses.dataclass(frozen=True)
 class Packing:
     """A way for a CPU sampling copy's linear layers to multiply by their weights packed once per refresh:
-    ``pack(weight, bias)`` makes the packed form, ``multiply(x, packed, bias)`` is the layer's product for an input
-    of dtype ``takes``."""
+    ``pack(weight, bias)`` makes the packed form of a weight of dtype ``takes``, rounded to ``weights``;
+    ``multiply(x, packed, bias)`` is the layer's product for an input of dtype ``takes``. ``available()``: whether
+    this build and CPU have what the packing needs (then probed once, :func:`packing_works`)."""
 
     name: str
     takes: torch.dtype
+    weights: torch.dtype
+    available: Callable[[], bool]
     pack: Callable[[torch.Tensor, torch.Tensor | None], Any]
     multiply: Callable[[torch.Tensor, Any, torch.Tensor | None], torch.Tensor]
     fits: Callable[[torch.Tensor], bool] = lambda weight: True  # whether this weight can be packed this way
@@ -104,7 +107,8 @@ class Packing:
 # the weight out on every call; the packed one does not: 0.12 against 0.19 ms for one of SmolLM2-135M's projections
 # at 4 rows on one thread, 3.0 against 5.6 ms for its vocabulary projection (benchmarks/README.md).
 BF16_BLOCKED = Packing(
-    "bf16 (oneDNN blocked layout)", torch.bfloat16,
+    "bf16 (oneDNN blocked layout)", torch.bfloat16, torch.bfloat16,
+    available=lambda: torch.backends.mkldnn.is_available() and cpu_multiplies_in(torch.bfloat16),
     pack=lambda weight, bias: torch.ops.mkldnn._reorder_linear_weight(weight, 4),  # 4: a decoding batch
     multiply=lambda x, packed, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""))
 
@@ -114,7 +118,8 @@ BF16_BLOCKED = Packing(
 # (1 thread), 0.52 at 16 rows (benchmarks/bench_products.py, benchmarks/README.md#float16-weights-on-a-cpu). A
 # weight beyond fp16's range stays float32.
 FP16_WEIGHTS = Packing(
-    "fp16 weights, float32 products (fbgemm)", torch.float32,
+    "fp16 weights, float32 products (fbgemm)", torch.float32, torch.float16,
+    available=lambda: "fbgemm" in torch.backends.quantized.supported_engines,
     pack=lambda weight, bias: torch.ops.quantized.linear_prepack_fp16(weight, bias),
     multiply=lambda x, packed, bias: torch.ops.quantized.linear_dynamic_fp16(x, packed),
     fits=lambda weight: max(-weight.min().item(), weight.max().item()) <= torch.finfo(torch.float16).max,
@@ -146,13 +151,11 @@ def packing_works(packing: Packing) -> bool:
     """Whether this torch build and CPU pack linears ``packing``'s way and get the plain product's result with the
     packing's weights (checked once per process on a small layer, so a build without the private ops, or a CPU
     without the instructions, samples unpacked)."""
-    if packing is BF16_BLOCKED and not (torch.backends.mkldnn.is_available() and cpu_multiplies_in(torch.bfloat16)):
-        return False
-    if packing is FP16_WEIGHTS and "fbgemm" not in torch.backends.quantized.supported_engines:
+    if not packing.available():
         return False
     try:
         layer = torch.nn.Linear(8, 16)
-        rounded = layer.weight.detach().to(torch.float16 if packing is FP16_WEIGHTS else packing.takes)
+        rounded = layer.weight.detach().to(packing.weights)
         x = torch.randn(3, 2, 8).to(packing.takes)
         plain = torch.nn.functional.linear(x, rounded.to(packing.takes), layer.bias.detach().to(packing.takes))
         layer.to(packing.takes).__class__ = PackedLinear
@@ -280,8 +283,11 @@ def cpu_multiplies_in(dtype: torch.dtype) -> bool:
 @functools.cache
 def _warn_emulated(dtype: torch.dtype) -> None:
     name = str(dtype).removeprefix("torch.")
+    # float16 is the fix for bfloat16 only (a float16 copy gets here where fp16 weights cannot be packed, or the model
+    # is not float32)
     fix = ("generation_dtype: float16 (fp16 weights, float32 products, benchmarks/README.md#float16-weights-on-a-cpu) "
-           "or generation_dtype: model" if packing_works(FP16_WEIGHTS) else "generation_dtype: model")
+           "or generation_dtype: model" if dtype == torch.bfloat16 and packing_works(FP16_WEIGHTS)
+           else "generation_dtype: model")
     log.warning("generation_dtype: %s on a CPU without %s matrix instructions: its matmuls are emulated, so "
                 "sampling from the %s copy is slower than from the float32 weights here (bfloat16: 1.4x slower on an "
                 "AMD EPYC with AVX2, benchmarks/README.md). Set %s on this machine.", name, name, name, fix)
