@@ -1,3 +1,3 @@
-from comlrl_lightning.cli import main
+from comlrl_lightning.cli import command
 
-main()
+command()

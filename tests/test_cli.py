@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,6 +45,37 @@ def test_a_logger_without_save_dir_follows_default_root_dir_and_an_explicit_one_
     main(["fit", *QUICK, "--trainer.default_root_dir", str(tmp_path / "run"),
           "--trainer.logger.init_args.save_dir", str(tmp_path / "elsewhere")])
     assert (tmp_path / "elsewhere" / "quickstart" / "version_0" / "metrics.csv").is_file()
+
+
+def test_the_command_exits_0_after_a_run_and_freezes_its_objects_however_it_ends(tmp_path, monkeypatch, capsys):
+    """``comlrl-lightning`` (the installed script: ``sys.exit(command())``) and ``python -m comlrl_lightning``: a
+    finished run exits with status 0, and the objects are left out of the interpreter's last garbage collections
+    (seconds at every exit), after a run and after an exit such as ``--help``."""
+    import gc
+    import runpy
+    from importlib.metadata import entry_points
+
+    from comlrl_lightning.cli import command
+
+    (script,) = entry_points(group="console_scripts", name="comlrl-lightning")
+    assert script.load() is command
+    monkeypatch.chdir(tmp_path)
+    try:
+        monkeypatch.setattr("sys.argv", ["comlrl-lightning", "fit", *QUICK, "--model.init_args.agents=tiny",
+                                         "--model.init_args.use_chat_template=false"])
+        gc.unfreeze()
+        with pytest.raises(SystemExit) as exit_info:
+            sys.exit(command())
+        assert exit_info.value.code is None and gc.get_freeze_count() > 0  # status 0
+        assert (tmp_path / "outputs" / "quickstart" / "version_0" / "metrics.csv").is_file()
+        monkeypatch.setattr("sys.argv", ["comlrl_lightning", "--help"])
+        gc.unfreeze()
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_module("comlrl_lightning", run_name="__main__")
+        assert exit_info.value.code == 0 and "fit" in capsys.readouterr().out
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 def test_shipped_configs_name_the_run_not_the_directory():
