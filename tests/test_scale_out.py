@@ -141,11 +141,33 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
 
 
 # ----------------------------------------------------------------------------------------------- 2 processes (gloo)
-def test_magrpo_on_two_processes(tmp_path):
-    # 9 items, 2 per rank and step: global batches of 4, 4 and 1 — rank 1's share of the last one is empty.
-    probes = ddp_fit(tmp_path, "quickstart", "--data.init_args.max_train_items", "9", "--trainer.max_epochs", "1",
-                     "--trainer.max_steps", "-1", "--model.init_args.eval_num_samples", "3",
-                     "--model.init_args.eval_interval", "2")
+# A launch costs ~20 s on 2 cores (each rank imports torch, transformers and Lightning), so a run two tests read is
+# launched once per module: the DDP runs the FSDP tests compare against are the plain DDP tests' runs.
+
+# 9 items, 2 per rank and step: global batches of 4, 4 and 1 — rank 1's share of the last one is empty.
+QUICKSTART_9 = ["--data.init_args.max_train_items", "9", "--model.init_args.max_grad_norm", "1.0",
+                "--model.init_args.eval_interval", "2", "--model.init_args.eval_num_samples", "3",
+                "--trainer.max_epochs", "1", "--trainer.max_steps", "-1"]
+# IAC with a critic LM per agent, evaluated after every update; every rank calls save_pretrained as the fit ends.
+IAC_CRITICS = ["--data.init_args.max_train_items", "4", "--trainer.max_epochs", "1", "--trainer.max_steps", "-1",
+               "--model.init_args.eval_interval", "1", "--model.init_args.max_grad_norm", "1.0",
+               "--model.init_args.use_separate_critic", "true", "--model.init_args.critic_model", "tiny"]
+
+
+@pytest.fixture(scope="module")
+def quickstart_ddp(tmp_path_factory) -> tuple[Path, list[dict]]:
+    root = tmp_path_factory.mktemp("quickstart_ddp")
+    return root, ddp_fit(root, "quickstart", *QUICKSTART_9)
+
+
+@pytest.fixture(scope="module")
+def iac_ddp(tmp_path_factory) -> tuple[Path, list[dict]]:
+    root = tmp_path_factory.mktemp("iac_ddp")
+    return root, ddp_fit(root, "iac", *IAC_CRITICS, export=True)
+
+
+def test_magrpo_on_two_processes(quickstart_ddp):
+    tmp_path, probes = quickstart_ddp
     from comlrl_lightning.envs.toy import story_tasks
 
     assert_same_weights_after_every_step(probes)
@@ -164,9 +186,8 @@ def test_magrpo_on_two_processes(tmp_path):
     assert not list((tmp_path / "run").glob("quickstart/version_1")), "a second rank wrote its own log directory"
 
 
-def test_iac_on_two_processes(tmp_path):
-    probes = ddp_fit(tmp_path, "iac", "--data.init_args.max_train_items", "4", "--trainer.max_epochs", "1",
-                     "--trainer.max_steps", "-1", "--model.init_args.eval_interval", "0")
+def test_iac_on_two_processes(iac_ddp):
+    _, probes = iac_ddp
     assert_same_weights_after_every_step(probes)
     from comlrl_lightning.envs.toy import story_tasks
 
@@ -203,13 +224,39 @@ def test_madpo_iter_writes_each_replay_shard_once_and_every_rank_reads_it(tmp_pa
 # checkpoint its own step 2 wrote, mid-run, as after a crash.
 KEEP_EVERY_2 = ["--trainer.callbacks+=comlrl_lightning.callbacks.checkpoints.RunCheckpoints",
                 "--trainer.callbacks.every_n_updates", "2", "--trainer.callbacks.save_top_k", "-1"]
+QUICKSTART_16 = ["--data.init_args.max_train_items", "16", "--trainer.max_steps", "4",
+                 "--model.init_args.eval_interval", "0"]
 
 
-def test_a_two_process_run_resumes_exactly(tmp_path):
-    common = ["--data.init_args.max_train_items", "16", "--trainer.max_steps", "4", "--model.init_args.eval_interval",
-              "0"]
-    full = ddp_fit(tmp_path / "full", "quickstart", *common, *KEEP_EVERY_2)
-    step2 = next((tmp_path / "full" / "run" / "quickstart" / "version_0" / "checkpoints").glob("*step=2.ckpt"))
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """``num_nodes=2``, one process per node, node ranks 0 and 1 — the multi-node path of Lightning's launcher — on
+    one machine: 16 items in 4 global batches of 4, a checkpoint every 2 updates."""
+    tmp_path = tmp_path_factory.mktemp("two_nodes")
+    port = str(free_port())
+    nodes = [launch(tmp_path, "quickstart", *QUICKSTART_16, *KEEP_EVERY_2, "--trainer.num_nodes", "2", devices=1,
+                    env={"NODE_RANK": str(n), "MASTER_PORT": port}) for n in (0, 1)]
+    for node in nodes:
+        output, _ = node.communicate(timeout=600)
+        assert node.returncode == 0, output[-4000:]
+    return tmp_path, probes(tmp_path, 2)
+
+
+def test_two_nodes_on_one_machine(two_nodes):
+    _, probes_ = two_nodes
+    assert [p["world_size"] for p in probes_] == [2, 2]
+    assert_same_weights_after_every_step(probes_)
+    from comlrl_lightning.envs.toy import story_tasks
+
+    assert_epoch_covered_once(probes_, [json.dumps(x, sort_keys=True) for x in story_tasks()[:16]])
+
+
+def test_a_two_process_run_resumes_exactly(tmp_path, two_nodes):
+    """The two-node run's step-2 checkpoint resumes on one node with two processes (the same world), then on one
+    process."""
+    common = QUICKSTART_16
+    full_dir, full = two_nodes
+    step2 = next((full_dir / "run" / "quickstart" / "version_0" / "checkpoints").glob("*step=2.ckpt"))
     resumed = ddp_fit(tmp_path / "resumed", "quickstart", *common, "--ckpt_path", str(step2))
     assert_same_weights_after_every_step(resumed)
     assert resumed[0]["final_digest"] == full[0]["final_digest"], "the resumed run diverged from the full one"
@@ -220,24 +267,6 @@ def test_a_two_process_run_resumes_exactly(tmp_path):
     assert single[0]["steps"][0]["env_step"] == full[0]["steps"][1]["env_step"] + 2 * 4  # 2 items x K=4
     # its two steps train on the items of the two-process run's third global batch
     assert sorted(k for b in single[0]["items"] for k in b) == sorted(full[0]["items"][2] + full[1]["items"][2])
-
-
-def test_two_nodes_on_one_machine(tmp_path):
-    """``num_nodes=2``, one process per node, node ranks 0 and 1 — the multi-node path of Lightning's launcher."""
-    port = str(free_port())
-    args = ["--trainer.num_nodes", "2", "--data.init_args.max_train_items", "8", "--trainer.max_steps", "2",
-            "--model.init_args.eval_interval", "0"]
-    nodes = [launch(tmp_path, "quickstart", *args, devices=1,
-                    env={"NODE_RANK": str(n), "MASTER_PORT": port}) for n in (0, 1)]
-    for node in nodes:
-        output, _ = node.communicate(timeout=600)
-        assert node.returncode == 0, output[-4000:]
-    probes_ = probes(tmp_path, 2)
-    assert [p["world_size"] for p in probes_] == [2, 2]
-    assert_same_weights_after_every_step(probes_)
-    from comlrl_lightning.envs.toy import story_tasks
-
-    assert_epoch_covered_once(probes_, [json.dumps(x, sort_keys=True) for x in story_tasks()[:8]])
 
 
 def test_api_comparator_requests_are_split_across_ranks_never_sent_twice(tmp_path, server):  # noqa: F811
@@ -260,15 +289,13 @@ def test_api_comparator_requests_are_split_across_ranks_never_sent_twice(tmp_pat
     assert len(bodies) == 4 * 2 * 2
 
 
-def test_fsdp_shards_the_agents_trains_as_ddp_does_and_resumes_exactly(tmp_path):
+def test_fsdp_shards_the_agents_trains_as_ddp_does_and_resumes_exactly(tmp_path, quickstart_ddp):
     """Agents sharded over 2 ranks (FSDP2 through Lightning's ModelParallelStrategy, gloo): the same gradients as
     DDP (gradient norms agree), the last global batch leaves rank 1 an empty share, evaluation runs, and a sharded
     checkpoint (a directory) resumes exactly."""
-    common = ["--data.init_args.max_train_items", "9", "--model.init_args.max_grad_norm", "1.0",
-              "--model.init_args.eval_interval", "2", "--model.init_args.eval_num_samples", "3",
-              "--trainer.max_epochs", "1", "--trainer.max_steps", "-1"]
+    common = QUICKSTART_9
     sharded = ddp_fit(tmp_path / "fsdp", "quickstart", *common, *KEEP_EVERY_2, fsdp=True)
-    replicated = ddp_fit(tmp_path / "ddp", "quickstart", *common)
+    _, replicated = quickstart_ddp
     assert_same_weights_after_every_step(sharded)
     assert [len(b) for b in sharded[1]["items"]] == [2, 2, 0]
     for a, b in zip(sharded[0]["steps"], replicated[0]["steps"]):
@@ -318,20 +345,17 @@ def assert_same_export(sharded: Path, replicated: Path, files: list[str]) -> Non
             torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6, msg=f"{name}: {key}")
 
 
-def test_fsdp_shards_separate_critics_as_ddp_trains_them_and_exports_them_whole(tmp_path):
+def test_fsdp_shards_separate_critics_as_ddp_trains_them_and_exports_them_whole(tmp_path, iac_ddp):
     """IAC with a critic LM per agent: agents and critics sharded over 2 ranks train with DDP's gradients, and
     ``save_pretrained`` gathers each critic whole (backbone and value head) for rank 0 to write."""
-    common = ["--data.init_args.max_train_items", "4", "--trainer.max_epochs", "1", "--trainer.max_steps", "-1",
-              "--model.init_args.eval_interval", "1", "--model.init_args.max_grad_norm", "1.0",
-              "--model.init_args.use_separate_critic", "true", "--model.init_args.critic_model", "tiny"]
-    sharded = ddp_fit(tmp_path / "fsdp", "iac", *common, fsdp=True, export=True)
-    replicated = ddp_fit(tmp_path / "ddp", "iac", *common, export=True)
+    sharded = ddp_fit(tmp_path / "fsdp", "iac", *IAC_CRITICS, fsdp=True, export=True)
+    ddp_dir, replicated = iac_ddp
     assert_same_weights_after_every_step(sharded)
     assert_same_training(sharded, replicated, ["agent_0/grad_norm", "agent_1/grad_norm", "critic_0/grad_norm",
                                                "critic_1/grad_norm", "turn_1/value_pred_mean"])
     files = [f"agent_{i}/{part}" for i in range(2) for part in
              ("model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors")]
-    assert_same_export(tmp_path / "fsdp" / "export", tmp_path / "ddp" / "export", files)
+    assert_same_export(tmp_path / "fsdp" / "export", ddp_dir / "export", files)
 
 
 def test_fsdp_shards_the_reward_model_and_a_centralized_critic_in_marlhf(tmp_path):
