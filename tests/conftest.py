@@ -19,6 +19,17 @@ def pytest_configure(config):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# The files that take longest (they start processes: DDP ranks, CLI runs, notebook kernels), slowest first. `make
+# test` hands whole files to its workers in collection order, so these go first and the short files fill in around
+# them; a long file started last would run on alone at the end.
+LONGEST_FIRST = ("test_scale_out.py", "test_learning.py", "test_notebooks.py", "test_configs.py", "test_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture
 def tcp_server():
     """A listening TCP socket on 127.0.0.1 (accept times out after 0.3 s) and its port."""

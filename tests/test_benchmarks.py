@@ -26,17 +26,22 @@ def test_the_gpu_check_passes_its_smoke_run_on_the_cpu(tmp_path):
     assert {row["dtype"] for row in report["throughput"]} == {"bfloat16", "float32"}
 
 
-def test_the_products_benchmark_times_every_form_it_names(tmp_path):
+def test_the_products_benchmark_times_every_form_it_names(tmp_path, monkeypatch, capsys):
     """``bench_products.py`` on the tiny model: one row per form and row count, each with a time, its ratio to
-    ``F.linear`` and its fraction of the bandwidth limit (fp16 weights where this build and CPU pack them)."""
+    ``F.linear`` and its fraction of the bandwidth limit (fp16 weights where this build and CPU pack them). It runs
+    in this process (its imports are this process's; nothing it sets outlives it but torch's thread count, 1 here)."""
+    import runpy
+
+    import torch
+
     from comlrl_lightning.rollout import generation
 
     out = tmp_path / "products.json"
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_products.py"), "--model", "tiny",
-                           "--rows", "1", "4", "--repeats", "1", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    monkeypatch.setattr("sys.argv", ["bench_products.py", "--model", "tiny", "--rows", "1", "4", "--repeats", "1",
+                                     "--json", str(out), "--threads", str(torch.get_num_threads())])
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    runpy.run_path(str(REPO / "benchmarks" / "bench_products.py"), run_name="__main__")
+    assert "of the bandwidth limit" in capsys.readouterr().out
     results = json.loads(out.read_text())["results"]
     forms = {"linear", "columns"} | ({"fp16"} if generation.packing_works(generation.FP16_WEIGHTS) else set())
     assert {(r["rows"], r["form"]) for r in results} == {(n, f) for n in (1, 4) for f in forms}

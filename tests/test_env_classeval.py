@@ -132,7 +132,9 @@ REFERENCE_FAILURES = {
     "ClassEval_48",  # needs the network (gethostbyname/gethostname of real hosts)
     "ClassEval_84",  # replaces the object's methods with unittest.mock.MagicMock: a test's own objects stay outside
 }
-FLAKY = {"ClassEval_35", "ClassEval_58"}  # 35: an A* search near the time limit; 58: random mines may coincide
+# 20: the test stamps datetime.now() to the second before the method stamps its own, and fails when a second ends
+# between the two (seen under load); 35: an A* search near the time limit; 58: random mines may coincide.
+FLAKY = {"ClassEval_20", "ClassEval_35", "ClassEval_58"}
 
 
 @needs_data

@@ -251,7 +251,7 @@ def test_two_nodes_on_one_machine(two_nodes):
     assert_epoch_covered_once(probes_, [json.dumps(x, sort_keys=True) for x in story_tasks()[:16]])
 
 
-def test_a_two_process_run_resumes_exactly(tmp_path, two_nodes):
+def test_a_two_process_run_resumes_exactly(tmp_path, two_nodes, monkeypatch):
     """The two-node run's step-2 checkpoint resumes on one node with two processes (the same world), then on one
     process."""
     common = QUICKSTART_16
@@ -261,8 +261,16 @@ def test_a_two_process_run_resumes_exactly(tmp_path, two_nodes):
     assert_same_weights_after_every_step(resumed)
     assert resumed[0]["final_digest"] == full[0]["final_digest"], "the resumed run diverged from the full one"
     assert [s["digest"] for s in resumed[0]["steps"]] == [s["digest"] for s in full[0]["steps"][2:]]
-    # On one process instead (docs/scaling.md: the data position moves to the same item, the buffers are kept)
-    single = ddp_fit(tmp_path / "single", "quickstart", *common, "--ckpt_path", str(step2), world=1)
+    # On one process instead, a plain run (docs/scaling.md: the data position moves to the same item, the buffers
+    # are kept). It runs in this process: a launch would add ~10 s of imports, and no process group is started.
+    from comlrl_lightning.cli import main
+
+    monkeypatch.setenv("PROBE_DIR", str(tmp_path / "single" / "probe"))
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), *TINY, *common, "--ckpt_path", str(step2),
+          "--trainer.callbacks+=ddp_probe.Probe", "--trainer.default_root_dir", str(tmp_path / "single" / "run")])
+    assert not ranks.active()
+    single = probes(tmp_path / "single", 1)
     assert [s["global_step"] for s in single[0]["steps"]] == [3, 4]
     assert single[0]["steps"][0]["env_step"] == full[0]["steps"][1]["env_step"] + 2 * 4  # 2 items x K=4
     # its two steps train on the items of the two-process run's third global batch
