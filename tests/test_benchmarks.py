@@ -47,3 +47,23 @@ def test_the_products_benchmark_times_every_form_it_names(tmp_path, monkeypatch,
     assert {(r["rows"], r["form"]) for r in results} == {(n, f) for n in (1, 4) for f in forms}
     assert all(r["ms"] > 0 and r["fraction_of_limit"] > 0 for r in results)
     assert all(r["of_linear"] == 1.0 for r in results if r["form"] == "linear")
+
+
+def test_the_checkpoint_benchmark_writes_the_same_checkpoint_both_ways(tmp_path, monkeypatch):
+    """``bench_checkpoint.py``'s worker on a tiny team, in this process: each way writes the team's checkpoint (weights
+    and AdamW's moments) and reports its time, size and peak-memory growth; the sizes agree."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_checkpoint
+
+    threads = torch.get_num_threads()
+    try:
+        reports = [bench_checkpoint.worker(bench_checkpoint.parse_args(["--worker", way, "--model", "tiny",
+                                                                        "--dir", str(tmp_path)]))
+                   for way in bench_checkpoint.WAYS]
+    finally:
+        torch.set_num_threads(threads)
+    assert [r["way"] for r in reports] == ["lightning", "file"]
+    assert reports[0]["bytes"] == reports[1]["bytes"] > 0 and all(r["seconds"] > 0 for r in reports)
+    assert not any(tmp_path.iterdir())  # each save's folder is removed

@@ -22,12 +22,16 @@ def run_files(root: Path) -> set[str]:
 
 
 def test_every_file_of_a_run_goes_under_default_root_dir(tmp_path, monkeypatch):
+    from comlrl_lightning.callbacks.checkpoints import FileCheckpointIO
+
     monkeypatch.chdir(tmp_path)
-    main(["fit", *QUICK, "--trainer.default_root_dir", str(tmp_path / "run")])
+    cli = main(["fit", *QUICK, "--trainer.default_root_dir", str(tmp_path / "run")])
     files = run_files(tmp_path / "run")
     for name in ("metrics.csv", "hparams.yaml", "config.yaml", "completions.jsonl"):
         assert f"quickstart/version_0/{name}" in files, files
-    assert any(f.startswith("quickstart/version_0/checkpoints/") and f.endswith(".ckpt") for f in files), files
+    checkpoints = [f for f in files if f.startswith("quickstart/version_0/checkpoints/")]
+    assert checkpoints and all(f.endswith(".ckpt") for f in checkpoints), files  # nothing partial left beside them
+    assert type(cli.trainer.strategy.checkpoint_io) is FileCheckpointIO
     assert not (tmp_path / "outputs").exists()
 
 
@@ -226,6 +230,62 @@ def test_a_crash_mid_run_leaves_the_last_good_checkpoint(tmp_path, monkeypatch):
     last = (checkpoints / "last.ckpt").resolve()  # one update per step: the 5th reward call is in step 5
     assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch=0-step=4.ckpt", "last.ckpt"]
     assert last.name == "epoch=0-step=4.ckpt" and torch.load(last, weights_only=False)["global_step"] == 4
+
+
+def test_a_checkpoint_is_written_straight_to_a_partial_file_that_replaces_the_old_one_whole(tmp_path, monkeypatch):
+    """FileCheckpointIO hands torch.save the file itself (Lightning's default, a memory buffer it then copies out);
+    a save that fails half-way leaves the previous checkpoint as it was and nothing beside it."""
+    import io
+
+    import fsspec
+    import torch
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    from comlrl_lightning.callbacks.checkpoints import FileCheckpointIO
+
+    save, destinations = torch.save, []
+
+    def spy(obj, f, *args, **kwargs):
+        destinations.append(type(f))
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", spy)
+    path = tmp_path / "checkpoints" / "epoch=0-step=1.ckpt"
+    FileCheckpointIO().save_checkpoint({"step": 1, "w": torch.arange(6.0)}, path)
+    assert destinations == [io.BufferedWriter] and [p.name for p in path.parent.iterdir()] == [path.name]
+    assert torch.load(path)["step"] == 1 and torch.equal(torch.load(path)["w"], torch.arange(6.0))
+    TorchCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "lightning.ckpt")
+    assert destinations[-1] is io.BytesIO  # what is avoided
+
+    def fails_half_way(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", fails_half_way)
+    with pytest.raises(OSError, match="No space left"):
+        FileCheckpointIO().save_checkpoint({"step": 2, "w": torch.zeros(6)}, path)
+    assert [p.name for p in path.parent.iterdir()] == [path.name] and torch.load(path)["step"] == 1
+
+    monkeypatch.setattr(torch, "save", spy)
+    FileCheckpointIO().save_checkpoint({"step": 3}, "memory://run/last.ckpt")  # a remote path: Lightning's way
+    assert destinations[-1] is io.BytesIO and fsspec.filesystem("memory").exists("/run/last.ckpt")
+    with pytest.raises(TypeError):
+        FileCheckpointIO().save_checkpoint({"step": 3}, path, storage_options={"x": 1})  # as Lightning's
+
+
+def test_run_checkpoints_write_with_file_checkpoint_io_unless_the_run_chose_its_own(tmp_path):
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    from lightning.pytorch import Trainer
+
+    from comlrl_lightning.callbacks.checkpoints import FileCheckpointIO, RunCheckpoints
+
+    class Mine(TorchCheckpointIO):
+        pass
+
+    for plugins, expected in (([], FileCheckpointIO), ([Mine()], Mine)):
+        trainer = Trainer(logger=False, default_root_dir=tmp_path, plugins=plugins, enable_progress_bar=False)
+        RunCheckpoints(1).setup(trainer, None, "fit")
+        assert type(trainer.strategy.checkpoint_io) is expected
 
 
 def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path, monkeypatch, capsys):

@@ -8,11 +8,48 @@ or a non-finite loss stops the run before it changes anything). The CLI adds it 
 
 Checkpoints hold the state after the update they follow (weights, optimizer, counters, RNG, data position): that
 is what an exact resume needs.
+
+``FileCheckpointIO`` writes a local checkpoint straight to its file; ``RunCheckpoints`` has the run's strategy use it
+in place of Lightning's default (``TorchCheckpointIO``), which serialises the whole checkpoint in memory and then
+copies it out.
 """
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class FileCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` with local checkpoints written straight to their file.
+
+    Lightning's default ``torch.save``-s the checkpoint into memory, copies the buffer out and writes the copy (the
+    buffer serves remote filesystems' transactions): for two SmolLM2-135M agents with AdamW's moments (3.2 GB) that
+    took ~17 s and ~2.9 GB of memory beyond the checkpoint's, against ~8.5 s and none with ``torch.save`` writing the
+    file (benchmarks/README.md#checkpoints). The file is written under a hidden temporary name beside its path and
+    renamed onto it when complete, so a crash or a full disk never leaves a half-written checkpoint under the real
+    name. A remote path (``s3://``, ``gs://``, …) is saved Lightning's way; loading is Lightning's.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):  # a URL (s3://, file://, simplecache::gs://, ...)
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = os.fspath(path)
+        folder, name = os.path.split(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        partial = os.path.join(folder, f".{name}.partial-{os.getpid()}")  # not *.ckpt: never taken for a checkpoint
+        try:
+            with open(partial, "wb") as file:
+                torch.save(checkpoint, file)
+            os.replace(partial, path)
+        except BaseException:
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise
 
 
 class RunCheckpoints(ModelCheckpoint):
@@ -20,6 +57,11 @@ class RunCheckpoints(ModelCheckpoint):
         kwargs.setdefault("save_top_k", 1)
         kwargs.setdefault("save_last", "link")
         super().__init__(every_n_train_steps=every_n_updates or None, **kwargs)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not one the user chose
+            trainer.strategy.checkpoint_io = FileCheckpointIO()
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_step > 0 and self._last_global_step_saved != trainer.global_step:
