@@ -268,7 +268,9 @@ def test_a_checkpoint_is_written_straight_to_a_partial_file_that_replaces_the_ol
 
     monkeypatch.setattr(torch, "save", spy)
     FileCheckpointIO().save_checkpoint({"step": 3}, "memory://run/last.ckpt")  # a remote path: Lightning's way
-    assert destinations[-1] is io.BytesIO and fsspec.filesystem("memory").exists("/run/last.ckpt")
+    memory = fsspec.filesystem("memory")
+    assert destinations[-1] is io.BytesIO and memory.exists("/run/last.ckpt")
+    memory.rm("/run", recursive=True)
     with pytest.raises(TypeError):
         FileCheckpointIO().save_checkpoint({"step": 3}, path, storage_options={"x": 1})  # as Lightning's
 
