@@ -5,7 +5,7 @@
 The checkpoint is a team's as a fit writes it: the module's state dict and the AdamW state after one step (both
 moments), for ``--agents`` copies of ``--model`` (default: two SmolLM2-135M-Instruct agents, 3.2 GB). Each save runs
 in its own process, so that its peak memory is its own: the process builds the checkpoint, notes its peak resident
-memory, saves to a fresh directory (``--dir``, default a temporary one beside the system's), and reports the seconds
+memory, saves to a fresh directory under ``--dir`` (default: the system's temporary directory), and reports the seconds
 and the peak's growth. ``--repeats`` rounds alternate the two, so that the machine's load hits them alike; the script
 prints medians and the ratio per round.
 
@@ -30,15 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 WAYS = ("lightning", "file")
 
 
-def peak_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def worker(args) -> dict:
     """Build the checkpoint, save it ``args.worker``'s way, report seconds, size and the peak memory's growth."""
     import torch
+    from bench_step import peak_rss_mib
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
     from comlrl_lightning import MAGRPO
@@ -58,12 +53,12 @@ def worker(args) -> dict:
     io = TorchCheckpointIO() if args.worker == "lightning" else FileCheckpointIO()
     folder = Path(tempfile.mkdtemp(dir=args.dir))
     try:
-        before = peak_mib()
+        before = peak_rss_mib()
         start = time.perf_counter()
         io.save_checkpoint(checkpoint, folder / "epoch=0-step=1.ckpt")
         seconds = time.perf_counter() - start
         size = (folder / "epoch=0-step=1.ckpt").stat().st_size
-        return {"way": args.worker, "seconds": seconds, "bytes": size, "peak_growth_mib": peak_mib() - before}
+        return {"way": args.worker, "seconds": seconds, "bytes": size, "peak_growth_mib": peak_rss_mib() - before}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
