@@ -172,9 +172,11 @@ def sample_completions(
             own_cache = "cache_implementation" in extra
             with contextlib.ExitStack() as stack:
                 stack.enter_context(torch.inference_mode())
+                # The prompts' forward multiplies many rows (and keeps one position's logits per prompt): plain
+                # products, so a process does not time the decoding forms for a row count only the prefill uses.
+                inputs = prefill_once(model, enc, num_samples, names, share=not own_cache)
                 if not own_cache:
                     stack.enter_context(fast_decoding_products(model))
-                inputs = prefill_once(model, enc, num_samples, names, share=not own_cache)
                 if isinstance(inputs.get(CACHE_KEYWORD), SharedPrefixCache):
                     stack.enter_context(shared_prefix_decoding(model, inputs[CACHE_KEYWORD]))
                 out = model.generate(
