@@ -19,9 +19,10 @@ def pytest_configure(config):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-# The files that take longest, slowest first (summed test time on 2 cores: 250, 85, 80, 65, 45, 40 s; most start
-# processes: DDP ranks, CLI runs, notebook kernels). `make test` hands whole files to its workers in collection
-# order, so these go first and the short files fill in around them; a long file started last would run on alone.
+# The files that take longest, slowest first (summed test time on 2 cores, 2026-12-02: 329, 111, 94, 77, 67, 58 s;
+# most start processes: DDP ranks, CLI runs, notebook kernels). `make test` hands whole files to its workers in
+# collection order, so these go first and the short files fill in around them; a long file started last would run on
+# alone.
 LONGEST_FIRST = ("test_scale_out.py", "test_learning.py", "test_bad_configs.py", "test_notebooks.py",
                  "test_configs.py", "test_cli.py")
 

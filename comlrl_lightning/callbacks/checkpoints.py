@@ -31,8 +31,9 @@ class FileCheckpointIO(TorchCheckpointIO):
     buffer serves remote filesystems' transactions): for two SmolLM2-135M agents with AdamW's moments (3.2 GB) that
     took ~17 s and ~2.9 GB of memory beyond the checkpoint's, against ~8.5 s and none with ``torch.save`` writing the
     file (benchmarks/README.md#checkpoints). The file is written under a hidden temporary name beside its path and
-    renamed onto it when complete, so a crash or a full disk never leaves a half-written checkpoint under the real
-    name. A remote path (``s3://``, ``gs://``, …) is saved Lightning's way; loading is Lightning's.
+    renamed onto it when complete, so a killed or failing run (a full disk) never leaves a half-written checkpoint
+    under the real name (the file is not fsync-ed: after a power loss the filesystem decides). A remote path
+    (``s3://``, ``gs://``, …) is saved Lightning's way; loading is Lightning's.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
