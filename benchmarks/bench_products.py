@@ -6,7 +6,7 @@ from memory, not the caches. This times one such pass over a model's linear laye
 included) for each way the package can multiply them on a CPU:
 
     linear      ``F.linear(x, W)``: what the model runs by itself
-    columns     ``(W @ xᵀ)ᵀ``: the timed decoding form (``rollout/decoding.py``)
+    columns     ``(W @ xᵀ)ᵀ``: the timed decoding form (``rollout/backends/hf_products.py``)
     fp16        fp16 weights in float32 products, packed for fbgemm (``generation_dtype: float16`` on a CPU without
                 fp16 matrix instructions, ``rollout/generation.py``)
 
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 import roofline
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
-from comlrl_lightning.rollout import generation
-from comlrl_lightning.rollout.decoding import _by_columns
+from comlrl_lightning.rollout.backends import hf_copies as generation
+from comlrl_lightning.rollout.backends.hf_products import _by_columns
 
 
 def forms() -> dict:

@@ -136,12 +136,12 @@ def check_fsdp(args, report):
 
 
 def check_shared_prefix(args, report):
-    """Sampling with each prompt's KV cache kept once (rollout/shared_prefix.py) against the cache repeated K times,
+    """Sampling with each prompt's KV cache kept once (rollout/backends/hf_shared_prefix.py) against the cache repeated K times,
     on the device, seed for seed, prompts of several lengths (left padding): in float32 the rows' tokens agree and
     the kept log-probs agree to rounding up to a row's first differing token; bfloat16's numbers are recorded. Each
     form's sampling time is recorded too."""
     from comlrl_lightning.agents.factories import MODEL_FACTORIES
-    from comlrl_lightning.rollout import sampling
+    from comlrl_lightning.rollout.backends import hf as sampling
 
     device = "cuda" if args.accelerator == "gpu" else "cpu"
     prompts = [" ".join(["the quick brown fox jumps"] * n) for n in (2, 8, 20, 40)][: args.prompts]

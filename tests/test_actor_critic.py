@@ -526,7 +526,7 @@ def test_agents_on_distinct_devices_sample_concurrently(cls, tmp_path, monkeypat
     import threading
     import time
 
-    import comlrl_lightning.rollout.generation as generation
+    import comlrl_lightning.rollout.backends.hf as generation
 
     calls, original = [], generation.sample_completions
 

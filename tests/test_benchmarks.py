@@ -34,7 +34,7 @@ def test_the_products_benchmark_times_every_form_it_names(tmp_path, monkeypatch,
 
     import torch
 
-    from comlrl_lightning.rollout import generation
+    from comlrl_lightning.rollout.backends import hf_copies as generation
 
     out = tmp_path / "products.json"
     monkeypatch.setattr("sys.argv", ["bench_products.py", "--model", "tiny", "--rows", "1", "4", "--repeats", "1",

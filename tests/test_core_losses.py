@@ -197,3 +197,27 @@ def test_assert_finite_passes_and_raises_with_context():
     message = str(err.value)
     assert "policy_loss" in message and "step=3" in message and "agent=1" in message
     assert "1 NaN" in message and "1 inf" in message
+
+
+# --- importance weights of an inference engine's samples ------------------------------------------------------
+
+
+def test_importance_sampling_weights_by_hand():
+    """ρ = exp(log π_train − log π_engine). Row 0: token diffs [ln 3, ln 0.5, masked] → ρ = [3, 0.5]; row 1: [0, ln 1.5]
+    → [1, 1.5]. token_truncate, cap 2: [2, 0.5], [1, 1.5]. token_mask: [0, 0.5], [1, 1.5]. sequence: row 0's ρ is
+    3·0.5 = 1.5 on each of its tokens, row 1's 1·1.5 = 1.5; both ≤ 2, so truncate and mask agree; with cap 1.2 both
+    rows are capped to 1.2 (truncate) or zeroed (mask). Masked positions are 0 in every mode."""
+    from comlrl_lightning.core import importance_sampling_weights as weights
+
+    engine = torch.tensor([[-2.0, -1.0, -5.0], [-1.0, -2.0, 0.0]])
+    train = engine + torch.tensor([[math.log(3), math.log(0.5), 7.0], [0.0, math.log(1.5), 0.0]])
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    close(weights(train, engine, mask, "token_truncate", 2.0), torch.tensor([[2.0, 0.5, 0.0], [1.0, 1.5, 0.0]]))
+    close(weights(train, engine, mask, "token_mask", 2.0), torch.tensor([[0.0, 0.5, 0.0], [1.0, 1.5, 0.0]]))
+    for mode in ("sequence_truncate", "sequence_mask"):
+        close(weights(train, engine, mask, mode, 2.0), torch.tensor([[1.5, 1.5, 0.0], [1.5, 1.5, 0.0]]))
+    close(weights(train, engine, mask, "sequence_truncate", 1.2), torch.tensor([[1.2, 1.2, 0.0], [1.2, 1.2, 0.0]]))
+    close(weights(train, engine, mask, "sequence_mask", 1.2), torch.zeros(2, 3))
+    assert not weights(train.requires_grad_(), engine, mask).requires_grad  # a weight, not a term to differentiate
+    with pytest.raises(ValueError, match="vllm_importance_sampling_mode must be one of: token_truncate"):
+        weights(train, engine, mask, "clip")

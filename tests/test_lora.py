@@ -164,7 +164,7 @@ def test_a_lora_team_samples_in_one_generate_call_each_row_through_its_own_adapt
     row is drawn from its own agent's distribution (the logits its adapter view gives the prompt)."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
-    from comlrl_lightning.rollout.generation import HFGenerate
+    from comlrl_lightning.rollout.backends.hf import HFGenerate
     from comlrl_lightning.rollout.sampling import SamplingConfig
 
     module = make_module(num_agents=3, lora_rank=4)
@@ -211,8 +211,8 @@ def test_a_lora_team_trains_with_a_generation_copy_of_its_one_peft_model(dtype, 
     every adapter) samples for all agents, and after each update it holds the trained adapters. On a CPU without
     fp16 matrix instructions the float16 copy shares the team's tensors and multiplies by fp16 packs of them, which
     must follow the trained adapters too."""
-    from comlrl_lightning.rollout import generation as generation_mod
-    from comlrl_lightning.rollout.generation import sampling_copies
+    from comlrl_lightning.rollout.backends import hf_copies as generation_mod
+    from comlrl_lightning.rollout.backends.hf_copies import sampling_copies
 
     module = make_module(num_agents=2, lora_rank=4, generation_dtype=dtype)
     fit(module, tmp_path, max_steps=2)

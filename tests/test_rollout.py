@@ -14,25 +14,27 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from comlrl_lightning.rollout import generation as generation_mod
+from comlrl_lightning.rollout import generation
+from comlrl_lightning.rollout.backends import hf as hf_backend
+from comlrl_lightning.rollout.backends import hf_copies as generation_mod
 from comlrl_lightning.rollout.rewards import RewardCaller, ScaleShift, build_formatters
 from comlrl_lightning.rollout.sampling import (
+    CACHE_KEYWORD,
     Completions,
     SamplingConfig,
     ScoringInputs,
-    TopKTopPSampler,
     build_scoring_inputs,
     collate_rows,
     completion_mask_from_ids,
     eos_token_ids,
     forward_tokens,
     micro_batches,
-    sample_completions,
     select_rows,
     shared_prompts,
     token_logprobs,
     trim_prompt_padding,
 )
+from comlrl_lightning.rollout.backends.hf import TopKTopPSampler, sample_completions
 from comlrl_lightning.rollout.tree import RolloutEngine, normalize_joint_mode
 
 
@@ -377,15 +379,15 @@ def test_a_shared_prefix_is_kept_once_and_decodes_the_tokens_of_the_repeated_cac
     """The cache holds each prompt's entries once, the K rows' own entries apart, and every decoding step's attention
     goes through the shared-prefix path; seed for seed the tokens are those of the cache repeated K times, the kept
     log-probs agree to float rounding, and the model's attention implementation is back afterwards."""
-    from comlrl_lightning.rollout import sampling as sampling_mod
-    from comlrl_lightning.rollout import shared_prefix
+    from comlrl_lightning.rollout.backends import hf as sampling_mod
+    from comlrl_lightning.rollout.backends import hf_shared_prefix as shared_prefix
 
     model, tok = tiny
     prompts = ["Write a short story about a cat who", "Two", "The quick brown fox jumps over the lazy dog and"]
     cfg = SamplingConfig(max_new_tokens=10, temperature=1.0, top_p=0.9, top_k=50, keep_logprobs=True)
     enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     with torch.inference_mode():
-        cache = sampling_mod.prefill_once(model, dict(enc), 4)[sampling_mod.CACHE_KEYWORD]
+        cache = sampling_mod.prefill_once(model, dict(enc), 4)[CACHE_KEYWORD]
     assert isinstance(cache, shared_prefix.SharedPrefixCache)
     P = enc.input_ids.shape[1] - 1
     assert all(layer.prefix_keys.shape[0] == 3 and layer.keys.shape[0] == 12 for layer in cache.layers)
@@ -426,7 +428,7 @@ def test_a_shared_prefix_is_kept_once_and_decodes_the_tokens_of_the_repeated_cac
     monkeypatch.setattr(sampling_mod, "can_share", shared_prefix.can_share)
     monkeypatch.setattr(model.config, "_attn_implementation", "eager")
     with torch.inference_mode():
-        cache = sampling_mod.prefill_once(model, dict(enc), 4)[sampling_mod.CACHE_KEYWORD]
+        cache = sampling_mod.prefill_once(model, dict(enc), 4)[CACHE_KEYWORD]
     assert not isinstance(cache, shared_prefix.SharedPrefixCache) and cache.layers[0].keys.shape[0] == 12
 
 
@@ -437,7 +439,7 @@ def test_shared_prefix_attention_is_attention_over_the_repeated_prefix():
     from transformers.cache_utils import DynamicCache, DynamicLayer
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from comlrl_lightning.rollout import shared_prefix
+    from comlrl_lightning.rollout.backends import hf_shared_prefix as shared_prefix
 
     torch.manual_seed(0)
     prompts, K, kv_heads, G, P, t, d = 2, 3, 2, 3, 5, 4, 8
@@ -477,10 +479,10 @@ def test_shared_prefix_attention_is_attention_over_the_repeated_prefix():
 
 
 def test_the_decoding_products_timed_faster_sample_the_same_tokens_and_log_probs(tiny, monkeypatch):
-    """While decoding, a model's large CPU linear layers may multiply as W @ xᵀ (rollout/decoding.py): seed for seed
+    """While decoding, a model's large CPU linear layers may multiply as W @ xᵀ (rollout/backends/hf_products.py): seed for seed
     the samples are the plain products' tokens, the kept log-probs a scoring forward's, a forward with grad keeps
     the plain product, and the layers' own forwards are back afterwards."""
-    from comlrl_lightning.rollout import decoding
+    from comlrl_lightning.rollout.backends import hf_products as decoding
 
     model, tok = tiny
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
@@ -514,7 +516,7 @@ def test_the_decoding_products_keep_the_form_that_times_clearly_faster(monkeypat
     W @ xᵀ gives F.linear's result, contiguous."""
     import time
 
-    from comlrl_lightning.rollout import decoding
+    from comlrl_lightning.rollout.backends import hf_products as decoding
 
     layers = [torch.nn.Linear(16, 32), torch.nn.Linear(32, 16, bias=False)]
     x = torch.randn(3, 1, 16)
@@ -554,7 +556,7 @@ class _Spy(LogitsProcessor):
 def test_tokens_are_drawn_by_our_sampler_unless_another_truncation_is_asked_for(tiny, monkeypatch):
     """TopKTopPSampler draws every token (generate runs greedy on its one-hot scores); ``min_p`` in
     ``generation_kwargs`` or the model's generation config hands sampling back to ``generate``."""
-    from comlrl_lightning.rollout import sampling as rollout_sampling
+    from comlrl_lightning.rollout.backends import hf as rollout_sampling
 
     model, tok = tiny
     draws = []
@@ -604,7 +606,7 @@ def test_our_sampler_draws_the_tokens_generates_own_sampler_would_in_distributio
 
 
 def test_agents_sharing_one_model_sample_in_one_call(tiny):
-    from comlrl_lightning.rollout.generation import HFGenerate
+    from comlrl_lightning.rollout.backends.hf import HFGenerate
 
     model, tok = tiny
     shapes = []
@@ -646,7 +648,7 @@ def test_a_bf16_generation_copy_is_made_once_and_refreshed_only_after_the_weight
     otherwise; the log-probs kept while sampling are dropped (they would be the copy's, not the model's)."""
     import copy
 
-    from comlrl_lightning.rollout.generation import HFGenerate
+    from comlrl_lightning.rollout.backends.hf import HFGenerate
 
     model, tok = tiny
     other = copy.deepcopy(model)
@@ -686,7 +688,7 @@ def test_a_bf16_generation_copy_is_made_once_and_refreshed_only_after_the_weight
     for p in other.parameters():
         p.grad = torch.ones_like(p)
     torch.optim.AdamW(other.parameters(), lr=0.1, fused=True).step()  # fused AdamW writes in place uncounted ...
-    generation_mod.weights_changed()  # ... so every update says so
+    generation.weights_changed()  # ... so every update says so
     sample([other])
     for p, q in zip(other.parameters(), copies[id(other)].parameters()):
         assert torch.equal(q, p.to(torch.bfloat16))
@@ -756,8 +758,11 @@ def test_packed_linear_gives_the_plain_product_with_the_packings_weights(packing
         xs = [torch.randn(4, 64).to(packing.takes), torch.randn(3, 7, 64).to(packing.takes),
               torch.randn(33, 64).to(packing.takes)]
         expected = [plain(layer, x) for x in xs]
-        assert generation_mod.pack_linears(torch.nn.Sequential(layer), packing) == 1
-        assert isinstance(layer, generation_mod.PackedLinear)
+        holder = torch.nn.Sequential(layer)
+        assert generation_mod.pack_linears(holder, packing) == 1
+        assert type(layer) is torch.nn.Linear  # replaced in its parent, not turned into another class
+        layer = holder[0]
+        assert isinstance(layer, generation_mod.PackedLinear) and layer.weight is holder[0].weight
         for x, want in zip(xs, expected):
             got = layer(x)
             assert got.shape == want.shape and torch.allclose(got.float(), want.float(), **tol)
@@ -765,7 +770,7 @@ def test_packed_linear_gives_the_plain_product_with_the_packings_weights(packing
                 assert not torch.allclose(got, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-7)
         with torch.no_grad():
             layer.weight.mul_(-1)
-        generation_mod.pack_linears(torch.nn.Sequential(layer), packing)
+        generation_mod.pack_linears(holder, packing)
         assert torch.allclose(layer(xs[0]).float(), plain(layer, xs[0]).float(), **tol)
     other = torch.float32 if packing.takes == torch.bfloat16 else torch.bfloat16
     assert generation_mod.pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4).to(other)), packing) == 0
@@ -776,11 +781,12 @@ def test_packed_linear_gives_the_plain_product_with_the_packings_weights(packing
             huge.weight[0, 0] = 1e6  # fp16's largest is 65504
         x = torch.randn(2, 4)
         want = huge(x)
-        generation_mod.pack_linears(torch.nn.Sequential(huge), packing)
-        assert huge.packed is None and torch.equal(huge(x), want)
+        holder = torch.nn.Sequential(huge)
+        generation_mod.pack_linears(holder, packing)
+        assert holder[0].packed is None and torch.equal(holder[0](x), want)
 
 
-def test_a_float16_copy_on_a_cpu_without_fp16_units_shares_the_models_tensors_and_packs_fp16_weights(tiny):
+def test_a_float16_copy_on_a_cpu_without_fp16_units_shares_the_models_tensors_and_packs_fp16_weights(tiny, monkeypatch):
     """``generation_dtype: float16`` on a CPU without fp16 matrix instructions (where an fp16 matmul is emulated):
     the copy is the model's own module tree with every tensor shared (no second float32 model), whose linear layers
     multiply float32 activations by fp16-rounded weights. Its logits are those of the model with its linear weights
@@ -790,6 +796,7 @@ def test_a_float16_copy_on_a_cpu_without_fp16_units_shares_the_models_tensors_an
 
     if not generation_mod.packing_works(generation_mod.FP16_WEIGHTS):
         pytest.skip("this torch build or CPU does not pack fp16 weights for fbgemm")
+    monkeypatch.setattr(generation_mod, "cpu_multiplies_in", lambda dtype: False)  # such a CPU (an AMD EPYC, AVX2)
     model, tok = tiny
     model = copy.deepcopy(model)
     ids = tok("The quick brown fox", return_tensors="pt").input_ids
@@ -825,7 +832,7 @@ def test_a_float16_copy_on_a_cpu_without_fp16_units_shares_the_models_tensors_an
         p.grad = torch.ones_like(p)
     torch.optim.AdamW(trained, lr=0.1, fused=True).step()  # written in place, uncounted
     versions = [p._version for p in model.parameters()]
-    copies.weights_changed()
+    generation.weights_changed()
     assert copies(model) is clone  # refreshed, not rebuilt
     assert [p._version for p in model.parameters()] == versions, "the refresh wrote into the model's tensors"
     assert [m.packed is packs[id(m)] for m in linears] == [m.weight is frozen for m in linears]
@@ -985,7 +992,7 @@ class Transition:
 @pytest.fixture
 def fake(monkeypatch):
     sampler = FakeSampler()
-    monkeypatch.setattr(generation_mod, "sample_completions", sampler)  # under the HF generation backend
+    monkeypatch.setattr(hf_backend, "sample_completions", sampler)  # under the HF generation backend
     return sampler
 
 

@@ -8,7 +8,8 @@ from torch import nn
 
 from comlrl_lightning.agents import MODEL_FACTORIES, CausalLMWithValueHead, ValueHead
 from comlrl_lightning.agents.value_head import VALUE_HEAD_CONFIG_NAME, VALUE_HEAD_PT_NAME, VALUE_HEAD_WEIGHTS_NAME
-from comlrl_lightning.rollout.sampling import SamplingConfig, build_scoring_inputs, sample_completions, token_logprobs
+from comlrl_lightning.rollout.backends.hf import sample_completions
+from comlrl_lightning.rollout.sampling import SamplingConfig, build_scoring_inputs, token_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,7 @@ from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.data import ranks
 from comlrl_lightning.data.files import run_root
 from comlrl_lightning.rollout import generation
+from comlrl_lightning.rollout.generation import backend_problem, make_backend
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
 from comlrl_lightning.rollout.sampling import (SamplingConfig, ScoringInputs, forward_tokens, select_rows,
@@ -120,6 +121,9 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                     "as agents) shares one base model, so it runs where the trainer places it: remove "
                     "parallel_training/agent_devices.")
         self.collaboration = self.team.collaboration
+        problem = backend_problem(self.generation_backend, self.generation_kwargs, self.generation_dtype,
+                                  lora=self.lora is not None)
+        require(problem is None, problem or "")
         self.sources = validate_agent_sources(self.team.agents, self.team.num_agents, self.team.tokenizers,
                                               dtype=config.get("dtype", config.get("torch_dtype")),
                                               model_kwargs=config.get("model_kwargs"),
@@ -148,9 +152,20 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         engine samples one single-turn trajectory per item: what evaluation needs."""
         return RolloutEngine(num_agents=self.num_agents, formatters=self.prompt_formatters, reward=self.task_reward,
                              sampling=self.sampling, use_chat_template=self.use_chat_template,
-                             generation_batch_size=self.generation_batch_size,
-                             generation_kwargs=self.generation_kwargs, parallel_agents=self.samples_concurrently,
+                             generation_kwargs=self.generation_kwargs, backend=self.generation_engine,
                              **{"num_generations": 1, **options})
+
+    @property
+    def generation_engine(self) -> generation.GenerationBackend:
+        """The module's one generation backend (``generation_backend``): every engine of the module samples
+        through it."""
+        if getattr(self, "_generation_engine", None) is None:
+            self._generation_engine = make_backend(
+                self.generation_backend, batch_size=self.generation_batch_size,
+                generation_kwargs=self.generation_kwargs, concurrent=self.samples_concurrently,
+                gpu_memory_utilization=self.vllm_gpu_memory_utilization, enable_sleep_mode=self.vllm_enable_sleep_mode,
+                max_model_len=self.vllm_max_model_len)
+        return self._generation_engine
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -284,6 +299,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         rank updates together, each on its own mini-batch (possibly empty), with gradients averaged over the ranks
         by rows before clipping, so every rank holds the same weights after it."""
         with self.timed("update"):
+            self.generation_engine.release_memory()  # vLLM's sleep mode: the engines' memory is the update's now
             optimizer = self.optimizers()
             optimizer.zero_grad()
             sums: dict[str, Any] = defaultdict(float)
@@ -770,6 +786,10 @@ def check_strategy(trainer: Any, module: Any) -> None:
         require_config(module.lora is None, "trainer.strategy ModelParallelStrategy (FSDP) with a LoRA team "
                                             "(lora_rank) is not available: a LoRA team's base is frozen and held once, "
                                             "so use trainer.strategy ddp.")
+        require_config(module.generation_backend == "hf",
+                       f"generation_backend: {module.generation_backend} with trainer.strategy ModelParallelStrategy "
+                       "(FSDP) is not available: the engine would need each sharded agent's whole weights after every "
+                       "update. Use trainer.strategy ddp with this backend, or generation_backend: hf under FSDP.")
         require_config(module.generation_dtype == "model",
                        f"generation_dtype {module.generation_dtype!r} with trainer.strategy ModelParallelStrategy "
                        "(FSDP) is not available: a sharded agent has no whole weights to copy between steps. Set "
@@ -780,6 +800,11 @@ def check_strategy(trainer: Any, module: Any) -> None:
             "training (trainer.strategy: ddp, any trainer.devices and trainer.num_nodes), or agents sharded with "
             "FSDP2 (trainer.strategy: lightning.pytorch.strategies.ModelParallelStrategy with tensor_parallel_size: "
             "1; Lightning's FSDPStrategy is FSDP1, which this project does not use) (docs/scaling.md).")
+    accelerator = type(trainer.accelerator).__name__
+    require_config(not module.vllm_enable_sleep_mode or module.generation_backend != "vllm"
+                   or accelerator == "CUDAAccelerator",
+                   f"vllm_enable_sleep_mode: true needs a GPU (its memory is what sleep mode releases), but the trainer "
+                   f"runs on {accelerator.removesuffix('Accelerator')}: set vllm_enable_sleep_mode: false.")
     if module.parallel_training == "mp" and trainer.world_size > 1:
         raise ConfigurationError(
             f"parallel_training='mp' places agents on the devices of one process, but trainer.strategy {name} runs "

@@ -24,8 +24,10 @@ from typing import Any, Callable, Literal, Sequence, get_args, get_origin
 from comlrl_lightning.agents import check_model_sources
 from comlrl_lightning.comparators.api import ApiComparatorConfig, normalize_api_format
 from comlrl_lightning.comparators.sources import normalize_comparator_policy, normalize_generation_mode
+from comlrl_lightning.core.losses import ImportanceSamplingMode
 from comlrl_lightning.core.replay import normalize_replay_mode
 from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check_adapter
+from comlrl_lightning.rollout.generation import GenerationBackendName
 
 ParallelTraining = Literal["none", "mp"]
 CollaborationMode = Literal["decentralized", "centralized"]
@@ -154,27 +156,35 @@ class TaskFields(FieldGroup):
 
 
 class SamplingFields(FieldGroup):
-    """How completions are sampled (always sampling; one batched ``generate`` per agent).
+    """How completions are sampled (always sampling), and by which engine.
 
     Args:
         max_new_tokens: longest completion, in tokens.
         temperature: sampling temperature (> 0).
         top_p: nucleus sampling mass in (0, 1].
         top_k: sample among the k most likely tokens (null: all).
-        generation_kwargs: more ``generate`` arguments (not the ones that have their own field); e.g.
-            ``cache_implementation: static`` (a static KV cache, compiled decoding on a GPU; prompts are then not
-            prefilled once for all K samples).
-        generation_batch_size: prompts per ``generate`` call (null: all of a step's prompts).
-        generation_dtype: sample with the training weights as they are (``model``), or with a ``bfloat16`` /
-            ``float16`` copy of them refreshed after each update (memory-bound decoding reads half the bytes; the
-            samples come from the rounded weights, training scores them with its own). On a CPU without fp16
-            matrix units (AVX2), ``float16`` keeps float32 products over fp16 weights (the fast choice there).
+        generation_backend: the engine every sampling goes through: ``hf`` (Hugging Face ``generate`` on the
+            training weights), ``vllm`` (a vLLM engine in this process, weights synced after every update) or
+            ``transformers_cb`` (transformers' continuous batching on the training weights). Training always
+            scores the samples with the training model (docs/scaling.md#generation-backends).
+        generation_kwargs: more sampling arguments (not the ones that have their own field); ``hf``: any
+            ``generate`` argument, e.g. ``cache_implementation: static``; ``vllm``: ``min_new_tokens``,
+            ``repetition_penalty``, ``min_p``, ``stop_strings``; ``transformers_cb``: the first three.
+        generation_batch_size: prompts per ``generate`` call of the ``hf`` backend (null: all of a step's prompts).
+        generation_dtype: the ``hf`` backend samples with the training weights as they are (``model``), or with a
+            ``bfloat16`` / ``float16`` copy of them refreshed after each update (memory-bound decoding reads half the
+            bytes; the samples come from the rounded weights, training scores them with its own). On a CPU without
+            fp16 matrix units (AVX2), ``float16`` keeps float32 products over fp16 weights.
+        vllm_gpu_memory_utilization: ``vllm``: share of the GPU's memory each engine may take (weights and KV cache).
+        vllm_enable_sleep_mode: ``vllm``: engines release their GPU memory during each update (GPU only).
+        vllm_max_model_len: ``vllm``: prompt + completion tokens an engine is sized for (null: the model's maximum).
     """
 
     def __init__(self, max_new_tokens: int = 256, temperature: float = 0.6, top_p: float = 0.6,
-                 top_k: int | None = 50, generation_kwargs: dict[str, Any] | None = None,
-                 generation_batch_size: int | None = None, generation_dtype: GenerationDtype = "model",
-                 **kwargs: Any):
+                 top_k: int | None = 50, generation_backend: GenerationBackendName = "hf",
+                 generation_kwargs: dict[str, Any] | None = None, generation_batch_size: int | None = None,
+                 generation_dtype: GenerationDtype = "model", vllm_gpu_memory_utilization: float = 0.3,
+                 vllm_enable_sleep_mode: bool = False, vllm_max_model_len: int | None = None, **kwargs: Any):
         self._store(SamplingFields.__init__, locals())
         require(max_new_tokens >= 1, f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
         require(temperature > 0, f"temperature must be > 0 (got {temperature}).")
@@ -186,6 +196,11 @@ class SamplingFields(FieldGroup):
                               "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations).")
         require(generation_batch_size is None or generation_batch_size >= 1,
                 "generation_batch_size must be >= 1 or null.")
+        require(0 < vllm_gpu_memory_utilization <= 1,
+                f"vllm_gpu_memory_utilization must be in (0, 1] (got {vllm_gpu_memory_utilization}).")
+        require(vllm_max_model_len is None or vllm_max_model_len > max_new_tokens,
+                f"vllm_max_model_len must be null or more than max_new_tokens ({max_new_tokens}), got "
+                f"{vllm_max_model_len}.")
         super().__init__(**kwargs)
 
 
@@ -207,14 +222,14 @@ class OptimizationFields(FieldGroup):
         micro_batch_tokens: at most this many tokens per forward (rows x longest row; a prompt shared by K rows
             counted once): bounds update memory for long prompts (null: no budget).
         keep_freed_cpu_memory: on a CPU, the process keeps the memory a step frees for the next one instead of
-            returning it to the system, which hands pages out anew at a page fault each (glibc; the process stays
-            at its peak memory).
+            returning it to the system, which hands pages out anew at a page fault each (glibc, process-wide: the
+            process stays at its peak memory; opt-in).
     """
 
     def __init__(self, agent_learning_rate: float | list[float] = 5e-6, weight_decay: float = 0.01,
                  adamw_implementation: AdamWImplementation = "auto", max_grad_norm: float | None = None, lr_warmup_steps: int = 0, lr_decay: LrDecay = "constant",
                  lr_decay_steps: int | None = None, lr_min_ratio: float = 0.0, micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
-                 keep_freed_cpu_memory: bool = True, **kwargs: Any):
+                 keep_freed_cpu_memory: bool = False, **kwargs: Any):
         self._store(OptimizationFields.__init__, locals())
         rates = agent_learning_rate if isinstance(agent_learning_rate, (list, tuple)) else [agent_learning_rate]
         require(all(r > 0 for r in rates), f"agent_learning_rate must be > 0 (got {list(rates)}).")
@@ -281,13 +296,24 @@ class RolloutFields(JointActionFields):
         train_batch_size: nodes per update (null: ``rollout_buffer_size``).
         advantage_normalization: standardise advantages within each group (or per agent and turn).
         loss_aggregation: ``seq_sum`` (CoMLRL), ``token_mean``, ``seq_mean_token_mean`` or ``dr_grpo``.
+        vllm_importance_sampling_correction: ``vllm``: weight each token's policy-gradient term by the ratio of the
+            training model's probability of the sampled token to the engine's, truncated or masked (trl's names;
+            off: the loss is the plain on-policy one over the engine's samples).
+        vllm_importance_sampling_mode: ``token_truncate`` / ``token_mask`` (ratio per token, capped or zeroed above
+            the cap) or ``sequence_truncate`` / ``sequence_mask`` (one ratio per completion).
+        vllm_importance_sampling_cap: the ratio's cap C.
     """
 
     def __init__(self, num_generations: int = 4, discount: float = 1.0, early_termination_threshold: float | None = None,
                  external_transition: Callable[..., Any] | None = None, external_prompt_passthrough: bool = False,
                  rollout_buffer_size: int = 2, train_batch_size: int | None = None,
-                 advantage_normalization: bool = True, loss_aggregation: LossAggregation = "seq_sum", **kwargs: Any):
+                 advantage_normalization: bool = True, loss_aggregation: LossAggregation = "seq_sum",
+                 vllm_importance_sampling_correction: bool = False,
+                 vllm_importance_sampling_mode: ImportanceSamplingMode = "token_truncate",
+                 vllm_importance_sampling_cap: float = 2.0, **kwargs: Any):
         self._store(RolloutFields.__init__, locals())
+        require(vllm_importance_sampling_cap > 0,
+                f"vllm_importance_sampling_cap must be > 0 (got {vllm_importance_sampling_cap}).")
         require(num_generations >= 1, "num_generations must be >= 1.")
         require(0.0 <= discount <= 1.0, "discount must be in [0, 1].")
         require(rollout_buffer_size >= 1, "rollout_buffer_size must be >= 1.")

@@ -70,6 +70,10 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         super().check_config()
         require(self.num_turns == 1 or self.external_transition is not None,
                 f"Multi-turn {self.algorithm_name} requires an external_transition.")
+        require(not self.vllm_importance_sampling_correction or self.generation_backend == "vllm",
+                "vllm_importance_sampling_correction: true corrects for sampling by a vLLM engine, but "
+                f"generation_backend is {self.generation_backend!r}: set generation_backend: vllm, or remove "
+                "vllm_importance_sampling_correction (the other backends sample with the training weights).")
         if self.reference_kl_enabled and self.reference_devices is not None:
             resolve_devices(self.reference_devices, self.num_agents, kind="reference_devices")  # 1 or N devices
 
@@ -137,6 +141,8 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         for phase, seconds in rollout.timings.items():
             self.phase_seconds[phase] += seconds
         with self.timed("score"):
+            if self.corrects_engine_sampling:
+                self.attach_training_logprobs(rollout.nodes)
             if self.reference is not None:
                 self.attach_reference_kl(rollout.nodes)
             self.after_rollout(rollout)
@@ -174,6 +180,23 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
                               [s.completion_mask for s in samples], self.tokenizers[agent].pad_token_id)
         return samples, inputs
+
+    @property
+    def corrects_engine_sampling(self) -> bool:
+        """Whether the loss weights the engine's samples by π_train / π_engine (``vllm_importance_sampling_*``)."""
+        return self.vllm_importance_sampling_correction and self.generation_backend == "vllm"
+
+    @torch.no_grad()
+    def attach_training_logprobs(self, nodes: list[Node]) -> None:
+        """The training model's log-probs of the fresh samples, under the weights that sampled them (one no-grad
+        forward per agent): π_train of the importance weights, whatever the policy lag at the update."""
+        for i in range(self.num_agents):
+            samples = [n.agents[i] for n in nodes]
+            inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                                  [s.completion_mask for s in samples], self.tokenizers[i].pad_token_id)
+            logp = self.sampling_logprobs(i, samples, inputs)
+            for s, rows in zip(samples, logp.split([s.completion_ids.shape[0] for s in samples])):
+                s.sampling_logprobs = rows[:, : s.completion_ids.shape[1]]
 
     @torch.no_grad()
     def attach_reference_kl(self, nodes: list[Node]) -> None:

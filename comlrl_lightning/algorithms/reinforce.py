@@ -28,7 +28,8 @@ from torch import Tensor
 from comlrl_lightning.algorithms.fields import require
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.core.advantages import BASELINES, compute_advantages
-from comlrl_lightning.core.losses import assert_finite, kl_estimate, policy_gradient_loss, token_loss_weights
+from comlrl_lightning.core.losses import (assert_finite, importance_sampling_weights, kl_estimate,
+                                          policy_gradient_loss, token_loss_weights)
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     micro_batches,
@@ -49,13 +50,16 @@ class PolicyBatch:
     weights: Tensor  # [B, T]
     ref_logprobs: Tensor | None  # [B, T] the reference policy's (reference KL in the loss)
     old_logprobs: Tensor | None = None  # [B, T] the sampling policy's (a PPO-style subclass stores them)
+    engine_logprobs: Tensor | None = None  # [B, T] the inference engine's, where one sampled (vLLM)
+    fresh: Tensor | None = None  # [B] bool: sampled by the weights this update starts from (policy lag 0)
 
     def rows(self, sl: slice) -> "PolicyBatch":
         def part(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[sl]
 
         return PolicyBatch(trim_prompt_padding(select_rows(self.inputs, sl)), self.advantages[sl], self.weights[sl],
-                           part(self.ref_logprobs), part(self.old_logprobs))
+                           part(self.ref_logprobs), part(self.old_logprobs), part(self.engine_logprobs),
+                           part(self.fresh))
 
 
 class MAGRPO(OnPolicyModule):
@@ -91,13 +95,18 @@ class MAGRPO(OnPolicyModule):
         chunks = [[batch.rows(rows) for rows in plan] for batch, plan in zip(batches, plans)]
         self.check_update_fits([(self.policy_model(i), c.inputs) for i, agent in enumerate(chunks) for c in agent])
         for i, agent in enumerate(chunks):
+            gap = EngineGap()
             for c, chunk in enumerate(agent):
                 logp = token_logprobs(self.policy_model(i), chunk.inputs)
                 loss, diagnostics = self.policy_loss(i, logp, chunk)
                 assert_finite("policy loss", loss, step=self.global_step, agent=i)
                 if c == 0:  # once per agent and update: what its advantages were
                     diagnostics = {**advantage_metrics(batches[i].advantages), **diagnostics}
-                yield loss, {f"agent_{i}/loss": loss.detach(), "loss": loss.detach(),
+                shared = {"loss": loss.detach()}
+                gap.add(logp, chunk)
+                if c == len(agent) - 1 and gap.tokens:  # the mean over the agents, once per agent and update
+                    shared["rollout/engine_logprob_gap"] = gap.mean() / self.num_agents
+                yield loss, {f"agent_{i}/loss": loss.detach(), **shared,
                              **{f"agent_{i}/{name}": value for name, value in diagnostics.items()}}
 
     def policy_loss(self, agent: int, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -109,7 +118,12 @@ class MAGRPO(OnPolicyModule):
         if batch.ref_logprobs is not None:  # reference KL in the loss
             token_kl = kl_estimate(logp, batch.ref_logprobs.to(device), self.reference_kl_estimator)
             token_kl, kl_coef = token_kl * batch.inputs.completion_mask.to(device), self.reference_kl_coef
-        loss, _ = policy_gradient_loss(logp, batch.advantages.to(device), batch.weights.to(device), token_kl, kl_coef)
+        weights = batch.weights.to(device)
+        if self.corrects_engine_sampling:  # π_train / π_engine of each sampled token, truncated or masked
+            weights = weights * importance_sampling_weights(
+                batch.old_logprobs.to(device), batch.engine_logprobs.to(device), batch.inputs.completion_mask.to(device),
+                self.vllm_importance_sampling_mode, self.vllm_importance_sampling_cap)
+        loss, _ = policy_gradient_loss(logp, batch.advantages.to(device), weights, token_kl, kl_coef)
         return loss, {}
 
     def advantages(self, credit: Tensor) -> Tensor:
@@ -131,8 +145,12 @@ class MAGRPO(OnPolicyModule):
             return torch.cat([torch.nn.functional.pad(getattr(s, name), (0, width - getattr(s, name).shape[1]))
                               for s in samples])
 
-        return PolicyBatch(inputs, self.advantages(credit).reshape(-1), weights, stored("ref_logprobs"),
-                           stored("old_logprobs"))
+        fresh = torch.tensor([n.policy_version == self.global_step for n, s in zip(nodes, samples)
+                              for _ in range(s.completion_ids.shape[0])])
+        # The importance weights' π_train is the training model's at sampling (attach_training_logprobs).
+        old = stored("sampling_logprobs") if self.corrects_engine_sampling else stored("old_logprobs")
+        return PolicyBatch(inputs, self.advantages(credit).reshape(-1), weights, stored("ref_logprobs"), old,
+                           stored("engine_logprobs"), fresh)
 
     def batch_metrics(self, nodes: list[Node]) -> dict[str, float]:
         turn = nodes[0].turn + 1
@@ -146,6 +164,25 @@ class MAGRPO(OnPolicyModule):
             metrics["collaboration/parse_failure_rate"] = \
                 self.collaboration.take_parse_failures() / max(rollout.num_joint_actions, 1)
         return metrics
+
+
+class EngineGap:
+    """Mean |log π_engine − log π_train| per token over an agent's rows of one update that the weights being
+    updated sampled (policy lag 0): how far the inference engine's probabilities are from the training model's
+    (``rollout/engine_logprob_gap``; vLLM only)."""
+
+    def __init__(self):
+        self.total, self.tokens = 0.0, 0
+
+    def add(self, logp: Tensor, batch: PolicyBatch) -> None:
+        if batch.engine_logprobs is None:
+            return
+        mask = batch.inputs.completion_mask.to(logp.device) & batch.fresh.to(logp.device).unsqueeze(-1)
+        self.total += float(((logp.detach() - batch.engine_logprobs.to(logp.device)).abs() * mask).sum())
+        self.tokens += int(mask.sum())
+
+    def mean(self) -> float:
+        return self.total / self.tokens
 
 
 def advantage_metrics(advantages: Tensor) -> dict[str, Tensor]:

@@ -16,9 +16,11 @@ from comlrl_lightning.core.advantages import (
     td_targets,
 )
 from comlrl_lightning.core.losses import (
+    IMPORTANCE_SAMPLING_MODES,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     assert_finite,
+    importance_sampling_weights,
     bradley_terry_loss,
     kl_estimate,
     madpo_loss,
@@ -31,6 +33,7 @@ from comlrl_lightning.core.pairs import PAIR_SELECTIONS, RECORD_KEYS, Preference
 __all__ = [
     "ADVANTAGE_MODES",
     "BASELINES",
+    "IMPORTANCE_SAMPLING_MODES",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "PAIR_SELECTIONS",
@@ -45,6 +48,7 @@ __all__ = [
     "cross_joint_indices",
     "discounted_returns",
     "expand_rewards",
+    "importance_sampling_weights",
     "kl_estimate",
     "madpo_loss",
     "policy_gradient_loss",

@@ -5,6 +5,8 @@ Pure tensor math: no models, no Lightning. Shapes: B sequences (completions) x T
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -118,6 +120,34 @@ def policy_gradient_loss(
         metrics["kl_loss"] = kl_loss.detach()
         metrics["kl_mean"] = (weighted_kl / denom).detach()
     return loss, metrics
+
+
+ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ImportanceSamplingMode.__args__
+
+
+def importance_sampling_weights(train_logp: Tensor, engine_logp: Tensor, mask: Tensor, mode: str = "token_truncate",
+                                cap: float = 2.0) -> Tensor:
+    """Truncated / masked importance weights for samples drawn by an inference engine whose probabilities differ a
+    little from the training model's (trl's ``vllm_importance_sampling_*``): ρ = π_train(y) / π_engine(y), per token
+    (``token_*``) or per completion (``sequence_*``: the product over its tokens), then ``min(ρ, cap)``
+    (``*_truncate``) or ρ·[ρ ≤ cap] (``*_mask``). Multiplies each token's policy-gradient term; detached.
+
+    Args:
+        train_logp / engine_logp: [B, T] the two log-probs of the sampled tokens (0 where masked).
+        mask: [B, T] the completion tokens.
+    Returns: [B, T] weights, 0 where masked.
+    """
+    if mode not in IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode must be one of: {', '.join(IMPORTANCE_SAMPLING_MODES)} "
+                         f"(got {mode!r}).")
+    mask = mask.to(train_logp.dtype)
+    diff = (train_logp.detach().float() - engine_logp.float()) * mask  # [B, T]
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True).expand_as(mask)
+    ratio = torch.exp(diff)
+    ratio = ratio.clamp(max=cap) if mode.endswith("truncate") else ratio * (ratio <= cap)
+    return ratio * mask
 
 
 def assert_finite(name: str, tensor: Tensor, **context) -> None:

@@ -1,27 +1,25 @@
-"""Batched sampling and token scoring (docs/algorithms.md#policy-loss-and-token-scoring).
+"""What sampling returns, and token scoring (docs/algorithms.md#policy-loss-and-token-scoring).
 
 Layout shared by both: a row is ``[left-padded prompt | completion right-padded after EOS]``, exactly what
 ``generate`` returns. The completion mask covers the generated tokens up to and including the first EOS and
-never padding (our fix of CoMLRL's last-token / pad-target bug, docs/differences.md).
+never padding (our fix of CoMLRL's last-token / pad-target bug, docs/differences.md). Every generation backend
+(``rollout/generation.py``: Hugging Face ``generate``, vLLM, transformers' continuous batching) returns its samples
+as :class:`Completions` through :func:`assemble_completions`, so training sees the same records whichever engine
+sampled them; the loss always scores the sampled ids with the training model (:func:`token_logprobs`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation import utils as _generation
 
 from comlrl_lightning.agents.memory import is_checkpointing
 from comlrl_lightning.agents.value_head import cache_of
-from comlrl_lightning.core.sampling import sample_tokens
-from comlrl_lightning.rollout.decoding import fast_decoding_products
-from comlrl_lightning.rollout.shared_prefix import SharedPrefixCache, can_share, shared_prefix_decoding
 
 # What ``generate`` calls a cache handed to it (transformers renamed ``past_key_values`` to ``cache``).
 CACHE_KEYWORD = "cache" if "cache" in getattr(_generation, "ALL_CACHE_NAMES", ()) else "past_key_values"
@@ -34,9 +32,9 @@ GENERATION_DTYPES = ("model", "bfloat16", "float16")
 class SamplingConfig:
     """Sampling settings; CoMLRL defaults. Sampling is always on (``do_sample=True``). ``keep_logprobs``: also
     return each sampled token's log-probability under the model (what a scoring forward of the sample gives), read
-    from the logits ``generate`` computes anyway, when nothing ahead of the sampler changes them
-    (:func:`logits_reach_sampler_unchanged`). ``dtype``: sample with the training weights as they are (``model``) or
-    with a half-precision copy of them (``rollout/generation.py``, :class:`SamplingCopies`)."""
+    from the logits ``generate`` computes anyway, when nothing ahead of the sampler changes them. ``dtype``: sample
+    with the training weights as they are (``model``) or with a half-precision copy of them (the ``hf`` backend's
+    ``SamplingCopies``)."""
 
     max_new_tokens: int = 256
     temperature: float = 0.6
@@ -77,6 +75,9 @@ class Completions:
     texts: list[str]  # M*K decoded completions (special tokens skipped)
     num_samples: int
     logprobs: Tensor | None = None  # [M*K, T] float32 log π(token) at sampling (``keep_logprobs``), 0 after EOS
+    # [M*K, T] float32 the engine's own log-probs of its samples (vLLM): what it sampled from, which may differ a
+    # little from the training model's (``rollout/engine_logprob_gap``); 0 after EOS
+    engine_logprobs: Tensor | None = None
 
     @property
     def lengths(self) -> Tensor:
@@ -89,9 +90,9 @@ class Completions:
         for count in prompts:
             rows = slice(start * self.num_samples, (start + count) * self.num_samples)
             width = max(int(self.completion_mask[rows].sum(-1).max()), 1)  # as wide as this group's longest
+            cut = [None if t is None else t[rows, :width] for t in (self.logprobs, self.engine_logprobs)]
             out.append(Completions(self.prompt_ids[start : start + count], self.completion_ids[rows, :width],
-                                   self.completion_mask[rows, :width], self.texts[rows], self.num_samples,
-                                   None if self.logprobs is None else self.logprobs[rows, :width]))
+                                   self.completion_mask[rows, :width], self.texts[rows], self.num_samples, *cut))
             start += count
         return out
 
@@ -116,207 +117,31 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_ids: Sequence[int]) -> 
     return eos_before == 0
 
 
-def sample_completions(
-    model,
-    tokenizer,
-    prompts: Sequence[str],
-    num_samples: int,
-    sampling: SamplingConfig,
-    batch_size: int | None = None,
-    generation_kwargs: dict | None = None,
-    adapters: Sequence[str] | None = None,
-) -> Completions:
-    """``num_samples`` completions per prompt with one ``generate`` per chunk of ``batch_size`` prompts.
-
-    Runs in eval mode under ``inference_mode`` (the ids are cloned out of it, so training can reuse them) with the
-    KV cache. Each prompt is prefilled once and its cache shared by its K samples (:func:`prefill_once`). Tokens are
-    drawn by :class:`TopKTopPSampler` (``transformers``' temperature / top-k / top-p distribution, computed on the
-    top-k candidates only), unless ``generation_kwargs`` or the model's generation config asks for another
-    truncation (``min_p``, ``typical_p``, …): then by ``generate``'s own sampler.
-    ``adapters``: one peft adapter name per prompt, when ``model`` is a LoRA team answering for several agents in
-    one call (mixed-adapter batch).
-    """
-    device = next(model.parameters()).device
-    eos_ids = eos_token_ids(model, tokenizer)
+def assemble_completions(prompt_ids: Sequence[Tensor], rows: Sequence[Tensor], tokenizer, eos_ids: Sequence[int],
+                         num_samples: int, logprobs: Sequence[Tensor] | None = None,
+                         engine_logprobs: Sequence[Tensor] | None = None) -> Completions:
+    """The :class:`Completions` of ``rows`` (each a [r, t] block of generated ids, blocks of any width, rows
+    prompt-major), their log-probs laid out the same way: right-padded with the pad id, masked up to and including
+    the first EOS, anything after it padding (a backend's custom stopping included), decoded without special
+    tokens."""
     pad_id = tokenizer.pad_token_id
-    was_training = model.training
-    model.eval()
-    prompt_ids: list[Tensor] = []
-    chunks: list[Tensor] = []
-    scores: list[Tensor] = []
-    keep = sampling.keep_logprobs and logits_reach_sampler_unchanged(model, generation_kwargs)
-    own = samples_with_own_sampler(model, generation_kwargs)
-    try:
-        step = batch_size or len(prompts)
-        for start in range(0, len(prompts), step):
-            enc = tokenizer(list(prompts[start : start + step]), return_tensors="pt", padding=True,
-                            padding_side="left", add_special_tokens=False)
-            enc = {k: v.to(device) for k, v in enc.items()}
-            names = None if adapters is None else list(adapters[start : start + step])
-            recorder = SampledTokenLogprobs() if keep else None
-            extra = dict(generation_kwargs or {})
-            processors = list(extra.pop("logits_processor", None) or []) + ([recorder] if recorder else [])
-            if own:  # our sampler is the last processor and generate takes its draw as the argmax
-                processors.append(TopKTopPSampler(sampling))
-                for name in _OTHER_TRUNCATIONS:  # set to a neutral value (a greedy generate would warn about it)
-                    extra.pop(name, None)
-                draw = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-            else:
-                draw = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                        "top_k": sampling.top_k if sampling.top_k is not None else 0}
-            if processors:
-                extra["logits_processor"] = LogitsProcessorList(processors)
-            # A cache of generate's own kind (``cache_implementation: static``, compiled decoding on a GPU) is built
-            # by generate itself: the prompts are then encoded K times, and the compiled step keeps the plain
-            # linear products.
-            own_cache = "cache_implementation" in extra
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(torch.inference_mode())
-                # The prompts' forward multiplies many rows (and keeps one position's logits per prompt): plain
-                # products, so a process does not time the decoding forms for a row count only the prefill uses.
-                inputs = prefill_once(model, enc, num_samples, names, share=not own_cache)
-                if not own_cache:
-                    stack.enter_context(fast_decoding_products(model))
-                if isinstance(inputs.get(CACHE_KEYWORD), SharedPrefixCache):
-                    stack.enter_context(shared_prefix_decoding(model, inputs[CACHE_KEYWORD]))
-                out = model.generate(
-                    **inputs,
-                    **draw,
-                    max_new_tokens=sampling.max_new_tokens,
-                    num_return_sequences=1,
-                    num_beams=1,
-                    use_cache=True,
-                    eos_token_id=eos_ids,
-                    pad_token_id=pad_id,
-                    # Sharded agents are gathered whole before sampling (agents/sharding.py), so the ranks need not
-                    # decode in lockstep (transformers turns that on for FSDP modules): each stops at its own EOS.
-                    synced_gpus=False,
-                    **extra,
-                )
-                width = enc["input_ids"].shape[1]
-                if recorder is not None:
-                    scores.append(recorder.finish(out[:, width:]))
-            chunks.append(out[:, width:].clone())  # cloned outside inference mode: a normal tensor
-            mask = enc["attention_mask"].bool()
-            prompt_ids.extend(row[m].cpu() for row, m in zip(enc["input_ids"], mask))
-    finally:
-        model.train(was_training)
-    completion_ids = _pad_right(chunks, pad_id)
+    completion_ids = _pad_right(rows, pad_id)
     completion_mask = completion_mask_from_ids(completion_ids, eos_ids)
-    # Zero out anything after EOS (generate pads with pad_id already; this guards custom stopping).
     completion_ids = completion_ids.masked_fill(~completion_mask, pad_id)
-    texts = tokenizer.batch_decode(completion_ids.masked_fill(~completion_mask, pad_id), skip_special_tokens=True)
-    logprobs = None
-    if keep:
-        logprobs = torch.cat([F.pad(s.clone(), (0, completion_ids.shape[1] - s.shape[1])) for s in scores])
-        logprobs = (logprobs * completion_mask).cpu()
-    return Completions(prompt_ids, completion_ids.cpu(), completion_mask.cpu(), texts, num_samples, logprobs)
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+
+    def laid_out(parts: Sequence[Tensor] | None) -> Tensor | None:
+        if parts is None:
+            return None
+        return (_pad_right([p.float() for p in parts], 0.0) * completion_mask).cpu()
+
+    return Completions(list(prompt_ids), completion_ids.cpu(), completion_mask.cpu(), texts, num_samples,
+                       laid_out(logprobs), laid_out(engine_logprobs))
 
 
-class SampledTokenLogprobs(LogitsProcessor):
-    """log π(sampled token) for every generated position, from the logits each decoding step already computed (the
-    last processor before the sampler's temperature / top-k / top-p): no extra forward."""
-
-    def __init__(self):
-        self.steps: list[Tensor] = []
-        self.last: Tensor | None = None  # the previous step's log-softmax, [rows, V]
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        if self.last is not None:  # the token sampled at the previous step is the newest input id
-            self.steps.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.last = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, completion_ids: Tensor) -> Tensor:
-        """[rows, T] for the T generated columns (the last step's token is read from ``completion_ids``)."""
-        if self.last is not None and len(self.steps) < completion_ids.shape[1]:
-            self.steps.append(self.last.gather(-1, completion_ids[:, len(self.steps) : len(self.steps) + 1]).squeeze(-1))
-        return torch.stack(self.steps, dim=1) if self.steps else completion_ids.new_zeros(completion_ids.shape, dtype=torch.float)
-
-
-# Generation settings that change the logits before a processor of ours sees them (then the recorded log-probs would
-# not be the model's), with the values that leave them alone.
-_LOGIT_CHANGERS = {"repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
-                   "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0), "min_length": (None, 0),
-                   "min_new_tokens": (None, 0), "bad_words_ids": (None,), "suppress_tokens": (None,),
-                   "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
-                   "sequence_bias": (None,), "exponential_decay_length_penalty": (None,), "logits_processor": (None,),
-                   "guidance_scale": (None, 1.0), "renormalize_logits": (None, False)}
-
-
-def logits_reach_sampler_unchanged(model, generation_kwargs: dict | None) -> bool:
-    """Whether the logits ``generate`` hands its last processor are the model's own (no penalty, forced or
-    suppressed token, minimum length or user processor in ``generation_kwargs`` or the model's generation
-    config): then the sampled tokens' log-probs can be read there instead of from a scoring forward."""
-    return _all_neutral(model, generation_kwargs, _LOGIT_CHANGERS)
-
-
-class TopKTopPSampler(LogitsProcessor):
-    """The sampler, run as the last logits processor of a greedy ``generate``: it draws each row's token from the
-    temperature / top-k / top-p distribution (:func:`comlrl_lightning.core.sampling.sample_tokens`) and leaves that
-    token the only finite score, so ``generate``'s argmax takes the draw. ``generate``'s own sampling sorts and
-    draws over the whole vocabulary every step (docs/algorithms.md#sampling)."""
-
-    def __init__(self, sampling: SamplingConfig):
-        self.temperature, self.top_k, self.top_p = sampling.temperature, sampling.top_k, sampling.top_p
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        tokens = sample_tokens(scores, self.temperature, self.top_k, self.top_p)
-        return torch.full_like(scores, float("-inf")).scatter_(-1, tokens.unsqueeze(-1), 0.0)
-
-
-# Sampling truncations of ``generate`` that TopKTopPSampler does not apply, with the values that leave them off.
-_OTHER_TRUNCATIONS = {"min_p": (None, 0.0), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0),
-                      "eta_cutoff": (None, 0.0), "top_h": (None,)}
-
-
-def _all_neutral(model, generation_kwargs: dict | None, settings: dict[str, tuple]) -> bool:
-    config = getattr(model, "generation_config", None)
-    return all((generation_kwargs or {}).get(name) in neutral and getattr(config, name, None) in neutral
-               for name, neutral in settings.items())
-
-
-def samples_with_own_sampler(model, generation_kwargs: dict | None) -> bool:
-    """Whether :class:`TopKTopPSampler` draws the tokens: no other truncation (``min_p``, ``typical_p``, …) is asked
-    for in ``generation_kwargs`` or the model's generation config."""
-    return _all_neutral(model, generation_kwargs, _OTHER_TRUNCATIONS)
-
-
-def prefill_once(model, enc: dict[str, Tensor], K: int, adapters: list[str] | None = None,
-                 share: bool = True) -> dict[str, Any]:
-    """``generate``'s inputs for K samples per prompt (rows prompt-major, K per prompt), with each prompt's KV cache
-    computed once.
-
-    ``num_return_sequences=K`` would copy every prompt K times before the prefill, so a long prompt (a coding or
-    ClassEval task) would be encoded K times. Here all but the last prompt token go through one forward per prompt,
-    and ``generate`` continues from their cache with the K-fold rows (it encodes only the last prompt token, then
-    samples). The cache keeps each prompt's entries once for its K rows (a
-    :class:`~comlrl_lightning.rollout.shared_prefix.SharedPrefixCache`, decoded under
-    :func:`~comlrl_lightning.rollout.shared_prefix.shared_prefix_decoding`) where the model's attention allows it,
-    and is repeated K times along the batch otherwise. The positions and mask are ``generate``'s own, so the samples
-    follow the same distribution (tests/test_rollout.py). ``adapters``: a peft adapter name per prompt (mixed-adapter
-    batch). ``share=False``: the K-fold rows only (generate prefills them itself).
-    """
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    inputs: dict[str, Any] = {"input_ids": ids.repeat_interleave(K, 0), "attention_mask": mask.repeat_interleave(K, 0)}
-    if adapters is not None:
-        inputs["adapter_names"] = [name for name in adapters for _ in range(K)]
-    if share and K > 1 and ids.shape[1] > 1:
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                    use_cache=True, logits_to_keep=1, **({"adapter_names": list(adapters)} if adapters else {}))
-        cache = cache_of(out)
-        if can_share(cache, model):
-            cache = SharedPrefixCache(cache, K)
-        else:
-            cache.batch_repeat_interleave(K)
-        inputs[CACHE_KEYWORD] = cache
-    return inputs
-
-
-def _pad_right(chunks: list[Tensor], pad_id: int) -> Tensor:
-    width = max(c.shape[1] for c in chunks)
-    return torch.cat([F.pad(c, (0, width - c.shape[1]), value=pad_id) for c in chunks])
+def _pad_right(chunks: Sequence[Tensor], value: float) -> Tensor:
+    width = max(max(c.shape[1] for c in chunks), 1)
+    return torch.cat([F.pad(c, (0, width - c.shape[1]), value=value) for c in chunks])
 
 
 @dataclass

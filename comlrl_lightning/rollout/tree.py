@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices, expand_rewards
-from comlrl_lightning.rollout.generation import GenerationBackend, HFGenerate
+from comlrl_lightning.rollout.generation import GenerationBackend, make_backend
 from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, validate_generation_kwargs
 
@@ -52,6 +52,7 @@ class AgentSamples:
     ref_logprobs: Tensor | None = None  # [K, T] reference log-probs (reference KL in the loss)
     old_logprobs: Tensor | None = None  # [K, T] the sampling policy's log-probs (set by a PPO-style subclass)
     sampling_logprobs: Tensor | None = None  # [K, T] log π(token) read at sampling (``SamplingConfig.keep_logprobs``)
+    engine_logprobs: Tensor | None = None  # [K, T] the inference engine's own log-probs of its samples (vLLM)
 
 
 @dataclass
@@ -157,7 +158,8 @@ class RolloutEngine:
         self.external_transition = external_transition
         self.external_prompt_passthrough = external_prompt_passthrough
         self.use_chat_template = use_chat_template
-        self.backend = backend or HFGenerate(generation_batch_size, generation_kwargs, concurrent=parallel_agents)
+        self.backend = backend or make_backend("hf", batch_size=generation_batch_size,
+                                               generation_kwargs=generation_kwargs, concurrent=parallel_agents)
         # Actor-critic: the reward is called per node and may return 1, J or (per_agent_rewards) N values.
         self.reward_per_node, self.per_agent_rewards = reward_per_node, per_agent_rewards
         validate_generation_kwargs(generation_kwargs)
@@ -253,6 +255,8 @@ class RolloutEngine:
                     completion_mask=mask[:, :width],
                     texts=samples[i].texts[rows],
                     sampling_logprobs=None if samples[i].logprobs is None else samples[i].logprobs[rows, :width],
+                    engine_logprobs=(None if samples[i].engine_logprobs is None
+                                     else samples[i].engine_logprobs[rows, :width]),
                 ))
             node = Node(pending.item, turn, agents, joint, rewards[m], raw_t[m], env_step, policy_version,
                         pending.item_index, agent_rewards=None if agent_rewards is None else agent_rewards[m])

@@ -1,0 +1,2 @@
+"""Generation backends: ``hf`` (Hugging Face generate and its speed code), ``vllm``, ``transformers_cb``
+(``rollout/generation.py`` chooses one)."""
