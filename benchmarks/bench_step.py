@@ -20,6 +20,9 @@ rounds alternate the implementations so that load hits them alike. Medians, the 
 fraction of the limit (``roofline.py``) are printed; ``--json`` keeps every number.
 
     python benchmarks/bench_step.py --before /tmp/before --json benchmarks/results/step_smollm2.json
+
+``--backends hf vllm transformers_cb`` times the generation backends side by side in one run instead (the same
+workload through each; ratios against the first).
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ def worker(args) -> dict:
             return torch.autocast(args.device, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    if args.backend != "hf":
+        task["generation_backend"] = args.backend
     torch.manual_seed(0)
     module = MAGRPO(agents=args.model, num_agents=args.agents, num_generations=args.k, max_new_tokens=args.tokens,
                     generation_kwargs={"min_new_tokens": args.tokens}, eval_interval=0, log_completions=False,
@@ -165,10 +170,10 @@ def worker(args) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- the parent
-def run_worker(checkout: Path, args, argv: list[str], role: str = "after") -> dict:
+def run_worker(checkout: Path, args, argv: list[str], role: str = "after", backend: str = "hf") -> dict:
     env = {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{REPO / 'benchmarks'}", "OMP_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--role", role, *argv]
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--role", role, *argv, "--backend", backend]
     done = subprocess.run(command, env=env, cwd=checkout, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the worker on {checkout} failed:\n{done.stderr[-3000:]}")
@@ -185,9 +190,16 @@ def main(argv=None) -> dict:
     import roofline
     import torch
 
-    impls = {"after": REPO, **({"before": Path(args.before).resolve()} if args.before else {})}
+    # Implementations: this checkout with each backend (named by it when several are compared), and another checkout.
+    backends = list(dict.fromkeys(args.backends))
+    if args.before and len(backends) > 1:
+        sys.exit("--before compares two checkouts with one backend; give one --backends value with it")
+    impls = {(b if len(backends) > 1 else "after"): (REPO, b) for b in backends}
+    if args.before:
+        impls["before"] = (Path(args.before).resolve(), backends[0])
     print(f"workload: {args.model}{f' LoRA r={args.lora_rank}' if args.lora_rank else ''}, task {args.task}, N={args.agents} x M={args.prompts} prompt(s) x K={args.k} x "
-          f"T={args.tokens} forced tokens, {args.threads} thread(s), device {args.device}; {args.repeats} rounds")
+          f"T={args.tokens} forced tokens, {args.threads} thread(s), device {args.device}; {args.repeats} rounds; "
+          f"generation backend(s) {', '.join(backends)}")
     limits = roofline.machine_limits(args.device, args.threads)
     print(roofline.describe(limits))
     if args.precision != "32" or args.generation_dtype != "model":
@@ -195,10 +207,10 @@ def main(argv=None) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in impls}
     started = time.perf_counter()
     for r in range(args.repeats):
-        for name, checkout in (impls.items() if r % 2 == 0 else reversed(impls.items())):
-            runs[name].append(run_worker(checkout, args, argv, name))
+        for name, (checkout, backend) in (impls.items() if r % 2 == 0 else reversed(impls.items())):
+            runs[name].append(run_worker(checkout, args, argv, "before" if name == "before" else "after", backend))
     limit = limits[0]  # the benchmark's own thread count (CPU) or the GPU
-    first = runs["after"][0]
+    first = next(iter(runs.values()))[0]
     costs = roofline.ModelCosts(**first["costs"])
     bounds = roofline.lower_bounds(costs, limit, agents=args.agents, prompts=args.prompts, k=args.k,
                                    prompt=round(first["prompt_tokens"]), tokens=args.tokens,
@@ -246,6 +258,13 @@ def main(argv=None) -> dict:
         report["step_after_over_before_per_round"] = per_round
         print("after / before (medians): " + ", ".join(f"{p} {v:.2f}" for p, v in ratios.items()))
         print("step after / before per round: " + ", ".join(f"{v:.2f}" for v in per_round))
+    if len(backends) > 1:  # each backend against the first (hf), phase by phase
+        base = report["impls"][backends[0]]["phases"]
+        report["over_first_backend"] = {
+            b: {p: report["impls"][b]["phases"][p]["median"] / base[p]["median"]
+                for p in ("generate", "step") if base[p]["median"] > 0} for b in backends[1:]}
+        for b, ratios in report["over_first_backend"].items():
+            print(f"{b} / {backends[0]} (medians): " + ", ".join(f"{p} {v:.2f}" for p, v in ratios.items()))
     print("peak memory (MiB): " + ", ".join(f"{n} {r['peak_mib']:.0f}" for n, r in report["impls"].items()))
     report["wall_seconds"] = time.perf_counter() - started
     if args.json:
@@ -278,6 +297,9 @@ def parse_args(argv=None):
     p.add_argument("--before-defaults", action="store_true",
                    help="time --before with the default precision and generation dtype (today's time of a user who "
                         "changes nothing), the current checkout with the options given")
+    p.add_argument("--backends", nargs="+", choices=("hf", "vllm", "transformers_cb"), default=["hf"],
+                   help="generation backends to time side by side in one run (each in its own processes)")
+    p.add_argument("--backend", default="hf", help=argparse.SUPPRESS)
     p.add_argument("--role", default="after", help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help="write every number here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

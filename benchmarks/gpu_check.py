@@ -44,15 +44,19 @@ SMOKE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermed
              max_position_embeddings=512)
 
 
-def module(args, num_agents=2, lora=None, dtype="float32", k=4, tokens=16, reference=False, lr=1e-5):
+def module(args, num_agents=2, lora=None, dtype="float32", k=4, tokens=16, reference=False, lr=1e-5, backend="hf",
+           generation_kwargs=None):
     from comlrl_lightning import MAGRPO
     from comlrl_lightning.envs import toy
 
     extra = {"lora_rank": lora, "lora_alpha": 2.0 * lora} if lora else {}
+    if backend != "hf":
+        extra["generation_backend"] = backend
     if reference:
         extra.update(reference_kl_enabled=True, reference_kl_coef=0.05)
     return MAGRPO(agents="tiny", num_agents=num_agents, reward_func=toy.letter_reward, num_generations=k,
-                  max_new_tokens=tokens, generation_kwargs={"min_new_tokens": tokens}, temperature=1.0, top_p=1.0,
+                  max_new_tokens=tokens, generation_kwargs={"min_new_tokens": tokens, **(generation_kwargs or {})},
+                  temperature=1.0, top_p=1.0,
                   top_k=None, rollout_buffer_size=args.prompts, agent_learning_rate=lr, eval_interval=0,
                   log_completions=False, model_config={"model_kwargs": args.body, "dtype": dtype}, **extra)
 
@@ -205,7 +209,7 @@ def peak_memory(args, num_agents, lora):
     return {"agents": num_agents, "lora": bool(lora), "weights_gib": weights / 2**30, "peak_gib": peak / 2**30}
 
 
-def throughput(args, lora, dtype, report):
+def throughput(args, lora, dtype, report, backend="hf", generation_kwargs=None, label=None):
     from lightning.pytorch import Callback
 
     class Clock(Callback):
@@ -218,7 +222,8 @@ def throughput(args, lora, dtype, report):
             self.marks.append((time.perf_counter(), pl_module.env_step, dict(pl_module.phase_seconds)))
 
     clock = Clock()
-    mod = module(args, lora=lora, dtype=dtype, k=args.k, tokens=args.tokens, lr=1e-5 if not lora else 1e-4)
+    mod = module(args, lora=lora, dtype=dtype, k=args.k, tokens=args.tokens, lr=1e-5 if not lora else 1e-4,
+                 backend=backend, generation_kwargs=generation_kwargs)
     fit(args, mod, steps=args.steps, callbacks=[clock])
     (t0, e0, _), (t1, e1, _) = clock.marks[0], clock.marks[-1]
     steps = len(clock.marks) - 1
@@ -227,13 +232,14 @@ def throughput(args, lora, dtype, report):
     for _, _, step in clock.marks[1:]:  # each step's own phase times (PhaseTimer resets them after our callback)
         for phase, seconds in step.items():
             phases[phase] = phases.get(phase, 0.0) + seconds
-    row = {"lora": bool(lora), "dtype": dtype, "steps_timed": steps, "seconds_per_step": (t1 - t0) / steps,
+    row = {"engine": label or backend, "lora": bool(lora), "dtype": dtype, "steps_timed": steps,
+           "seconds_per_step": (t1 - t0) / steps,
            "phase_seconds_per_step": {k: v / steps for k, v in phases.items()},
            "generate_tokens_per_s": samples * 2 * args.tokens / phases["generate"] if phases.get("generate") else None,
            "updates_per_s": steps / (t1 - t0), "samples_per_s": samples / (t1 - t0),
            "generated_tokens_per_s_overall": samples * 2 * args.tokens / (t1 - t0)}
     report.setdefault("throughput", []).append(row)
-    print(f"  {'lora' if lora else 'full'} {dtype}: {row['seconds_per_step']:.2f} s/step, "
+    print(f"  {row['engine']} {'lora' if lora else 'full'} {dtype}: {row['seconds_per_step']:.2f} s/step, "
           f"{row['generated_tokens_per_s_overall']:.0f} generated tokens/s (whole step), "
           f"{row['generate_tokens_per_s'] or 0:.0f} in generation, "
           f"{row['updates_per_s']:.2f} updates/s", flush=True)
@@ -264,7 +270,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--only", choices=["fsdp"], default=None, help="run one check only")
+    parser.add_argument("--only", choices=["fsdp", "engines"], default=None, help="run one check only")
     args = parser.parse_args()
     args.accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     args.body = SMOKE if args.smoke else BODY
@@ -275,6 +281,40 @@ def main() -> None:
                           "gpus": torch.cuda.device_count()},
               "config": {k: v for k, v in vars(args).items()}}
     print(json.dumps(report["machine"]), flush=True)
+    def engines():
+        """The generation engines on the throughput workload (full copies, bf16): transformers' continuous
+        batching and a static KV cache with compiled decoding against plain hf, and vLLM where it is installed (the
+        lent GPU machine has no network to install it). Each row's generated tokens/s in generation against hf's."""
+        import importlib.util
+
+        plain = dict(backend="hf", label="hf")
+        points = [plain, dict(backend="transformers_cb", label="transformers_cb"),
+                  dict(backend="hf", label="hf static cache, compiled",
+                       generation_kwargs={"cache_implementation": "static"})]
+        if importlib.util.find_spec("vllm") is not None:
+            points.append(dict(backend="vllm", label="vllm"))
+        else:
+            report["engines_note"] = "vLLM not installed here: its point is not measured"
+            print("  vllm: not installed on this machine, not measured", flush=True)
+        rows = []
+        for point in points:
+            try:
+                throughput(args, None, "bfloat16", report, **point)
+                rows.append(report["throughput"][-1])
+            except Exception as err:  # one engine failing must not hide the others' numbers
+                rows.append({"engine": point["label"], "error": f"{type(err).__name__}: {err}"})
+                print(f"  {point['label']}: FAILED {type(err).__name__}: {err}", flush=True)
+        base = rows[0].get("generate_tokens_per_s")
+        for row in rows:
+            if base and row.get("generate_tokens_per_s"):
+                row["generate_over_hf"] = row["generate_tokens_per_s"] / base
+        report["engines"] = rows
+
+    if args.only == "engines":
+        run_check("engines", engines, report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        raise SystemExit(0)
     if args.only == "fsdp":
         run_check("fsdp", check_fsdp, report, args, report)
         if args.json:
@@ -305,6 +345,7 @@ def main() -> None:
             throughput(args, lora, dtype, report)
 
     run_check("throughput", speed, report)
+    run_check("engines", engines, report)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")

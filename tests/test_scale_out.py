@@ -118,9 +118,10 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     from comlrl_lightning.algorithms.base import check_strategy
     from comlrl_lightning.config_errors import ConfigurationError
 
-    def module(parallel="none", lora=None, name="MAGRPO", generation_dtype="model"):
+    def module(parallel="none", lora=None, name="MAGRPO", generation_dtype="model", backend="hf", sleep=False):
         return SimpleNamespace(parallel_training=parallel, lora=lora, algorithm_name=name,
-                               generation_dtype=generation_dtype)
+                               generation_dtype=generation_dtype, generation_backend=backend,
+                               vllm_enable_sleep_mode=sleep)
 
     with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported.*ModelParallel"):
         check_strategy(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), module())
@@ -132,6 +133,10 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     check_strategy(sharded, module())
     with pytest.raises(ConfigurationError, match="with a LoRA team"):
         check_strategy(sharded, module(lora={"base": "tiny"}))
+    with pytest.raises(ConfigurationError, match="generation_backend: vllm with trainer.strategy ModelParallelStrategy"):
+        check_strategy(sharded, module(backend="vllm"))
+    with pytest.raises(ConfigurationError, match="vllm_enable_sleep_mode: true needs a GPU"):
+        check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), module(backend="vllm", sleep=True))
     with pytest.raises(ConfigurationError, match="generation_dtype 'bfloat16' with trainer.strategy ModelParallel"):
         check_strategy(sharded, module(generation_dtype="bfloat16"))
     check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module(generation_dtype="bfloat16"))

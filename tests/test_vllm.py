@@ -271,3 +271,28 @@ def test_generation_kwargs_map_onto_the_engine():
     cfg = SamplingConfig(max_new_tokens=6, top_k=None, top_p=1.0, temperature=1.0)
     out = VLLMGenerate({"min_new_tokens": 4}).sample([copy.deepcopy(model)], [tok], [["a"]], 4, cfg)[0]
     assert torch.all(out.completion_mask.sum(-1) >= 4)
+
+
+def test_data_parallel_ranks_each_sample_through_their_own_engine(tmp_path):
+    """Two DDP processes (gloo), one vLLM engine set per rank: every rank holds the same weights after every
+    update and the ranks saw different items."""
+    from test_scale_out import assert_same_weights_after_every_step, ddp_fit
+
+    probes = ddp_fit(tmp_path, "quickstart", "--trainer.max_steps", "2", "--model.init_args.generation_backend",
+                     "vllm", "--model.init_args.model_config", "{model_kwargs: {num_heads: 2, num_kv_heads: 1}}")
+    assert_same_weights_after_every_step(probes)
+    assert probes[0]["items"] != probes[1]["items"] and len(probes[0]["steps"]) == 2
+
+
+@pytest.mark.slow
+def test_magrpo_with_smollm2_follows_every_update(tmp_path):
+    """The embedded SmolLM2-135M-Instruct (its tied output head: repacked on a CPU after each reload), two
+    updates: the engine's greedy tokens equal the training model's after each."""
+    module = make_module(agents="smollm2-135m-instruct", generation_backend="vllm", max_new_tokens=8,
+                         agent_learning_rate=1e-4, use_chat_template=True)
+    spy = GreedyAfterEveryUpdate()
+    trainer = fit(module, tmp_path, max_steps=2, callbacks=[spy])
+    assert trainer.global_step == 2 and len(spy.pairs) == 2
+    assert all(engine == ref for step in spy.pairs for engine, ref in step), spy.pairs
+    gaps = column(read_metrics(trainer), "rollout/engine_logprob_gap")
+    assert gaps and all(g < 1e-3 for g in gaps), gaps

@@ -800,7 +800,7 @@ def check_strategy(trainer: Any, module: Any) -> None:
             "training (trainer.strategy: ddp, any trainer.devices and trainer.num_nodes), or agents sharded with "
             "FSDP2 (trainer.strategy: lightning.pytorch.strategies.ModelParallelStrategy with tensor_parallel_size: "
             "1; Lightning's FSDPStrategy is FSDP1, which this project does not use) (docs/scaling.md).")
-    accelerator = type(trainer.accelerator).__name__
+    accelerator = type(getattr(trainer, "accelerator", None)).__name__
     require_config(not module.vllm_enable_sleep_mode or module.generation_backend != "vllm"
                    or accelerator == "CUDAAccelerator",
                    f"vllm_enable_sleep_mode: true needs a GPU (its memory is what sleep mode releases), but the trainer "

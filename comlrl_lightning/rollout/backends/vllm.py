@@ -43,7 +43,7 @@ _MAPPED_KWARGS = {"min_new_tokens": "min_tokens", "repetition_penalty": "repetit
                   "stop_strings": "stop"}
 # KV cache of a CPU engine: room for this many tokens at least (vLLM queues what does not fit), or one sequence of
 # the engine's longest length.
-_CPU_KV_TOKENS = 16384
+_CPU_KV_TOKENS = 8192
 
 
 class StaleWeights(RuntimeError):
@@ -61,10 +61,11 @@ def unsupported_generation_kwargs(generation_kwargs: Mapping[str, Any] | None) -
 
 def _configure_vllm_environment() -> None:
     """What vLLM reads at import: the engine runs in this process (its model is then ours to load weights into), and
-    says only what matters (its INFO log is many lines per call). On a CPU it does not pin this process's threads
-    or memory to one NUMA node: the process also trains. Each is left alone where the user set it."""
+    says only what matters (its INFO and WARNING logs are many lines per engine: LD_PRELOAD advice, compile settings;
+    set VLLM_LOGGING_LEVEL to see them). On a CPU it does not pin this process's threads to cores: the process also
+    trains (vLLM still binds its memory to its NUMA node). Each is left alone where the user set it."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
