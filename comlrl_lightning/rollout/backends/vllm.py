@@ -44,6 +44,7 @@ _MAPPED_KWARGS = {"min_new_tokens": "min_tokens", "repetition_penalty": "repetit
 # KV cache of a CPU engine: room for this many tokens at least (vLLM queues what does not fit), or one sequence of
 # the engine's longest length.
 _CPU_KV_TOKENS = 8192
+_CPU_KV_SPARE = 1024  # the cache is allocated in blocks: room for one sequence of the full length needs a little more
 
 
 class StaleWeights(RuntimeError):
@@ -188,7 +189,7 @@ class VLLMEngine:
             model=str(root), load_format="dummy", dtype=str(param.dtype).removeprefix("torch."), seed=seed,
             max_model_len=self.max_model_len, enable_prefix_caching=True, enable_sleep_mode=enable_sleep_mode)
         if self.device.type == "cpu":
-            options.update(enforce_eager=True, kv_cache_memory_bytes=self._cpu_kv_bytes(base.config))
+            options.update(enforce_eager=True, kv_cache_memory_bytes=self._cpu_kv_bytes(base.config, param.element_size()))
         else:
             options.update(gpu_memory_utilization=gpu_memory_utilization)
         if self.adapters:
@@ -215,13 +216,13 @@ class VLLMEngine:
         self.unsynced_adapters: set[str] = set()  # held, but changed since (synced when next asked for)
         self.syncs = 0
 
-    def _cpu_kv_bytes(self, config: Any) -> int:
+    def _cpu_kv_bytes(self, config: Any, element_bytes: int) -> int:
         if "VLLM_CPU_KVCACHE_SPACE" in os.environ:  # the user's own size (GiB)
             return int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * 2**30)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        per_token = 2 * config.num_hidden_layers * heads * head_dim * torch.finfo(torch.float32).bits // 8
-        return per_token * max(_CPU_KV_TOKENS, self.max_model_len)
+        per_token = 2 * config.num_hidden_layers * heads * head_dim * element_bytes
+        return per_token * (max(_CPU_KV_TOKENS, self.max_model_len) + _CPU_KV_SPARE)
 
     # ------------------------------------------------------------------ weights
     def forget_weights(self) -> None:
