@@ -50,12 +50,15 @@ def processes_with(marker: str) -> list[int]:
 
 
 def sandbox_uid_processes() -> list[int]:
-    """Pids of live processes owned by a sandbox uid (root trainers only)."""
+    """Pids of live processes owned by a sandbox uid (root trainers only) that run something other than the
+    sandbox's own worker (another test file's jobs may be running at the same time)."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if SANDBOX_UID_BASE <= os.stat(f"/proc/{pid}").st_uid < SANDBOX_UID_BASE + (1 << 16):
-                out.append(int(pid))
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"_sandbox_worker.py" not in f.read():
+                        out.append(int(pid))
         except OSError:
             pass
     return out
@@ -209,7 +212,8 @@ def loot():
     print("".join(out))
     return "".join(out)
 """
-    r = run_tests(program, [f"assert {secret!r} not in loot()", "assert set(pids()) <= {1, 2, 3}",
+    # the job's PID namespace holds its spawner (PID 1), the test's sandbox and the test's evaluator process
+    r = run_tests(program, [f"assert {secret!r} not in loot()", "assert len(pids()) <= 3 and 1 in pids()",
                             f"assert {os.getpid()} not in pids() or {os.getpid()} <= 3"], **FAST)
     assert r.passed == 3, r
     assert secret not in r.stdout
@@ -285,7 +289,7 @@ FLOODS = {
     "reply_channel": "import os\ndef f(x):\n    chunk = b'[' * (1 << 20)\n    for _ in range(100):\n"
                      "        os.write(4, chunk)\n    return 0",
     "huge_result": "def f(x):\n    return 'z' * (100 << 20)",
-    "result_lines": "import os\ndef f(x):\n    for _ in range(100000):\n        os.write(4, b'[\"ok\", null, null, 0]\\n')\n"
+    "result_lines": "import os\ndef f(x):\n    for _ in range(100000):\n        os.write(4, b'[\"ok\", null, null]\\n')\n"
                     "    return 0",
 }
 

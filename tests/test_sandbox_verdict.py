@@ -31,24 +31,24 @@ SERVER = _frame.f_locals["self"] if _frame is not None else None
 """
 # ... and switch its audit hook off by setting the hook's own re-entrancy flag (the review's attack): what the
 # program does after this is stopped by the kernel layers or not at all.
-GUARD_OFF = SERVER + "SERVER.violations.__closure__[0].cell_contents['busy'] = True\n"
+GUARD_OFF = SERVER + "SERVER.guard['busy'] = True\n"
 
 FORGERS = {
     "builtins_replaced": "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), {})\n"
                          "builtins.exec = lambda *a, **k: None\nbuiltins.compile = lambda *a, **k: None\n"
                          "builtins.isinstance = lambda *a: True\nbuiltins.len = lambda *a: 0\n"
                          "def f(x):\n    return 0",
-    "serialiser_patched": "import json\njson.dumps = lambda *a, **k: '[\"ok\", [\"i\", \"2\"], null, 0]'\n"
-                          "json.loads = lambda *a, **k: ['ok', ['i', '2'], None, 0]\ndef f(x):\n    return 0",
-    "runner_patched": SERVER + "SERVER.answer = lambda line: ['ok', ['i', '2'], None, 0]\n"
-                               "type(SERVER).answer = lambda self, line: ['ok', ['i', '2'], None, 0]\n"
+    "serialiser_patched": "import json\njson.dumps = lambda *a, **k: '[\"ok\", [\"i\", \"2\"], null]'\n"
+                          "json.loads = lambda *a, **k: ['ok', ['i', '2'], None]\ndef f(x):\n    return 0",
+    "runner_patched": SERVER + "SERVER.answer = lambda line: ['ok', ['i', '2'], None]\n"
+                               "type(SERVER).answer = lambda self, line: ['ok', ['i', '2'], None]\n"
                                "def f(x):\n    return 0",
-    "frame_to_reporter": SERVER + "SERVER.send(['ready', None, True, 0, {}])\n"
-                                  "for _ in range(10):\n    SERVER.send(['ok', ['i', '2'], None, 0])\n"
+    "frame_to_reporter": SERVER + "SERVER.send(['ready', None, True, {}])\n"
+                                  "for _ in range(10):\n    SERVER.send(['ok', ['i', '2'], None])\n"
                                   "def f(x):\n    return 0",
     "fake_lines_on_every_fd": "import os, json\n"
                               "lines = [json.dumps(m) + '\\n' for m in ({'phase': 'test', 'i': i, 'error': None} "
-                              "for i in range(5))] + ['[\"ok\", [\"i\", \"2\"], null, 0]\\n'] * 5\n"
+                              "for i in range(5))] + ['[\"ok\", [\"i\", \"2\"], null]\\n'] * 5\n"
                               "for fd in range(64):\n    for line in lines:\n        try:\n"
                               "            os.write(fd, line.encode())\n        except OSError:\n            pass\n"
                               "def f(x):\n    return 0",
@@ -86,8 +86,10 @@ def test_honest_program_passes_the_same_tests():  # the tests above can pass
 
 def test_expected_values_are_not_in_the_sandbox():
     """The expected value is a fresh random token that only the test holds: a program reading all of its own
-    memory, every environment and command line and every file it can see does not find it (in the old in-process
-    design this program found it in its own memory). The same program finds a token the program holds."""
+    memory, every other process's memory it can open (the test's own evaluator process is in the job's PID
+    namespace, or shares the sandbox's uid without namespaces), every environment and command line and every
+    file it can see does not find it (in the old in-process design this program found it in its own memory). The
+    same program finds a token the program holds."""
     token = "tok" + secrets.token_hex(16)
     seeker = GUARD_OFF + """
 import ctypes, os, re
@@ -101,6 +103,19 @@ def f(x):
         lo, hi = (int(v, 16) for v in span.split("-"))
         found += PATTERN.findall(ctypes.string_at(lo, min(hi - lo, 1 << 26)))
     for pid in os.listdir("/proc"):  # other processes' memory and environment, where readable
+        try:
+            mem = open(f"/proc/{pid}/mem", "rb")
+            for line in open(f"/proc/{pid}/maps").read().splitlines():
+                span, perms, *rest = line.split()
+                lo, hi = (int(v, 16) for v in span.split("-"))
+                if "r" in perms and pid != "self":
+                    try:
+                        mem.seek(lo)
+                        found += PATTERN.findall(mem.read(min(hi - lo, 1 << 26)))
+                    except Exception:
+                        pass
+        except Exception:
+            pass
         for name in ("environ", "cmdline"):
             try:
                 found += PATTERN.findall(open(f"/proc/{pid}/{name}", "rb").read())

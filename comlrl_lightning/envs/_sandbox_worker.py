@@ -27,6 +27,7 @@ import decimal
 import errno
 import fractions
 import gc
+import importlib
 import io
 import json
 import os
@@ -38,9 +39,17 @@ import signal
 import socket
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
 
 MAX_MESSAGE = 8 << 20  # bytes of one request or reply on the channel
+MAX_RECEIVED = 64 << 20  # bytes one test may receive from its sandbox in all (a generator of 6 MB strings...)
+MAX_RANGE = 1 << 20  # elements of a range the sandbox may return (sorted(range(4 * 10**7)) is 1.5 GB here)
+MAX_EXCEPTION_CLASSES = 256  # distinct exception names of the sandbox kept as classes
 MAX_DEPTH = 100  # nesting of containers in one value
+EVALUATOR_MEMORY_MB = 256  # address space a trusted evaluator may add to what it has mapped when it starts
+TEST_MEMORY_MB = 512  # ... and each test's evaluator process on top of that (a test decodes the program's values)
+KILL_GRACE_S = 0.5  # a test's process is killed this long after its timeout (an uninterruptible C call)
+VIOLATION_FD = 5  # the sandbox's end of the pipe its guard reports each refused operation on
 STDOUT_LIMIT = 4096  # bytes of program/test output kept
 SPAWNER_REPLY_S = 10.0  # the spawner answers at once; this only bounds a broken one
 
@@ -107,8 +116,22 @@ def decode(data, other, depth=0):
     if tag in _VALUE_DECODERS:
         if len(data) != 2 or type(data[1]) is not list:
             _malformed()
-        return _VALUE_DECODERS[tag](*[decode(v, other, depth + 1) for v in data[1]])
+        value = _VALUE_DECODERS[tag](*[decode(v, other, depth + 1) for v in data[1]])
+        if tag == "r" and _range_length(value) > MAX_RANGE:
+            raise TooLarge(f"a range of over {MAX_RANGE} elements")
+        return value
     return other(data)
+
+
+class TooLarge(ValueError):
+    """A value past what the evaluator decodes (the test's verdict is ``ResultTooLarge``)."""
+
+
+def _range_length(r):
+    try:
+        return len(r)
+    except OverflowError:  # past sys.maxsize
+        return MAX_RANGE + 1
 
 
 def _text(data, i):
@@ -141,6 +164,8 @@ _VALUE_TYPES = {
     "K": (type({}.keys()), lambda v: [list(v)], lambda keys: dict.fromkeys(keys).keys()),
     "V": (type({}.values()), lambda v: [list(v)], lambda values: dict(enumerate(values)).values()),
     "I": (type({}.items()), lambda v: [[list(kv) for kv in v]], lambda items: dict(items).items()),
+    # an XML element as its text (ClassEval's XMLProcessor tests hand the program a tree the test parsed)
+    "xe": (ElementTree.Element, lambda v: [ElementTree.tostring(v, encoding="unicode")], ElementTree.fromstring),
 }
 _VALUE_TAGS = {kind: tag for tag, (kind, _, _) in _VALUE_TYPES.items()}
 _VALUE_DECODERS = {tag: construct for tag, (_, _, construct) in _VALUE_TYPES.items()}
@@ -168,6 +193,36 @@ def plain_value(value):
         if isinstance(value, kind):
             return convert(value)
     return None
+
+
+def stdlib_reference(value):
+    """``(module, qualified name)`` of a standard-library function, class or method bound to a class (the
+    test's ``datetime.now``), which the sandbox looks up in its own copy of the module; None for anything else
+    (a lambda, a mock, an instance: trusted objects never cross)."""
+    owner = getattr(value, "__self__", None)
+    if isinstance(owner, type) and not isinstance(value, type):  # a classmethod or a builtin method of a class
+        module, name = owner.__module__, f"{owner.__qualname__}.{getattr(value, '__name__', '')}"
+    elif isinstance(value, type) or type(value).__name__ in ("function", "builtin_function_or_method"):
+        module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    else:
+        return None
+    if type(module) is not str or type(name) is not str or module.split(".")[0] not in sys.stdlib_module_names:
+        return None
+    try:
+        return (module, name) if stdlib_object(module, name) == value else None
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def stdlib_object(module, name):
+    """The object ``module.name`` of a standard-library module (``name`` may be dotted; no private parts)."""
+    if module.split(".")[0] not in sys.stdlib_module_names or "<" in name or any(
+            part.startswith("_") for part in name.split(".")):
+        raise ValueError("not a standard-library name")
+    value = importlib.import_module(module)
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def builtin_base(kind):
@@ -303,6 +358,9 @@ DENIED_SYSCALLS = (
     "fanotify_init",
     # the network
     "socket", "socketpair",
+    # System V and POSIX IPC (a message from one test's sandbox to the next one's, through the job's IPC namespace)
+    "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl", "shmget", "shmat", "shmdt",
+    "shmctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 
@@ -358,13 +416,16 @@ class SandboxViolation(PermissionError):
     pass
 
 
-def install_guard(workdir):
+def install_guard(workdir, report_fd=VIOLATION_FD):
     """The Python-level guard (last layer): an audit hook that refuses process control, signals, sockets,
-    ctypes, writes outside ``workdir`` and reads of other processes' ``/proc``. Returns a function giving the
-    number of refusals so far (a refused operation fails its test even when the program catches the error)."""
+    ctypes, shared memory, writes outside ``workdir`` and any path through another process's ``/proc`` entry.
+    Each refusal writes one byte to ``report_fd``, a pipe the evaluator reads: the count lives on the trusted
+    side, so a refused operation fails its test even when the program catches the error and rewrites this
+    process (closing or replacing the pipe is seen too). Returns the hook's state: the program can reach it like
+    any object of its process (the suite switches the hook off through it to test the kernel layers)."""
     import subprocess
 
-    state = {"violations": 0, "busy": False}
+    state = {"busy": False}
     mypid = str(os.getpid())
     deny = {
         "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
@@ -375,7 +436,7 @@ def install_guard(workdir):
         "os.symlink", "os.link", "os.chown", "shutil.chown", "os.chroot", "os.setuid", "os.setgid", "os.setreuid",
         "os.setregid",
     }
-    bad_imports = {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_posixsubprocess"}
+    bad_imports = {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_posixsubprocess", "_posixshmem"}
     path_events = {  # event -> ((path argument, dir_fd argument or None), ...)
         "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.rename": ((0, 2), (1, 3)),
         "os.chmod": ((0, 2),), "os.utime": ((0, 3),), "os.truncate": ((0, None),), "os.chflags": ((0, None),),
@@ -385,12 +446,33 @@ def install_guard(workdir):
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
     def resolve(path, dir_fd=None):
+        """The path with every symbolic link followed, one step at a time; refused where a step lies in
+        another process's ``/proc`` entry -- checked before a magic link there (``/proc/PID/fd/N``, ``cwd``,
+        ``root``) is followed, which ``realpath`` would turn into the file it leads to."""
         if isinstance(path, int):
             return None  # an open fd: checked when it was opened
         path = os.fsdecode(path)
         if dir_fd is not None and dir_fd >= 0 and not os.path.isabs(path):  # AT_FDCWD (< 0) is the cwd
             path = os.path.join(os.readlink("/proc/self/fd/%d" % dir_fd), path)
-        return os.path.realpath(path)
+        todo, current, hops = os.path.join(os.getcwd(), path).split(os.sep)[::-1], "/", 0
+        while todo:
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                current = os.path.dirname(current)
+                continue
+            step = os.path.join(current, part)
+            if other_proc(step):
+                refuse("open " + step)
+            if hops < 40 and os.path.islink(step):
+                hops += 1
+                target = os.readlink(step)
+                todo.extend(target.split(os.sep)[::-1])
+                current = "/" if target.startswith(os.sep) else current
+                continue
+            current = step
+        return current
 
     def inside(p):
         return p is None or p == workdir or p.startswith(workdir + os.sep)
@@ -400,7 +482,10 @@ def install_guard(workdir):
         return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != mypid
 
     def refuse(event):
-        state["violations"] += 1
+        try:
+            os.write(report_fd, b"!")
+        except OSError:  # full (a count the evaluator has seen) or tampered with (it sees that too)
+            pass
         raise SandboxViolation("sandbox: %s denied" % event)
 
     def check(event, args):
@@ -417,7 +502,7 @@ def install_guard(workdir):
                 isinstance(flags, int) and flags & write_flags)
             if write and not (inside(p) or p == os.devnull):
                 refuse("write " + p)
-            if not write and (other_proc(p) or (not inside(p) and os.path.isdir(p))):
+            if not write and not inside(p) and os.path.isdir(p):
                 refuse("open " + p)
             return
         for pi, di in path_events.get(event, ()):
@@ -452,7 +537,7 @@ def install_guard(workdir):
         sys.modules.pop(name, None)
     subprocess._posixsubprocess = None
     sys.addaudithook(hook)
-    return lambda: state["violations"]
+    return state
 
 
 def set_limits(cfg):
@@ -465,15 +550,22 @@ def set_limits(cfg):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file size limit fails with OSError
 
 
-def sandbox_main(cfg, req_fd, rep_fd, out_fd):
-    """One test's sandbox: confine this process, run the program, then answer requests until EOF."""
+def sandbox_main(cfg, req_fd, rep_fd, out_fd, violation_fd, python_dirs):
+    """One test's sandbox: confine this process, run the program, then answer requests until EOF.
+    ``python_dirs``: ``{path: fd}`` of the Python directories this uid could not reach by path (see
+    :meth:`Isolation.open_python_dirs`)."""
     os.setsid()
     die_with_parent()
     null = os.open("/dev/null", os.O_RDWR)
-    for fd, target in ((null, 0), (out_fd, 1), (out_fd, 2), (req_fd, 3), (rep_fd, 4)):
+    kept = {path: VIOLATION_FD + 1 + i for i, path in enumerate(python_dirs)}
+    for fd, target in ((null, 0), (out_fd, 1), (out_fd, 2), (req_fd, 3), (rep_fd, 4), (violation_fd, VIOLATION_FD),
+                       *((python_dirs[path], kept[path]) for path in python_dirs)):
         os.dup2(fd, target)
-    os.closerange(5, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    os.chdir(cfg["workdir"])
+    os.closerange(VIOLATION_FD + 1 + len(kept), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.set_blocking(VIOLATION_FD, False)  # the guard never waits on the evaluator
+    import_through(kept)
+    if cfg["chdir"]:  # a fresh tmpfs per test, mounted over the path; else the spawner's cwd is the workdir
+        os.chdir(cfg["workdir"])
     random.seed()
     set_limits(cfg)
     layers = {"rlimits": True, "seccomp": load_seccomp(SECCOMP_PROGRAM), "no_new_privs": True}
@@ -481,17 +573,33 @@ def sandbox_main(cfg, req_fd, rep_fd, out_fd):
         os._exit(3)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace", line_buffering=True)
     sys.stderr = sys.stdout
-    violations = install_guard(os.path.realpath(cfg["workdir"]))
+    guard = install_guard(os.path.realpath(os.getcwd()))
     layers["audit_hook"] = True
-    Server(cfg["program"], violations, layers).serve()
+    Server(cfg["program"], layers, guard).serve()
+
+
+def import_through(fds):
+    """Imports reach the directories of ``fds`` (``{path: fd}``) through this process's own fds (the magic
+    links of ``/proc/self/fd``), where this uid could not reach them by path."""
+    if fds:
+        sys.path[:] = [_through_fd(entry, fds) for entry in sys.path]
+        sys.path_importer_cache.clear()
+
+
+def _through_fd(path, fds):
+    """``path`` spelt through ``/proc/self/fd/N`` when it lies in one of the directories ``fds`` holds."""
+    for root, fd in fds.items():
+        if path == root or path.startswith(root + os.sep):
+            return f"/proc/self/fd/{fd}" + path[len(root):]
+    return path
 
 
 class Server:
     """The sandbox side of the channel. Nothing here is trusted: the program can change any of it, which only
     changes what the evaluator receives, and that is plain data or handles."""
 
-    def __init__(self, program, violations, layers):
-        self.program, self.violations, self.layers = program, violations, layers
+    def __init__(self, program, layers, guard):
+        self.program, self.layers, self.guard = program, layers, guard
         self.ns = {"__name__": "__main__", "__builtins__": builtins}
         self.objects, self.ids = [], {}  # handle id -> object; id(object) -> handle id
 
@@ -502,8 +610,7 @@ class Server:
             pass
         data = dumps(message)
         if len(data) > MAX_MESSAGE:
-            data = dumps(["raise", "ResultTooLarge", "Exception", None, f"over {MAX_MESSAGE} bytes", None,
-                          message[-1]])
+            data = dumps(["raise", "ResultTooLarge", "Exception", None, f"over {MAX_MESSAGE} bytes", None])
         view = memoryview(data)
         while view:
             view = view[os.write(4, view):]
@@ -514,13 +621,13 @@ class Server:
             code = compile(self.program, "<program>", "exec")
         except BaseException as exc:  # SyntaxError, ValueError (null bytes), ...
             error = "SyntaxError" if isinstance(exc, SyntaxError) else type(exc).__name__
-            self.send(["ready", error, False, self.violations(), self.layers])
+            self.send(["ready", error, False, self.layers])
             return
         try:
             exec(code, self.ns)
         except BaseException as exc:
             error = type(exc).__name__
-        self.send(["ready", error, True, self.violations(), self.layers])
+        self.send(["ready", error, True, self.layers])
         if error is not None:
             return
         requests = os.fdopen(3, "rb")
@@ -528,13 +635,13 @@ class Server:
             self.send(self.answer(line))
 
     def answer(self, line):
-        """Reply ``["ok", value, changed arguments, violations]`` or :meth:`raised`."""
+        """Reply ``["ok", value, changed arguments]`` or :meth:`raised`."""
         op, args = None, ()
         try:
             op, *args = [decode(a, self.resolve) for a in json.loads(line)]
             result = getattr(self, "op_" + op)(*args)
             value = self.live(result) if op in ("getattr", "global") else encode(result, self.other)
-            return ["ok", value, self.changed(op, args), self.violations()]
+            return ["ok", value, self.changed(op, args)]
         except BaseException as exc:
             return self.raised(exc, self.changed(op, args))
 
@@ -570,14 +677,15 @@ class Server:
             message = str(exc)[:1000]
         except BaseException:
             message = ""
-        return ["raise", type(exc).__name__[:100], builtin_base(type(exc)), args, message, changed,
-                self.violations()]
+        return ["raise", type(exc).__name__[:100], builtin_base(type(exc)), args, message, changed]
 
     def resolve(self, data):
         if data[0] == "h" and len(data) == 2 and type(data[1]) is int and 0 <= data[1] < len(self.objects):
             return self.objects[data[1]]
         if data[0] == "B" and len(data) == 2 and hasattr(builtins, str(data[1])):
             return getattr(builtins, data[1])
+        if data[0] == "M" and len(data) == 3 and type(data[1]) is str and type(data[2]) is str:
+            return stdlib_object(data[1], data[2])
         raise ValueError("malformed value")
 
     def other(self, value):
@@ -657,15 +765,16 @@ class Server:
 # ------------------------------------------------------------------------------------------- spawner process
 
 
-def spawner_main(sock, cfg):
+def spawner_main(sock, cfg, python_dirs):
     """Fork one sandbox per ``spawn`` request; on ``reap`` kill every process of the job but this one. As PID 1
     of the job's PID namespace it mounts that namespace's ``/proc`` first."""
     die_with_parent()
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    os.closerange(3, sock.fileno())
-    os.closerange(sock.fileno() + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    keep = sorted({sock.fileno(), *python_dirs.values()})
+    for low, high in zip([2, *keep], [*keep, resource.getrlimit(resource.RLIMIT_NOFILE)[0]]):
+        os.closerange(max(low + 1, 3), high)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     proc = False
     if os.getpid() == 1:
@@ -682,13 +791,13 @@ def spawner_main(sock, cfg):
     sock.send(b"ready proc=%d" % proc)
     child = 0
     while True:
-        msg, fds, _, _ = socket.recv_fds(sock, 64, 3)
-        if msg == b"spawn" and len(fds) == 3:
+        msg, fds, _, _ = socket.recv_fds(sock, 64, 4)
+        if msg == b"spawn" and len(fds) == 4:
             child = os.fork()
             if child == 0:
                 sock.close()
                 try:
-                    sandbox_main(cfg, *fds)
+                    sandbox_main(cfg, *fds, python_dirs)
                 finally:
                     os._exit(0)
             for fd in fds:
@@ -720,13 +829,13 @@ def _kill_all(child):
 class Spawner:
     """The evaluator's end of the spawner."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, python_dirs):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
             mine.close()
             try:
-                spawner_main(theirs, cfg)
+                spawner_main(theirs, cfg, python_dirs)
             finally:
                 os._exit(0)
         theirs.close()
@@ -745,13 +854,14 @@ class Spawner:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         out_r, out_w = os.pipe()
+        violation_r, violation_w = os.pipe()
         try:
-            socket.send_fds(self.sock, [b"spawn"], [req_r, rep_w, out_w])
+            socket.send_fds(self.sock, [b"spawn"], [req_r, rep_w, out_w, violation_w])
             self._expect(b"ok")
         finally:
-            for fd in (req_r, rep_w, out_w):
+            for fd in (req_r, rep_w, out_w, violation_w):
                 os.close(fd)
-        return Channel(req_w, rep_r, out_r, capture)
+        return Channel(req_w, rep_r, out_r, violation_r, capture)
 
     def reap(self):
         self.sock.send(b"reap")
@@ -787,18 +897,23 @@ def exception_class(name, base):
     if name == base and name in _BUILTIN_EXCEPTIONS:
         return _BUILTIN_EXCEPTIONS[name]
     key = (name[:100], _BUILTIN_EXCEPTIONS.get(base, Exception))
-    if key not in _SYNTHETIC_EXCEPTIONS:
-        _SYNTHETIC_EXCEPTIONS[key] = type(key[0], (key[1],), {"__module__": "sandbox"})
-    return _SYNTHETIC_EXCEPTIONS[key]
+    if key in _SYNTHETIC_EXCEPTIONS:
+        return _SYNTHETIC_EXCEPTIONS[key]
+    kind = type(key[0], (key[1],), {"__module__": "sandbox"})
+    if len(_SYNTHETIC_EXCEPTIONS) < MAX_EXCEPTION_CLASSES:  # past that, a class lives as long as its exception
+        _SYNTHETIC_EXCEPTIONS[key] = kind
+    return kind
 
 
 class Channel:
     """The evaluator's connection to one sandbox: requests go out as plain data, replies come back as plain
     data, :class:`Remote` handles or an exception to raise."""
 
-    def __init__(self, req_w, rep_r, out_r, capture):
-        self.req_w, self.rep_r, self.out_r, self.capture = req_w, rep_r, out_r, capture
+    def __init__(self, req_w, rep_r, out_r, violation_r, capture):
+        self.req_w, self.rep_r, self.out_r, self.violation_r, self.capture = req_w, rep_r, out_r, violation_r, capture
+        os.set_blocking(violation_r, False)
         self.buffer = bytearray()
+        self.received = 0  # bytes read from the sandbox (MAX_RECEIVED)
         self.failure = None  # "Timeout", "Crash", "ResultTooLarge" or "ProtocolError": the test's verdict
         self.violations = 0
         self.closed = False
@@ -833,12 +948,29 @@ class Channel:
             return encode(plain, self.argument)
         if builtin_name(value):
             return ["B", value.__name__]
-        raise TypeError(f"{type(value).__name__} cannot be passed to the sandboxed program (plain data and its "
-                        "own objects only)")
+        reference = stdlib_reference(value)
+        if reference is not None:
+            return ["M", *reference]
+        raise TypeError(f"{type(value).__name__} cannot be passed to the sandboxed program (plain data, standard-"
+                        "library functions and classes, and its own objects only)")
+
+    def count_violations(self):
+        """The refusals the sandbox's guard has reported so far (read from the violation pipe; a sandbox that
+        closed or replaced its end while alive has tampered with its guard, which counts as one)."""
+        while True:
+            try:
+                chunk = os.read(self.violation_r, 1 << 16)
+            except BlockingIOError:
+                return self.violations
+            if not chunk:
+                if self.failure is None:
+                    self.violations += 1
+                return self.violations
+            self.violations += len(chunk)
 
     def read_line(self):
         while b"\n" not in self.buffer:
-            if len(self.buffer) > MAX_MESSAGE:
+            if len(self.buffer) > MAX_MESSAGE or self.received > MAX_RECEIVED:
                 self.fail("ResultTooLarge")
             fds = [self.rep_r] if self.out_r is None else [self.out_r, self.rep_r]
             ready = select.select(fds, [], [])[0]
@@ -849,6 +981,7 @@ class Channel:
                 if not chunk:
                     self.fail("Crash")
                 self.buffer += chunk
+                self.received += len(chunk)
         end = self.buffer.index(b"\n")
         line = bytes(self.buffer[:end])
         del self.buffer[:end + 1]
@@ -866,30 +999,29 @@ class Channel:
         """Wait for the program to load: ``(error, syntax_ok, layers)``."""
         line = self.read_line()
         try:
-            kind, error, syntax_ok, violations, layers = json.loads(line)
-            if kind != "ready" or type(violations) is not int or type(layers) is not dict or not (
-                    error is None or type(error) is str):
+            kind, error, syntax_ok, layers = json.loads(line)
+            if kind != "ready" or type(layers) is not dict or not (error is None or type(error) is str):
                 raise ValueError
         except (ValueError, TypeError, RecursionError):
             self.fail("ProtocolError")
-        self.violations = violations
         return (error[:100] if error else None), syntax_ok is True, layers
 
     def reply(self, line, call=None):
         """The result of a request (``call``: its target, arguments and keywords, for the write-back)."""
         try:
             msg = json.loads(line)
-            if type(msg) is not list or not msg or type(msg[-1]) is not int:
+            if type(msg) is not list or not msg:
                 raise ValueError
-            self.violations = msg[-1]
-            if msg[0] == "ok" and len(msg) == 4:
+            if msg[0] == "ok" and len(msg) == 3:
                 result, exc, changed = decode(msg[1], self.resolve), None, msg[2]
-            elif msg[0] == "raise" and len(msg) == 7:
+            elif msg[0] == "raise" and len(msg) == 6:
                 result, exc, changed = None, self.exception(*msg[1:5]), msg[5]
             else:
                 raise ValueError
             if call is not None and changed is not None:
                 self.write_back(call[1], call[2], *changed)
+        except TooLarge:
+            self.fail("ResultTooLarge")
         except Exception:
             self.fail("ProtocolError")
         if exc is not None:
@@ -944,7 +1076,7 @@ class Channel:
         deadline = time.monotonic() + 1.0
         while self.out_r is not None and select.select([self.out_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
             self.pump_output()
-        for fd in (self.req_w, self.rep_r, self.out_r):
+        for fd in (self.req_w, self.rep_r, self.out_r, self.violation_r):
             if fd is not None:
                 os.close(fd)
 
@@ -1029,7 +1161,9 @@ class Remote:
         return self.__getattr__("__enter__")()
 
     def __exit__(self, *exc_info):
-        return self.__getattr__("__exit__")(None, None, None)
+        """The program's ``__exit__`` runs, but never decides whether the test's exception is swallowed."""
+        self.__getattr__("__exit__")(None, None, None)
+        return False
 
 
 def _mirrored(base, name):
@@ -1066,18 +1200,24 @@ _LIVE = {
 
 
 class TestGlobals(dict):
-    """Globals of one test: what the setup code and the test define, then the builtins, then the program's
-    top-level names (as handles or plain values). A builtin is looked up in the program only for the
-    ``entry_points`` (MBPP 126 asks for a function named ``sum``), so the program cannot redefine ``abs`` or
-    ``isinstance`` for the test."""
+    """Globals of one test: what the trusted setup code and the test define, then the builtins, then — for the
+    job's ``entry_points`` only (the function or class under test) — the program's top-level names as handles or
+    plain values. Any other name the test uses and nothing trusted defines is a ``NameError`` in the test: the
+    program never chooses a name the test computes with (a program's ``import math`` with a rebound
+    ``math.isclose``), and an entry point may shadow a builtin (MBPP 126 asks for a function named ``sum``) while
+    the program cannot redefine ``abs`` or ``isinstance`` for the test. ``__file__`` is a file in the test's
+    working directory (ClassEval writes its fixtures beside it)."""
 
     def __init__(self, channel, entry_points):
-        super().__init__(__builtins__=builtins, __name__="__sandbox_test__")
+        super().__init__(__builtins__=builtins, __name__="__sandbox_test__",
+                         __file__=os.path.join(os.getcwd(), "test_module.py"))
         self.channel, self.entry_points = channel, entry_points
 
     def __missing__(self, name):
-        if name not in self.entry_points and name in vars(builtins):
-            return vars(builtins)[name]
+        if name not in self.entry_points:
+            if name in vars(builtins):
+                return vars(builtins)[name]
+            raise KeyError(name)
         try:
             return self.channel.request("global", name)
         except NameError:
@@ -1144,13 +1284,24 @@ def world_readable(path):
 
 class Isolation:
     """Confines the evaluator, and so the spawner and every sandbox it forks (see the module docstring of
-    ``comlrl_lightning.envs.sandbox``), as far as the kernel allows; gives each test a fresh working directory."""
+    ``comlrl_lightning.envs.sandbox``), as far as the kernel allows; gives each test a fresh working directory.
+    ``cfg["namespaces"]`` False skips the namespaces, as on a machine that refuses them."""
 
     def __init__(self, cfg):
         self.workdir, self.disk_mb = cfg["workdir"], cfg["disk_mb"]
         self.layers = dict.fromkeys((*NAMESPACES, "read_only_root", "tmpfs_workdir"), False)
         self.mounted = False
-        self.setup(cfg["uid"], cfg["gid"])
+        self.trainer_uid = os.geteuid()
+        self.python_dirs = {}  # path -> fd: the Python directories the sandbox uid reaches through its fds only
+        # Opened while this process may still reach it: TMPDIR can lie under a directory only the trainer enters.
+        self.workdir_fd = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY)
+        if cfg.get("namespaces", True):
+            self.setup(cfg["uid"], cfg["gid"])
+        else:
+            self.without_namespaces(os.geteuid() == 0, cfg["uid"], cfg["gid"], False, False)
+        if self.layers["read_only_root"]:
+            os.close(self.workdir_fd)
+            self.workdir_fd = None
         self.layers["uid"] = os.geteuid()
 
     def setup(self, uid, gid):
@@ -1161,6 +1312,7 @@ class Isolation:
                 mount(None, "/", None, MS_REC | MS_PRIVATE)
                 built = True
                 build_root(self.workdir, self.workdir)
+                os.chdir(self.workdir)  # the new root, entered while every directory above it can be searched
                 os.setgroups([])
                 os.setresgid(gid, gid, 0)
                 os.setresuid(uid, uid, 0)
@@ -1181,41 +1333,52 @@ class Isolation:
             else:
                 mount(None, "/", None, MS_REC | MS_PRIVATE)
                 build_root(self.workdir, self.workdir)
-            os.chroot(self.workdir)
+                os.chdir(self.workdir)
+            os.chroot(".")
             os.chdir("/")
         except OSError:
             if not root and os.path.ismount(self.workdir):
                 umount(self.workdir)
+            os.fchdir(self.workdir_fd)
             return
         self.layers["read_only_root"] = True
 
     def without_namespaces(self, root, uid, gid, built, dropped):
+        """No namespaces: a root trainer's jobs still run under a uid of their own (the Python installation
+        reached through directory fds opened now, where that uid could not read it by path); a non-root
+        trainer's would run as the trainer itself, which the evaluator refuses (``evaluator_main``)."""
         if dropped:
             os.setresuid(0, 0, 0)
             os.setresgid(0, 0, 0)
         if built and os.path.ismount(self.workdir):
             umount(self.workdir)
-        if root and all(world_readable(p) for p in python_paths()):  # else the dropped uid could not import
+        os.fchdir(self.workdir_fd)
+        if root:
+            self.python_dirs = {path: os.open(path, os.O_PATH | os.O_DIRECTORY)
+                                for path in python_paths() if not world_readable(path)}
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
+            prctl(PR_SET_DUMPABLE, 0)  # the sandbox shares this uid: this process's memory stays unreadable
 
     def fresh_workdir(self):
-        """An empty working directory for the next test: a new tmpfs of ``disk_mb`` MB, or the host temp dir
-        emptied."""
+        """An empty working directory for the next test: a new ``noexec`` tmpfs of ``disk_mb`` MB, or the host
+        directory emptied (entered through its fd: the path may lead through a directory this uid cannot
+        search)."""
         if self.layers["read_only_root"]:
             os.chdir("/")
             if self.mounted:
                 umount(self.workdir)
-            mount("tmpfs", self.workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={self.disk_mb}m,mode=0700")
+            mount("tmpfs", self.workdir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={self.disk_mb}m,mode=0700")
             self.mounted = self.layers["tmpfs_workdir"] = True
-        else:
-            for entry in os.scandir(self.workdir):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, onerror=force_remove)
-                else:
-                    os.unlink(entry.path)
-        os.chdir(self.workdir)
+            os.chdir(self.workdir)
+            return
+        os.fchdir(self.workdir_fd)
+        for entry in os.scandir("."):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.name, onerror=force_remove)
+            else:
+                os.unlink(entry.name)
 
 
 def force_remove(func, path, exc_info):
@@ -1288,7 +1451,7 @@ class Evaluation:
         except Abort:
             error, syntax_ok = channel.failure, True
         channel.capture = self.capture
-        if error is None and channel.violations:
+        if error is None and channel.count_violations():
             error = "SandboxViolation"
         return channel, error, syntax_ok
 
@@ -1319,12 +1482,51 @@ class Evaluation:
             self.finish(channel)
 
     def run_test(self, channel, code):
+        """One test in a process of its own, forked from this one: the test's memory is bounded, and it is
+        killed when it overruns its time even inside a C call that never returns to Python (``sum`` of a
+        huge range, a huge power): the SIGALRM of :class:`Timer` cannot interrupt those."""
         if isinstance(self.setup, str) or isinstance(code, str):
             return self.setup if isinstance(self.setup, str) else code
-        namespace = TestGlobals(channel, self.entry_points)
-        before = channel.violations
+        seconds = min(self.cfg["timeout_per_test"], self.remaining())
+        before = channel.count_violations()
+        result_r, result_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(result_r)
+            try:
+                prctl(PR_SET_DUMPABLE, 0)  # visible to the sandbox (its PID namespace, or no namespace): never readable
+                limit_memory(self.cfg["mapped_mb"] + EVALUATOR_MEMORY_MB + TEST_MEMORY_MB, hard=True)
+                error = self.test_here(channel, code, seconds)
+                view = memoryview(dumps([error, self.capture.data.decode("latin-1")]))
+                while view:
+                    view = view[os.write(result_w, view):]
+            finally:
+                os._exit(0)
+        os.close(result_w)
+        reply = read_until_eof(result_r, time.monotonic() + seconds + KILL_GRACE_S)
+        if reply is None:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(result_r)
+        if reply is None:
+            channel.failure = "Timeout"
+            return "Timeout"
         try:
-            self.timer.arm(min(self.cfg["timeout_per_test"], self.remaining()), channel)
+            error, output = json.loads(reply)
+            self.capture.data[:] = output.encode("latin-1")[:STDOUT_LIMIT]
+        except (ValueError, TypeError, AttributeError):  # the test's process ended without a verdict
+            return "Crash"
+        if error in ("Timeout", "Crash", "ResultTooLarge", "ProtocolError"):
+            channel.failure = error
+            return error
+        if channel.count_violations() != before:
+            return "SandboxViolation"
+        return error
+
+    def test_here(self, channel, code, seconds):
+        namespace = TestGlobals(channel, self.entry_points)
+        try:
+            self.timer.arm(seconds, channel)
             try:
                 if self.setup is not None:
                     exec(self.setup, namespace)
@@ -1334,11 +1536,32 @@ class Evaluation:
             error = None
         except BaseException as exc:
             error = type(exc).__name__[:100]
-        if channel.failure:
-            return channel.failure
-        if channel.violations != before:
-            return "SandboxViolation"
-        return error
+        return channel.failure or error
+
+
+def read_until_eof(fd, deadline):
+    """Everything written to the pipe ``fd`` until its writer closes it, or None at ``deadline``."""
+    data = bytearray()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+
+
+def mapped_mb():
+    """This process's address space (MB), what ``RLIMIT_AS`` counts."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+
+def limit_memory(mb, hard=False):
+    """Bound this process's address space at ``mb`` MB (the hard limit too when ``hard``)."""
+    _, current_hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20 if hard else current_hard))
 
 
 def evaluator_main(payload_fd, result_fd, stderr_fd):
@@ -1357,16 +1580,23 @@ def evaluator_main(payload_fd, result_fd, stderr_fd):
             view = view[os.write(result_fd, view):]
 
     cfg = read_part(payload_fd)
+    cfg["mapped_mb"] = mapped_mb()  # before the root changes: /proc then shows the job's PID namespace only
     os.environ.update(HOME=cfg["workdir"], TMPDIR=cfg["workdir"])
     if "tempfile" in sys.modules:
         sys.modules["tempfile"].tempdir = None
     isolation = Isolation(cfg)
     layers = dict(isolation.layers)
+    if not layers["pid_ns"] and layers["uid"] == isolation.trainer_uid:
+        report({"phase": "unavailable", "uid": layers["uid"]})  # the program would run as the trainer
+        return
     missing = [k for k in (*NAMESPACES, "read_only_root") if not layers[k]]
     if cfg["isolation"] == "strict" and (missing or layers["uid"] == 0):
         report({"phase": "refused", "missing": missing + ["unprivileged uid"] * (layers["uid"] == 0)})
         return
-    spawner = Spawner(cfg)  # forked before the tests are read: no sandbox holds them
+    cfg["chdir"] = layers["read_only_root"]
+    spawner = Spawner(cfg, isolation.python_dirs)  # forked before the tests are read: no sandbox holds them
+    import_through(isolation.python_dirs)  # the trusted tests import too
+    limit_memory(cfg["mapped_mb"] + EVALUATOR_MEMORY_MB)  # the soft limit: each test's process sets its own
     job = read_part(payload_fd)
     os.close(payload_fd)
     random.seed()  # the launcher's state is shared by every fork
@@ -1391,7 +1621,6 @@ PRELOAD = ("subprocess", "unittest", "math", "random", "collections", "re", "ite
 def launcher_main(sock_fd):
     """Serve ``job`` requests (fds: payload, result pipe, stderr) by forking an evaluator; answer with its pid
     and a pidfd. Exits when the trainer closes the socket."""
-    import importlib
     import traceback
 
     global SECCOMP_PROGRAM

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from comlrl_lightning.envs.coding import all_passed, per_turn_means, strip_markdown
+from comlrl_lightning.envs.untrusted import compile_error, parse_python
 from comlrl_lightning.envs.loading import load_rows
 
 CLASSEVAL_HUB_ID = "FudanSELab/ClassEval"
@@ -107,7 +108,11 @@ def classeval_tasks(path_or_id: str = CLASSEVAL_HUB_ID, split: str | None = "tes
     """ClassEval items (see the module docstring). ``path_or_id``: a hub id or a local ``.json``/``.json.gz``
     file (one split: a split name is ignored, a slice such as ``"test[:20]"`` is applied). Offline, a hub id
     raises a ``FileNotFoundError`` that says to pass the local file."""
+    from comlrl_lightning.envs.test_names import check_item, keep_checked
+
     items = [_normalise(r) for r in load_rows(path_or_id, split)]
+    items = keep_checked(items, lambda item: check_item(unittest_setup(item), unittest_snippets(item["test_cases"]),
+                                                        [item["class_name"]]), f"ClassEval ({path_or_id})")
     return items[:limit] if limit is not None else items
 
 
@@ -219,18 +224,16 @@ def parse_completion(completion: str) -> tuple[dict[str, ast.AST], list[str], bo
     defs: dict[str, ast.AST] = {}
     imports: list[str] = []
     for candidate in (code, textwrap.dedent(code)):
-        try:
-            _collect(ast.parse(candidate), defs, imports)
+        tree = parse_python(candidate)
+        if tree is not None:
+            _collect(tree, defs, imports)
             return defs, imports, True
-        except (SyntaxError, ValueError):
-            continue
     lines = code.splitlines()
     for k, line in enumerate(lines):
         if re.match(r"^\s*import\s+[\w.]|^\s*from\s+[\w.]+\s+import\s", line) and not line[:1].isspace():
-            try:
-                _collect(ast.parse(line.strip()), defs, imports)
-            except SyntaxError:
-                pass
+            tree = parse_python(line.strip())
+            if tree is not None:
+                _collect(tree, defs, imports)
         m = re.match(r"^(\s*)(?:async\s+)?def\s+\w+\s*\(", line)
         if not m:
             continue
@@ -242,10 +245,9 @@ def parse_completion(completion: str) -> tuple[dict[str, ast.AST], list[str], bo
         end = k + 1
         while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
             end += 1
-        try:
-            _collect(ast.parse(textwrap.dedent("\n".join(lines[start:end]))), defs, imports)
-        except (SyntaxError, ValueError):
-            continue
+        tree = parse_python(textwrap.dedent("\n".join(lines[start:end])))
+        if tree is not None:
+            _collect(tree, defs, imports)
     return defs, imports, False
 
 
@@ -304,9 +306,12 @@ def _strip_main(test_code: str) -> str:
 
 
 def unittest_setup(item: Mapping[str, Any]) -> str:
-    """Trusted setup of every test: the item's test module (without its ``__main__`` block) + the ``_run_test``
-    helper; run by the sandbox's evaluator, never by the program."""
-    return _strip_main(item.get("test") or "") + "\n" + _RUNNER
+    """Trusted setup of every test: the class's imports (``import_statement``, and the standard-library imports its
+    tests need: ``trusted_imports``), the item's test module (without its ``__main__`` block) and the ``_run_test``
+    helper; run by the sandbox's evaluator, never by the program. The tests take only the class under test from
+    the program (docs/sandbox.md#names-a-test-uses)."""
+    imports = [*(item.get("import_statement") or []), *(item.get("trusted_imports") or [])]
+    return "\n".join([*imports, _strip_main(item.get("test") or ""), _RUNNER])
 
 
 def unittest_snippets(cases: Sequence[tuple[str, str]]) -> list[str]:
@@ -379,10 +384,9 @@ class ClassEvalReward:
                 continue
             program = merged["code"]
             b["program"] = program
-            try:
-                compile(program, "<classeval>", "exec")
-            except (SyntaxError, ValueError) as exc:
-                b["syntax_error"] = str(exc)
+            error = compile_error(program, "<classeval>")
+            if error is not None:
+                b["syntax_error"] = str(error)[:200]
             b["syntax_ok"] = b["syntax_error"] is None
             b["level_syntax"] = 0.5 if b["syntax_ok"] and all(merged["parsed"]) else 0.0
             if b["syntax_ok"] and item["test_cases"]:

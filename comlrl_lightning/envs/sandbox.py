@@ -23,13 +23,17 @@ program arrives as its type name and arguments: a builtin type becomes the real 
 code and the pass/fail decision never enter the sandbox; forging the channel, patching ``builtins``, the JSON
 encoder or the runner, or walking frames to a reporter changes nothing but what the sandbox answers.
 
-Semantics kept for the benchmarks' tests: builtins in a test are the real builtins, except the job's
-``entry_points`` (MBPP 126 is a function named ``sum``); ``setup`` is trusted test code run before each test
-(the item's imports, a ClassEval test module); a list/dict/set/bytearray/deque argument changed in place by a
-call is copied back into the test's object; a list/dict/set read from an attribute of the program's object
-(``obj.menu``, nested ones too) is a local copy whose changes (``obj.menu.append(x)``, ``obj.d["k"] = v``)
-are made on the program's object as well. A trusted callable (a mock, a lambda) cannot be passed to the
-program; the test that tries fails with ``TypeError``.
+Semantics kept for the benchmarks' tests: a test takes only the job's ``entry_points`` from the program (the
+function or class under test; any other name it uses and nothing trusted defines is a ``NameError``, so a
+program's ``import math`` is never the ``math`` a test computes with -- docs/sandbox.md#names-a-test-uses);
+builtins in a test are the real builtins, except an entry point (MBPP 126 is a function named ``sum``);
+``setup`` is trusted test code run before each test (the item's imports, a ClassEval test module); a
+list/dict/set/bytearray/deque argument changed in place by a call is copied back into the test's object; a
+list/dict/set read from an attribute of the program's object (``obj.menu``, nested ones too) is a local copy
+whose changes (``obj.menu.append(x)``, ``obj.d["k"] = v``) are made on the program's object as well. A test may
+hand the program standard-library functions and classes (by name: the program gets its own copy) but no other
+trusted callable (a mock, a lambda); the test that tries fails with ``TypeError``. Each test runs in a process of
+its own forked from the evaluator, with a memory limit, killed when it overruns its time even inside a C call.
 
 Each test gets a new sandbox with the program loaded afresh and a new empty working directory, so no test's
 side effects (memory, files, a hung or killed process) reach another test. A job's first sandbox also decides
@@ -54,11 +58,11 @@ without all of :data:`KERNEL_LAYERS` and an unprivileged uid.
    connection anywhere. PID: the spawner is PID 1 of the job's namespace; the trainer and every other process
    are invisible (no ``/proc/<ppid>/environ``, no ``kill``/``pidfd_send_signal``/``setpriority``/
    ``sched_setaffinity`` on them), and killing PID 1 kills every process of the job, detached or not. IPC:
-   System V and POSIX message queues of the job only.
+   the job's own namespace (and seccomp refuses its system calls, layer 5).
 4. **Read-only root** (``read_only_root``, ``proc``, ``tmpfs_workdir``). The evaluator chroots into a small
    tmpfs holding read-only, ``nosuid``/``nodev`` binds of ``/usr``, ``/bin``, ``/lib*``, ``/etc`` and the
    Python installation, the devices ``null``/``zero``/``full``/``random``/``urandom`` only, a ``/proc`` of the
-   job's PID namespace and, per test, a fresh tmpfs working directory of ``disk_mb`` MB: writes, deletes,
+   job's PID namespace and, per test, a fresh ``noexec`` tmpfs working directory of ``disk_mb`` MB: writes, deletes,
    renames, ``chmod``/``utime``, links, FIFOs and device nodes anywhere else fail in the kernel however the
    path is spelt (``dir_fd``, symlinks, races), and the disk cannot be filled. Data sets and caches are not
    even visible.
@@ -67,30 +71,41 @@ without all of :data:`KERNEL_LAYERS` and an unprivileged uid.
    route: ``subprocess``, ``_posixsubprocess``, ``posix``, ``os.posix_spawn``, ``pty``), ``ptrace`` and
    cross-process memory, signals to anything but its own process group, ``pidfd_*``, ``setpriority``,
    ``sched_set*``, ``setsid``/``setpgid``, ``prctl``, ``mount``/``unshare``/``setns``/``chroot``,
-   ``mknod``, sockets, ``bpf``, ``perf_event_open``, ``io_uring``, ``userfaultfd``, keyrings, modules,
+   ``mknod``, sockets, System V IPC and POSIX message queues, ``bpf``, ``perf_event_open``, ``io_uring``,
+   ``userfaultfd``, keyrings, modules,
    ``kexec``, clock and host settings; system calls of another architecture kill it.
 6. **Resource limits** in the sandbox: ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MB),
    ``RLIMIT_NOFILE`` (64), ``RLIMIT_NPROC`` (0: no new process or thread), ``RLIMIT_CORE`` (0); wall-clock
    limits enforced by the evaluator (``timeout_per_test`` for each test and for each program load,
-   ``timeout_total`` for the job, ``max_timeouts``) and, as a backstop, by the trainer.
+   ``timeout_total`` for the job, ``max_timeouts``) and, as a backstop, by the trainer. The evaluator and each
+   test's process are bounded too (docs/sandbox.md#the-evaluators-bounds).
 7. **Python audit hook** (``audit_hook``, the last layer): refuses process control, signals, sockets,
-   ``ctypes``, writes outside the working directory and reads of other processes' ``/proc``; a refused
-   operation fails its test (``"SandboxViolation"``) even when the program catches the error.
+   ``ctypes``, ``_posixshmem``, writes outside the working directory and any path through another process's
+   ``/proc`` entry (checked before its magic links are followed); each refusal is one byte on a pipe the
+   evaluator reads, so a refused operation fails its test (``"SandboxViolation"``) even when the program
+   catches the error and erases whatever it can reach.
 
 What is not guaranteed
 ----------------------
 Where the kernel refuses user namespaces (some containers, hardened distributions) layers 3-4 are missing: the
-working directory is a host temp dir emptied between tests, other files are protected by the uid (when root)
-and the audit hook only, and the disk is not capped; without ``pyseccomp``/libseccomp layer 5 is
-``no_new_privs`` only. A root trainer whose Python lives in a directory other users cannot read keeps the
-sandbox as root when there are no namespaces (the dropped uid could not import). The kernel itself is shared:
-a kernel exploit is out of scope (use a VM or gVisor for that). The evaluator runs the tests as trusted code:
-tests that execute what the program returns are only as safe as that.
+working directory is a host temp dir emptied between tests (entered through a directory fd), other files are
+protected by the job's own uid and the audit hook only, the disk is not capped and the working directory is
+executable; the job uid's files in ``/dev/shm``, ``/tmp`` and ``/var/tmp`` are removed after the job. A root
+trainer's job still runs under its own uid, reaching a Python installation that uid cannot read by path through
+directory fds opened before the drop. A non-root trainer without namespaces is refused (:class:`SandboxUnavailable`,
+saying what to enable): the program would run as the trainer's own user. Without ``pyseccomp``/libseccomp layer 5
+is ``no_new_privs`` only. The first use in a process runs a canary program whose tests must pass, and raises
+:class:`SandboxUnavailable` where they do not. The kernel itself is shared: a kernel exploit is out of scope (use a
+VM or gVisor for that). The evaluator runs the tests as trusted code: tests that execute what the program returns
+are only as safe as that. docs/sandbox.md has the threat model and what each deployment gets.
 """
 
 from __future__ import annotations
 
+import ast
 import atexit
+import builtins
+import fcntl
 import json
 import logging
 import os
@@ -111,7 +126,7 @@ from typing import Any, Literal, Sequence
 
 from comlrl_lightning.envs._sandbox_worker import KERNEL_LAYERS, force_remove
 
-__all__ = ["ExecutionResult", "Job", "run_tests", "run_many", "isolation_layers", "KERNEL_LAYERS"]
+__all__ = ["ExecutionResult", "Job", "run_tests", "run_many", "isolation_layers", "KERNEL_LAYERS", "SandboxUnavailable"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +136,13 @@ STDOUT_LIMIT = 4096  # bytes of program/test output kept in the result
 SANDBOX_UID_BASE = 1 << 30  # a root trainer runs each job under its own uid/gid in [base, base + 65536)
 _STARTUP_S = 5.0  # evaluator start-up allowance on top of timeout_total before the trainer kills it
 _REPORT_LIMIT = 1 << 20  # bytes of one evaluator report line
+NO_NAMESPACES_ENV = "COMLRL_SANDBOX_NO_NAMESPACES"  # "1": run as on a machine that refuses namespaces (tests)
+_LEFTOVER_DIRS = ("/dev/shm", "/tmp", "/var/tmp")  # where a job without namespaces could leave files behind
+
+
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot run generated programs safely or correctly (the message says what to enable). A run
+    stops on it: training on rewards the sandbox could not compute would be training on noise."""
 
 
 @dataclass
@@ -147,6 +169,28 @@ class Job:
     tests: Sequence[str]
     setup: str = ""
     entry_points: Sequence[str] = ()
+
+    def names(self) -> tuple[str, ...]:
+        """The program's names the tests may use: ``entry_points``, or where none are given the functions,
+        classes and variables the program defines at its top level -- never what it imports (a test that uses
+        ``math`` gets it from ``setup`` or not at all) nor a builtin's name (only a named entry point may shadow
+        one, as MBPP 126's ``sum``). The rewards name their entry points."""
+        if self.entry_points:
+            return tuple(self.entry_points)
+        from comlrl_lightning.envs.untrusted import parse_python
+
+        tree = parse_python(self.program)
+        names: list[str] = []
+        for node in tree.body if tree is not None else ():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        return tuple(name for name in dict.fromkeys(names) if not hasattr(builtins, name))
+
+
+_CANARY = Job("def canary(x):\n    return x + 1\n", ["assert canary(1) == 2", "assert canary(-1) == 0"])
 
 
 class _Launcher:
@@ -241,8 +285,9 @@ def run_tests(
     in :class:`Job`.
 
     Never raises because of user code; infrastructure failures (cannot start a process, ...) are logged and
-    reported as ``"Crash"`` for every test. ``isolation="strict"`` raises RuntimeError where the kernel layers
-    are missing."""
+    reported as ``"Crash"`` for every test. Raises :class:`SandboxUnavailable` where this machine cannot run a
+    program safely or correctly (checked once per process with a canary program), and ``isolation="strict"``
+    a RuntimeError where the kernel layers are missing."""
     job = Job(program, [str(t) for t in tests], setup, tuple(entry_points))
     limits = dict(timeout_per_test=float(timeout_per_test), timeout_total=float(timeout_total),
                   memory_mb=int(memory_mb), disk_mb=int(disk_mb), max_timeouts=int(max_timeouts))
@@ -254,6 +299,8 @@ def run_tests(
         isolation_layers()
     try:
         return _run(job, limits, isolation)[0]
+    except SandboxUnavailable:
+        raise
     except RuntimeError as exc:
         if isolation == "strict" and "refused" in str(exc):
             raise
@@ -270,28 +317,34 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
     uid, gid = _sandbox_ids()
     if os.geteuid() == 0:
         os.chown(workdir, uid, gid)
-    cfg = dict(limits, program=job.program, workdir=workdir, uid=uid, gid=gid, isolation=isolation)
-    rest = {"tests": list(job.tests), "setup": job.setup, "entry_points": list(job.entry_points)}
+    cfg = dict(limits, program=job.program, workdir=workdir, uid=uid, gid=gid, isolation=isolation,
+               namespaces=os.environ.get(NO_NAMESPACES_ENV, "") != "1")
+    rest = {"tests": list(job.tests), "setup": job.setup, "entry_points": list(job.names())}
     program_info: dict[str, Any] | None = None
     test_errors: list[str | None] = []
     done: dict[str, Any] | None = None
     killed_for_time = False
     try:
-        with tempfile.TemporaryFile() as payload, tempfile.TemporaryFile() as errors:
-            for part in (cfg, rest):
-                data = json.dumps(part).encode()
-                payload.write(b"%020d" % len(data) + data)
-            payload.flush()
-            payload.seek(0)
+        with tempfile.TemporaryFile() as errors:
+            # The job travels through a pipe, read by the evaluator before any sandbox exists: no file of the
+            # trainer's ever holds the tests (a program could open it through /proc/<trainer>/fd).
+            payload_r, payload_w = os.pipe()
             rfd, wfd = os.pipe()
             try:
-                pidfd = _launcher.start_job([payload.fileno(), wfd, errors.fileno()])
+                pidfd = _launcher.start_job([payload_r, wfd, errors.fileno()])
+            except BaseException:
+                os.close(payload_w)
+                raise
             finally:
                 os.close(wfd)
+                os.close(payload_r)
             try:
+                _send_payload(payload_w, (cfg, rest))
                 deadline = time.monotonic() + limits["timeout_total"] + _STARTUP_S
                 for msg in _reports(rfd, deadline):
                     phase = msg.get("phase")
+                    if phase == "unavailable":
+                        raise SandboxUnavailable(_UNAVAILABLE)
                     if phase == "refused":
                         raise RuntimeError(f"sandbox refused to run with isolation='strict': missing "
                                            f"{', '.join(map(str, msg.get('missing', [])))}")
@@ -315,6 +368,8 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
                     logger.warning("sandbox evaluator stopped early: %s", tail)
     finally:
         _rmtree(workdir)
+        if os.geteuid() == 0 and not ((done or {}).get("layers") or {}).get("read_only_root"):
+            _remove_leftovers(uid)
 
     stdout = str((done or {}).get("stdout", ""))[:STDOUT_LIMIT]
     layers = (done or {}).get("layers") or {}
@@ -329,6 +384,55 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
         errors_out = [e for e in test_errors if e is not None] + [fill] * (total - len(test_errors))
     passed = sum(e is None for e in test_errors)
     return ExecutionResult(passed, total, errors_out.count("Timeout"), errors_out, True, stdout), layers
+
+
+_UNAVAILABLE = (
+    "the sandbox cannot isolate generated programs on this machine: the kernel refuses user namespaces and the "
+    "trainer is not root, so a program would run as the trainer's own user (its files, processes and open files "
+    "readable). Enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
+    "also kernel.apparmor_restrict_unprivileged_userns=0; in Docker, a seccomp profile that allows unshare/clone "
+    "with namespace flags), or run the trainer as root so that each job gets a uid of its own "
+    "(docs/sandbox.md#deployments).")
+
+
+def _send_payload(fd: int, parts: Sequence[dict[str, Any]]) -> None:
+    """Write the job to the evaluator's pipe and close it (an evaluator gone early: the reports say why)."""
+    data = b"".join(b"%020d" % len(p) + p for p in (json.dumps(part).encode() for part in parts))
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), min(max(len(data), 1 << 16), 1 << 20))
+    except OSError:
+        pass
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_leftovers(uid: int) -> None:
+    """What a job's uid left in the shared temporary directories (``/dev/shm`` segments, files in ``/tmp``):
+    without namespaces its files there outlive it. Only a job's own uid (one of a root trainer's sandbox uids,
+    never the trainer's or any other user's) has its files removed."""
+    if not SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + (1 << 16) or uid == os.geteuid():
+        return
+    for folder in _LEFTOVER_DIRS:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    _rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
 
 
 def _reports(fd: int, deadline: float):
@@ -356,20 +460,36 @@ def _reports(fd: int, deadline: float):
             return
 
 
-_layers: dict[str, Any] | None = None
+_layers: tuple[str, Any] | None = None  # (the namespaces setting, its layers or why the sandbox is unavailable)
 _layers_lock = threading.Lock()
 
 
 def isolation_layers() -> dict[str, Any]:
     """The layers of isolation this machine gives a sandbox (``KERNEL_LAYERS`` plus ``uid``, ``rlimits`` and
-    ``audit_hook``): probed once per process by running an empty program, and logged once."""
+    ``audit_hook``): probed once per process (and again after :envvar:`COMLRL_SANDBOX_NO_NAMESPACES` changes)
+    by running a canary program whose tests must pass, and logged once. Raises :class:`SandboxUnavailable` where
+    the sandbox would be unsafe or where the canary fails (a run would otherwise train on every test failing)."""
     global _layers
+    key = os.environ.get(NO_NAMESPACES_ENV, "")
     with _layers_lock:
-        if _layers is None:
-            _layers = _run(Job("", []), dict(timeout_per_test=10.0, timeout_total=30.0, memory_mb=512, disk_mb=1,
-                                             max_timeouts=1), "best_effort")[1]
-            _log_layers(_layers)
-        return dict(_layers)
+        if _layers is None or _layers[0] != key:
+            try:
+                result, layers = _run(_CANARY, dict(timeout_per_test=10.0, timeout_total=30.0, memory_mb=512,
+                                                    disk_mb=1, max_timeouts=1), "best_effort")
+                if result.passed != result.total:
+                    raise SandboxUnavailable(
+                        f"the sandbox fails a correct program on this machine (a canary whose {result.total} tests "
+                        f"must pass: errors {result.errors}), so every reward that runs code would be 0; layers: "
+                        f"{layers or 'none reported'}. See docs/sandbox.md#deployments for what each deployment "
+                        "needs.")
+            except SandboxUnavailable as error:
+                _layers = (key, error)
+            else:
+                _layers = (key, layers)
+                _log_layers(layers)
+        if isinstance(_layers[1], SandboxUnavailable):
+            raise SandboxUnavailable(str(_layers[1]))
+        return dict(_layers[1])
 
 
 def _missing(layers: dict[str, Any]) -> list[str]:

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from comlrl_lightning.envs.loading import read_records
+from comlrl_lightning.envs.untrusted import UNPARSABLE
 
 REWARD_MIN, REWARD_MAX = -0.4, 1.2
 CATEGORIES = ("parallel", "parallel_multiple", "live_parallel", "live_parallel_multiple")
@@ -203,6 +204,10 @@ class ParsedCalls:
         return self.empty or (bool(self.calls) and self.malformed == 0)
 
 
+# What hostile text does to the comparisons too (values whose types do not order, nesting, huge literals).
+HOSTILE = (*UNPARSABLE, TypeError)
+
+
 def _dotted(node: ast.AST) -> str | None:
     if isinstance(node, ast.Name):
         return node.id
@@ -215,7 +220,7 @@ def _dotted(node: ast.AST) -> str | None:
 def _value(node: ast.AST) -> Any:
     try:
         return ast.literal_eval(node)
-    except (ValueError, SyntaxError, TypeError):
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
         if isinstance(node, ast.Name):  # unit=celsius → "celsius"
             return node.id
         raise ValueError("not a literal")
@@ -277,7 +282,7 @@ def parse_calls(text: str, functions: Sequence[Mapping[str, Any]] | None = None)
         return result
     try:
         whole = ast.parse(body, mode="eval").body
-    except SyntaxError:
+    except UNPARSABLE:
         whole = None
     if isinstance(whole, ast.List) and not whole.elts:
         result.empty = True
@@ -308,7 +313,7 @@ def parse_calls(text: str, functions: Sequence[Mapping[str, Any]] | None = None)
             chunk = chunk[:-1].rstrip().rstrip(",")
         try:
             calls = _calls_of(ast.parse(chunk, mode="eval").body, functions)
-        except SyntaxError:
+        except UNPARSABLE:
             calls = None
         if calls is None:
             result.malformed += 1
@@ -318,8 +323,20 @@ def parse_calls(text: str, functions: Sequence[Mapping[str, Any]] | None = None)
 
 
 def call_key(call: tuple[str, Mapping[str, Any]]) -> str:
+    """A call's identity: its name and arguments in a canonical form (dict keys of any types, sets, tuples)."""
     name, args = call
-    return name + json.dumps(args, sort_keys=True, default=repr)
+    return name + json.dumps(_canonical(args))
+
+
+def _canonical(value: Any) -> Any:
+    """JSON-ready, order-independent form of a literal (keys sorted by their repr: they may be of mixed types)."""
+    if isinstance(value, dict):
+        return ["dict", sorted(([repr(k), _canonical(v)] for k, v in value.items()), key=lambda kv: kv[0])]
+    if isinstance(value, (set, frozenset)):
+        return ["set", sorted(repr(v) for v in value)]
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, [_canonical(v) for v in value]]
+    return repr(value)
 
 
 def dedupe_calls(calls: Sequence[tuple[str, dict[str, Any]]]) -> tuple[list[tuple[str, dict[str, Any]]], int]:
@@ -381,7 +398,7 @@ def value_matches(value: Any, expected: Any) -> bool:
     if isinstance(expected, bool) or isinstance(value, bool):
         return isinstance(expected, bool) and isinstance(value, bool) and value == expected
     if isinstance(expected, (int, float)):
-        return isinstance(value, (int, float)) and float(value) == float(expected)
+        return isinstance(value, (int, float)) and value == expected  # exact, any size (no float overflow)
     if isinstance(expected, str):
         return isinstance(value, str) and _norm_str(value) == _norm_str(expected)
     if isinstance(expected, (list, tuple)):
@@ -436,10 +453,24 @@ def _balance(counts: Sequence[int]) -> float:
 
 
 def score_joint(completions: Sequence[str], item: Mapping[str, Any]) -> dict[str, Any]:
-    """Breakdown of one joint action (one completion per agent) on a BFCL item; ``total`` is the reward."""
-    n = len(completions)
+    """Breakdown of one joint action (one completion per agent) on a BFCL item; ``total`` is the reward. A
+    completion nothing can be made of (nested past the parser's depth, values too large to compare) is scored as
+    malformed: the reward never raises on what a model writes."""
     functions = item.get("function")
-    parsed = [parse_calls(c, functions) for c in completions]
+    parsed = []
+    for c in completions:
+        try:
+            parsed.append(parse_calls(c, functions))
+        except HOSTILE:
+            parsed.append(ParsedCalls(malformed=1))
+    try:
+        return _score_parsed(parsed, item)
+    except HOSTILE:  # parsed, but its values defeat the comparison: the completions count as malformed
+        return _score_parsed([ParsedCalls(malformed=1) if p.calls else p for p in parsed], item)
+
+
+def _score_parsed(parsed: Sequence[ParsedCalls], item: Mapping[str, Any]) -> dict[str, Any]:
+    n = len(parsed)
     raw_total = sum(len(p.calls) for p in parsed)
     dups = sum(dedupe_calls(p.calls)[1] for p in parsed)
     merged = merge_calls([p.calls for p in parsed])
