@@ -57,12 +57,13 @@ def small_config(config: Path, root: Path, api_url: str | None = None, models=(E
     return out
 
 
-def fit_two_updates(config: Path, root: Path) -> list[dict[str, str]]:
-    """Fit a small config through the CLI into ``root/run``: two updates, a loss logged; returns the metric rows."""
+def fit_two_updates(config: Path, root: Path, updates: int = 2) -> list[dict[str, str]]:
+    """Fit a small config through the CLI into ``root/run``: two updates (``updates`` where one buffer drains into
+    more: one per turn of a 4-turn tree), a loss logged; returns the metric rows."""
     from comlrl_lightning.cli import main
 
     cli = main(["fit", "--config", str(config), "--trainer.default_root_dir", str(root / "run")])
-    assert cli.trainer.global_step == 2
+    assert cli.trainer.global_step == updates
     rows = list(csv.DictReader(next((root / "run").rglob("metrics.csv")).open()))
     assert any(row.get("loss") or row.get("reward_model/loss") for row in rows)
     return rows

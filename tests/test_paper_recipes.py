@@ -38,12 +38,19 @@ PAPER = {
     "classeval_magrpo": (QWEN3_4B, 2, 2, "aligned", 1e-5, 600, 0.6, 0.6, 1, -0.2, None, 13, -6.0),
     "travel_magrpo": (QWEN3_4B, 4, 1, "aligned", 2e-5, 1024, 0.7, 0.8, 4, None, "mp", 32, 0.0),
     "bfcl_magrpo": ("Qwen/Qwen3-8B", 4, 1, "cross", 2e-5, 256, 0.7, 0.8, 4, None, "mp", 2, 0.0),
+    "strbuild_magrpo": (QWEN3_4B, 2, 4, "aligned", 5e-6, 512, 0.6, 0.6, 1, -0.1, None, 20, -2.0),
+    "strbuild_iac": (QWEN3_4B, 1, 4, "aligned", 2.5e-6, 512, 0.6, 0.6, 1, -0.1, None, 150, -2.0),
+    "strbuild_maac": (QWEN3_4B, 1, 4, "aligned", 2.5e-6, 512, 0.6, 0.6, 1, -0.1, None, 150, -2.0),
+    "housebuild_magrpo": (QWEN3_4B, 2, 4, "aligned", 1e-5, 512, 0.6, 0.6, 1, -0.1, None, 20, -1.0),
+    "housebuild_iac": (QWEN3_4B, 1, 4, "aligned", 5e-6, 512, 0.6, 0.6, 1, 0.0, None, 150, -1.0),
+    "housebuild_maac": (QWEN3_4B, 1, 4, "aligned", 5e-6, 512, 0.6, 0.6, 1, 0.0, None, 150, -1.0),
 }
 # "# Setting: models <id> x <n> (bf16) | K = <k> | turns = <t> | ..." in every recipe's header.
 SETTING = re.compile(r"^# Setting: models (\S+) x (\d+) \(bf16\) \| K = (\d+) \| turns = (\d+) \|", re.M)
 
-# Test sizes on top of SMALL: two samples per prompt, one evaluation (at the first batch), and a buffer of one
-# tree (aligned: 1 + K + ... + K^(turns-1) nodes), drained as one update per turn.
+# Test sizes on top of SMALL: two samples per prompt (one for a recipe with K = 1: multi-turn actor-critic), one
+# evaluation (at the first batch), and a buffer of one tree (aligned: 1 + K + ... + K^(turns-1) nodes), drained as
+# one update per turn.
 K_TEST = 2
 TEST_SIZES = {**SMALL, "num_generations": K_TEST, "train_batch_size": None, "eval_interval": 2,
               "micro_batch_tokens": None}
@@ -89,8 +96,10 @@ def stand_in(recipe: Path, root: Path) -> Path:
     staged = root / "recipe" / recipe.name
     staged.parent.mkdir()
     staged.write_text(yaml.safe_dump(cfg))
-    tree_nodes = sum(K_TEST ** t for t in range(args["num_turns"]))
-    return small_config(staged, root, models=model_ids(cfg), sizes={**TEST_SIZES, "rollout_buffer_size": tree_nodes})
+    k = K_TEST if args.get("num_generations", 1) > 1 else 1
+    tree_nodes = sum(k ** t for t in range(args["num_turns"]))
+    return small_config(staged, root, models=model_ids(cfg),
+                        sizes={**TEST_SIZES, "num_generations": k, "rollout_buffer_size": tree_nodes})
 
 
 def test_every_recipe_is_in_the_table_and_the_docs():
@@ -111,8 +120,10 @@ def test_recipe_keeps_its_paper_values(recipe):
     assert "# Hardware: " in text and "arXiv:2508.04652" in text
     assert args["model_config"]["dtype"] == "bfloat16"
     assert "top_k" in args  # set explicitly: the environments' configs differ from the trainer's default of 50
-    if args["num_turns"] > 1:
+    if args["num_turns"] > 1 and cfg["model"]["class_path"].endswith("MAGRPO"):
         assert args["discount"] == 1.0  # CoMLRL's MAGRPO returns are undiscounted
+    elif args["num_turns"] > 1:
+        assert args["discount"] == 0.9  # CoMLRL's actor-critic TD(0) targets use gamma (the repositories' 0.9)
     assert cfg["trainer"]["max_steps"] == -1 and cfg["trainer"]["accelerator"] == "gpu"
     assert cfg["trainer"]["logger"]["class_path"] == "lightning.pytorch.loggers.WandbLogger"
     assert (args.get("agent_devices") == ["cuda:0", "cuda:1"]) == (args.get("parallel_training") == "mp")
@@ -135,7 +146,8 @@ def test_recipe_runs_two_updates_with_tiny_stand_ins(recipe, tmp_path, monkeypat
     if reason := missing_requirement(recipe):
         pytest.skip(reason)
     monkeypatch.chdir(tmp_path)
-    rows = fit_two_updates(stand_in(recipe, tmp_path), tmp_path)
     turns = load(recipe)["model"]["init_args"]["num_turns"]
-    assert any(row.get(f"turn_{turns}/reward_mean") for row in rows)  # the last turn was sampled and trained on
+    rows = fit_two_updates(stand_in(recipe, tmp_path), tmp_path, updates=max(2, turns))  # one update per turn
+    assert any(row.get(f"rollout/turn_{turns}/reward_mean") for row in rows)  # the last turn was sampled ...
+    assert any(row.get(f"turn_{turns}/expected_return") for row in rows)  # ... and trained on
     assert any(row.get("eval/turn_1/reward_mean") for row in rows)

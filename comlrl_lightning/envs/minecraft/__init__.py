@@ -1,0 +1,54 @@
+"""Minecraft building environments, StrBuild and HouseBuild (OpenMLRL/LLM_Collab_Minecraft, MIT).
+
+Two agents write Minecraft commands; the commands are checked and applied to a simulated block world (no Minecraft
+server), and the team reward says how much of the target structure their joint build reproduces:
+
+* :mod:`~comlrl_lightning.envs.minecraft.strbuild` — StrBuild: spell a word (5 × 5 letters) with ``/setblock``; two
+  palettes, a coverage / extra-block / same-texture-neighbour / palette-use reward in [−3, 2].
+* :mod:`~comlrl_lightning.envs.minecraft.housebuild` — HouseBuild: build a house from layered blueprints with
+  ``/fill``, under per-agent resource limits and a spider threat (``/kill``); the share of matching cells minus
+  a spider penalty, in [−0.1, 1].
+
+Each module has a loader that stores the rules in every item (``strbuild_tasks`` / ``housebuild_tasks``, with
+``*_train_tasks`` / ``*_eval_tasks`` defaults and ``StrBuildTasks`` / ``HouseBuildTasks`` for YAML), one
+formatter per agent, the reward (``reward_range`` set), a multi-turn external transition with the repository's
+feedback modes (``StrBuildFeedback``, ``HouseBuildFeedback``; use ``external_prompt_passthrough: true``) and an
+eval logger/aggregator. Completions are parsed without ever raising: malformed text only scores low.
+
+Data: ``../shared/data/minecraft`` (or ``$COMLRL_MINECRAFT_DATA``, e.g. a clone of the repository).
+"""
+
+from comlrl_lightning.envs.minecraft.housebuild import (
+    HouseBuildFeedback,
+    HouseBuildMode,
+    HouseBuildTasks,
+    housebuild_agent0_prompt,
+    housebuild_agent1_prompt,
+    housebuild_eval_aggregator,
+    housebuild_eval_logger,
+    housebuild_eval_tasks,
+    housebuild_reward,
+    housebuild_tasks,
+    housebuild_train_tasks,
+)
+from comlrl_lightning.envs.minecraft.strbuild import (
+    StrBuildFeedback,
+    StrBuildMode,
+    StrBuildTasks,
+    strbuild_agent0_prompt,
+    strbuild_agent1_prompt,
+    strbuild_eval_aggregator,
+    strbuild_eval_logger,
+    strbuild_eval_tasks,
+    strbuild_reward,
+    strbuild_tasks,
+    strbuild_train_tasks,
+)
+
+__all__ = [
+    "HouseBuildFeedback", "HouseBuildMode", "HouseBuildTasks", "StrBuildFeedback", "StrBuildMode", "StrBuildTasks",
+    "housebuild_agent0_prompt", "housebuild_agent1_prompt", "housebuild_eval_aggregator", "housebuild_eval_logger",
+    "housebuild_eval_tasks", "housebuild_reward", "housebuild_tasks", "housebuild_train_tasks",
+    "strbuild_agent0_prompt", "strbuild_agent1_prompt", "strbuild_eval_aggregator", "strbuild_eval_logger",
+    "strbuild_eval_tasks", "strbuild_reward", "strbuild_tasks", "strbuild_train_tasks",
+]
