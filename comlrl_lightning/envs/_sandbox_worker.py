@@ -39,6 +39,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 import xml.etree.ElementTree as ElementTree
 
 MAX_MESSAGE = 8 << 20  # bytes of one request or reply on the channel
@@ -812,13 +813,39 @@ def spawner_main(sock, cfg, python_dirs):
 
 
 def _kill_all(child):
+    """Kill the sandbox ``child`` and, as PID 1 of the job's PID namespace, every other process of the job:
+    all but this one and the evaluator's runner (forked from outside the namespace, so its parent is 0 here)."""
+    victims = _job_processes() if os.getpid() == 1 else None
+    for pid in victims if victims is not None else [child] if child else []:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _job_processes():
+    """Pids of the job's PID namespace whose parent is in it (None without the namespace's ``/proc``)."""
+    pids = []
     try:
-        if os.getpid() == 1:  # everything in the job's PID namespace but this process
-            os.kill(-1, signal.SIGKILL)
-        elif child:
-            os.kill(child, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit() or name == "1":
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid != 0:
+            pids.append(int(name))
+    return pids
     while True:
         try:
             os.waitpid(-1, 0)
@@ -864,8 +891,11 @@ class Spawner:
         return Channel(req_w, rep_r, out_r, violation_r, capture)
 
     def reap(self):
+        """Kill the job's sandboxes. A runner killed in the middle of a request may have left the spawner's
+        answer to it unread: answers before ``done`` are skipped."""
         self.sock.send(b"reap")
-        self._expect(b"done")
+        while self._expect(b"") != b"done":
+            pass
 
     def close(self):
         self.sock.close()
@@ -1290,7 +1320,6 @@ class Isolation:
     def __init__(self, cfg):
         self.workdir, self.disk_mb = cfg["workdir"], cfg["disk_mb"]
         self.layers = dict.fromkeys((*NAMESPACES, "read_only_root", "tmpfs_workdir"), False)
-        self.mounted = False
         self.trainer_uid = os.geteuid()
         self.python_dirs = {}  # path -> fd: the Python directories the sandbox uid reaches through its fds only
         # Opened while this process may still reach it: TMPDIR can lie under a directory only the trainer enters.
@@ -1367,10 +1396,10 @@ class Isolation:
         search)."""
         if self.layers["read_only_root"]:
             os.chdir("/")
-            if self.mounted:
+            if os.path.ismount(self.workdir):  # the last test's (mounted by this runner or an earlier one)
                 umount(self.workdir)
             mount("tmpfs", self.workdir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={self.disk_mb}m,mode=0700")
-            self.mounted = self.layers["tmpfs_workdir"] = True
+            self.layers["tmpfs_workdir"] = True
             os.chdir(self.workdir)
             return
         os.fchdir(self.workdir_fd)
@@ -1421,7 +1450,13 @@ def _compile(source, name):
 
 class Evaluation:
     """Runs one job: the program in a first sandbox (its load decides the program-level result), then each
-    test against a sandbox of its own, reporting one line per phase."""
+    test against a sandbox of its own, reporting one line per phase.
+
+    The tests run in a *runner*, a process forked from this one with its memory bounded; this process only
+    watches it. A runner that overruns a test's time (even inside a C call that never returns to Python, such as
+    ``sum(itertools.repeat(1, n))``, which the SIGALRM of :class:`Timer` cannot interrupt) is killed, the test
+    is a ``Timeout``, and a new runner goes on with the next test; one that dies in a test costs that test
+    (``Crash``)."""
 
     def __init__(self, cfg, job, isolation, spawner, report):
         self.cfg, self.isolation, self.spawner, self.report = cfg, isolation, spawner, report
@@ -1435,6 +1470,106 @@ class Evaluation:
 
     def remaining(self):
         return self.deadline - time.monotonic()
+
+    # ---------------------------------------------------------------- this process: the runners' watcher
+    def run(self):
+        state = {"next": 0, "timeouts": 0, "program": False}  # what the runners have done so far
+        while not state["program"] or state["next"] < len(self.tests):
+            if not self.watch(state):
+                return
+
+    def watch(self, state):
+        """Fork a runner from ``state`` and follow it to its end; False when the job is over."""
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            try:
+                prctl(PR_SET_DUMPABLE, 0)  # in the sandbox's PID namespace (or uid): never readable by it
+                limit_memory(self.cfg["mapped_mb"] + EVALUATOR_MEMORY_MB + TEST_MEMORY_MB, hard=True)
+                self.runner(write_fd, state["next"], state["timeouts"], first=not state["program"])
+            except BaseException:  # an infrastructure failure: its test is a Crash, the trainer's log says why
+                traceback.print_exc(file=sys.__stderr__)
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        lines, current, failure = Lines(read_fd), None, None
+        backstop = min(self.cfg["timeout_per_test"] + START_GRACE_S, self.remaining()) + KILL_GRACE_S
+        while True:
+            message = lines.next(time.monotonic() + backstop)
+            if message is None or message == "EOF":
+                failure = "Timeout" if message is None else "Crash"
+                break
+            kind = message[0]
+            if kind == "begin":  # [begin, i, seconds]
+                current, backstop = message[1], message[2] + KILL_GRACE_S
+            elif kind == "program":  # [program, syntax_ok, error, layers, output]
+                state["program"] = True
+                self.layers, self.capture.data[:] = message[3], message[4].encode("latin-1")
+                self.report({"phase": "program", "syntax_ok": message[1], "error": message[2]})
+                if message[2] is not None:
+                    state["next"] = len(self.tests)
+            elif kind == "test":  # [test, i, error, output]
+                self.capture.data[:] = message[3].encode("latin-1")
+                self.report({"phase": "test", "i": message[1], "error": message[2]})
+                state["next"], current = message[1] + 1, None
+                state["timeouts"] += message[2] == "Timeout"
+                backstop = min(self.cfg["timeout_per_test"] + START_GRACE_S, self.remaining()) + KILL_GRACE_S
+        if failure is not None and pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.waitpid(pid, 0)
+        os.close(read_fd)
+        if state["next"] >= len(self.tests) and state["program"]:
+            return False
+        self.spawner.reap()  # the dead runner's sandbox
+        if not state["program"]:  # the runner died loading the program
+            self.report({"phase": "program", "syntax_ok": True, "error": failure})
+            return False
+        if current is None:  # died between tests: the next one pays
+            current = state["next"]
+        self.report({"phase": "test", "i": current, "error": failure})
+        state["next"] = current + 1
+        state["timeouts"] += failure == "Timeout"
+        return state["next"] < len(self.tests)
+
+    # ---------------------------------------------------------------- the runner
+    def runner(self, fd, start, timeouts, first):
+        """Run the program's first load (``first``) and the tests from ``start`` on, telling the watcher on
+        ``fd`` what it does: ``begin`` before each test, then its verdict."""
+
+        def tell(message):
+            view = memoryview(dumps(message))
+            while view:
+                view = view[os.write(fd, view):]
+
+        channel = None
+        if first:
+            channel, error, syntax_ok = self.start(first=True)
+            tell(["program", syntax_ok, error, {**self.layers, "tmpfs_workdir": self.isolation.layers["tmpfs_workdir"]},
+                  self.capture.data.decode("latin-1")])
+            if error is not None:
+                self.finish(channel)
+                return
+        for i in range(start, len(self.tests)):
+            code = self.tests[i]
+            if timeouts >= self.cfg["max_timeouts"] or self.remaining() <= 0:
+                error = "Timeout"
+            else:
+                if channel is None:
+                    channel, error, _ = self.start()
+                if error is None:
+                    seconds = min(self.cfg["timeout_per_test"], self.remaining())
+                    tell(["begin", i, seconds])
+                    error = self.run_test(channel, code, seconds)
+                self.finish(channel)
+                channel = None
+            timeouts += error == "Timeout"
+            tell(["test", i, error, self.capture.data.decode("latin-1")])
+        if channel is not None:
+            self.finish(channel)
 
     def start(self, first=False):
         """A new sandbox with the program loaded: ``(channel, error, syntax_ok)``. What the program prints while
@@ -1459,71 +1594,10 @@ class Evaluation:
         self.spawner.reap()
         channel.close()
 
-    def run(self):
-        channel, error, syntax_ok = self.start(first=True)
-        self.report({"phase": "program", "syntax_ok": syntax_ok, "error": error})
-        if error is not None:
-            self.finish(channel)
-            return
-        timeouts = 0
-        for i, code in enumerate(self.tests):
-            if timeouts >= self.cfg["max_timeouts"] or self.remaining() <= 0:
-                error = "Timeout"
-            else:
-                if channel is None:
-                    channel, error, _ = self.start()
-                if error is None:
-                    error = self.run_test(channel, code)
-                self.finish(channel)
-                channel = None
-            timeouts += error == "Timeout"
-            self.report({"phase": "test", "i": i, "error": error})
-        if channel is not None:
-            self.finish(channel)
-
-    def run_test(self, channel, code):
-        """One test in a process of its own, forked from this one: the test's memory is bounded, and it is
-        killed when it overruns its time even inside a C call that never returns to Python (``sum`` of a
-        huge range, a huge power): the SIGALRM of :class:`Timer` cannot interrupt those."""
+    def run_test(self, channel, code, seconds):
         if isinstance(self.setup, str) or isinstance(code, str):
             return self.setup if isinstance(self.setup, str) else code
-        seconds = min(self.cfg["timeout_per_test"], self.remaining())
         before = channel.count_violations()
-        result_r, result_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(result_r)
-            try:
-                prctl(PR_SET_DUMPABLE, 0)  # visible to the sandbox (its PID namespace, or no namespace): never readable
-                limit_memory(self.cfg["mapped_mb"] + EVALUATOR_MEMORY_MB + TEST_MEMORY_MB, hard=True)
-                error = self.test_here(channel, code, seconds)
-                view = memoryview(dumps([error, self.capture.data.decode("latin-1")]))
-                while view:
-                    view = view[os.write(result_w, view):]
-            finally:
-                os._exit(0)
-        os.close(result_w)
-        reply = read_until_eof(result_r, time.monotonic() + seconds + KILL_GRACE_S)
-        if reply is None:
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(result_r)
-        if reply is None:
-            channel.failure = "Timeout"
-            return "Timeout"
-        try:
-            error, output = json.loads(reply)
-            self.capture.data[:] = output.encode("latin-1")[:STDOUT_LIMIT]
-        except (ValueError, TypeError, AttributeError):  # the test's process ended without a verdict
-            return "Crash"
-        if error in ("Timeout", "Crash", "ResultTooLarge", "ProtocolError"):
-            channel.failure = error
-            return error
-        if channel.count_violations() != before:
-            return "SandboxViolation"
-        return error
-
-    def test_here(self, channel, code, seconds):
         namespace = TestGlobals(channel, self.entry_points)
         try:
             self.timer.arm(seconds, channel)
@@ -1536,20 +1610,36 @@ class Evaluation:
             error = None
         except BaseException as exc:
             error = type(exc).__name__[:100]
-        return channel.failure or error
+        if channel.failure:
+            return channel.failure
+        if channel.count_violations() != before:
+            return "SandboxViolation"
+        return error
 
 
-def read_until_eof(fd, deadline):
-    """Everything written to the pipe ``fd`` until its writer closes it, or None at ``deadline``."""
-    data = bytearray()
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-            return None
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return bytes(data)
-        data += chunk
+class Lines:
+    """JSON lines from a runner's pipe: :meth:`next` gives the next one, ``"EOF"`` when the runner is gone, or
+    None at the deadline."""
+
+    def __init__(self, fd):
+        self.fd, self.buffer = fd, bytearray()
+
+    def next(self, deadline):
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return "EOF"
+            self.buffer += chunk
+        end = self.buffer.index(b"\n")
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
+        try:
+            return json.loads(line)
+        except ValueError:
+            return "EOF"
 
 
 def mapped_mb():
@@ -1607,7 +1697,7 @@ def evaluator_main(payload_fd, result_fd, stderr_fd):
     finally:
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         spawner.close()
-    layers.update(evaluation.layers, proc=spawner.proc, tmpfs_workdir=isolation.layers["tmpfs_workdir"])
+    layers.update(evaluation.layers, proc=spawner.proc)
     report({"phase": "done", "stdout": evaluation.capture.text(), "layers": layers})
 
 
@@ -1621,7 +1711,6 @@ PRELOAD = ("subprocess", "unittest", "math", "random", "collections", "re", "ite
 def launcher_main(sock_fd):
     """Serve ``job`` requests (fds: payload, result pipe, stderr) by forking an evaluator; answer with its pid
     and a pidfd. Exits when the trainer closes the socket."""
-    import traceback
 
     global SECCOMP_PROGRAM
     for name in PRELOAD:
