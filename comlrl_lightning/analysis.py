@@ -1,14 +1,22 @@
 """Read a finished (or running) run back and plot it: metrics, reward histograms per round, what the agents wrote.
 
     from comlrl_lightning.analysis import load_run, plot_run
-    run = load_run("outputs/magrpo")              # newest run under it, or a version_N folder, or the file itself
+    run = load_run("outputs/magrpo")              # newest training run under it (a resumed one joined to its start),
+                                                   # or a version_N folder, or the file itself
     plot_run(run, "rewards")                       # a matplotlib Figure; kinds: see ``PLOT_KINDS``
     plot_run(run, ["lengths", "kl", "timing"])    # several kinds in one figure
 
 ``load_run`` reads Lightning's ``CSVLogger`` file (``metrics.csv``) or, where there is none, the TensorBoard
 event files of a ``TensorBoardLogger`` run. The metric names are the ones the modules log (README "Metrics",
 docs/iterative.md "Metrics"); the x-axis is ``env_step``, the joint actions evaluated so far — the x-axis of the
-CoMLRL paper (Liu et al., arXiv:2508.04652) — or Lightning's ``step`` for a run that did not log it.
+CoMLRL paper (Liu et al., arXiv:2508.04652) — or Lightning's ``step`` for a run that did not log it. A row at
+``step`` s is update s+1 (made from the samples of the weights after s updates) or an evaluation of the weights
+after s updates (docs/algorithms.md#metrics-and-steps).
+
+A folder holds training runs (``<name>/version_<n>/``) and the evaluations of them (``validate``, ``test`` and
+``predict`` log into ``<run>/<subcommand>/version_<m>/``): ``load_run`` on a folder takes the newest training run,
+and a run resumed from a checkpoint (``resumed_from.txt`` in its folder names it) is joined to the run it resumed,
+back to its start; it prints (``verbose``) and records (``frame.attrs["run_dirs"]``) the folders it read.
 """
 
 from __future__ import annotations
@@ -22,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from comlrl_lightning.callbacks.charts import COMPARATOR_COLOR, TARGET_COLOR
 from comlrl_lightning.core.distributions import SIDES
+from comlrl_lightning.data.files import RESUMED_FROM
 
 __all__ = ["PLOT_KINDS", "RunFigure", "load_run", "load_reward_distributions", "predictions_table", "plot_run",
            "plot_reward_distributions", "find_run_file"]
@@ -36,14 +44,15 @@ __all__ = ["PLOT_KINDS", "RunFigure", "load_run", "load_reward_distributions", "
 CSV_NAME = "metrics.csv"
 EVENTS_GLOB = "events.out.tfevents.*"
 DISTRIBUTIONS_DIR = "reward_distributions"
+EVALUATION_FOLDERS = ("validate", "test", "predict")  # <run>/<subcommand>/version_<m>/: evaluations, not training
 
 
 # ---------------------------------------------------------------------------------------------------- loading
 def find_run_file(path: str | Path) -> Path:
     """The metrics source of a run: ``path`` itself if it is a ``metrics.csv`` or an event file, else the newest
-    ``metrics.csv`` under ``path``, else the newest folder of TensorBoard event files under it (returned as that
-    folder). A ``trainer.default_root_dir`` with several runs gives the most recently written one; pass a
-    ``version_N`` folder to choose."""
+    ``metrics.csv`` of a *training* run under ``path``, else the newest folder of TensorBoard event files under it
+    (returned as that folder). Evaluation runs (``<run>/validate|test|predict/version_<m>/``) are taken only when
+    ``path`` holds nothing else (or is one). Pass a ``version_N`` folder to choose a run."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"Run path {str(path)!r} does not exist.")
@@ -52,27 +61,76 @@ def find_run_file(path: str | Path) -> Path:
             return path
         raise ValueError(f"Run path {str(path)!r} is neither a {CSV_NAME} nor a TensorBoard event file "
                          f"({EVENTS_GLOB}).")
-    csvs = list(path.rglob(CSV_NAME))
-    if csvs:
-        return max(csvs, key=lambda p: p.stat().st_mtime)
-    events = list(path.rglob(EVENTS_GLOB))
-    if events:
-        return max(events, key=lambda p: p.stat().st_mtime).parent
-    raise FileNotFoundError(
-        f"No {CSV_NAME} (CSVLogger) or TensorBoard event file ({EVENTS_GLOB}, TensorBoardLogger) under "
-        f"{str(path)!r}. A run writes them under <trainer.default_root_dir>/<name>/version_<n>/.")
+    sources = list(path.rglob(CSV_NAME)) or list({e.parent for e in path.rglob(EVENTS_GLOB)})
+    if not sources:
+        raise FileNotFoundError(
+            f"No {CSV_NAME} (CSVLogger) or TensorBoard event file ({EVENTS_GLOB}, TensorBoardLogger) under "
+            f"{str(path)!r}. A run writes them under <trainer.default_root_dir>/<name>/version_<n>/.")
+    training = [s for s in sources if not _is_evaluation(s)]
+    return max(training or sources, key=_written)
 
 
-def load_run(path: str | Path) -> pd.DataFrame:
-    """A run's logged metrics, one row per logging call, one column per metric (NaN where a row lacks it).
+def _folder(source: Path) -> Path:
+    return source if source.is_dir() else source.parent
 
-    ``path``: a run directory (any folder above its files works, see ``find_run_file``), a ``metrics.csv`` or a
-    TensorBoard event file. The index is ``env_step`` when the run logged it (rows logged without it, if any, take
-    the previous row's value), else Lightning's ``step``; the ``step`` column is kept. ``frame.attrs["source"]`` is
-    the file or folder read, ``frame.attrs["run_dir"]`` the folder it lies in.
+
+def _written(source: Path) -> float:
+    return max((p.stat().st_mtime for p in source.glob(EVENTS_GLOB)), default=0.0) if source.is_dir() \
+        else source.stat().st_mtime
+
+
+def _is_evaluation(source: Path) -> bool:
+    """An evaluation run (``validate``/``test``): a ``metrics.csv`` with only ``eval/``/``test/`` metrics, or event
+    files in a ``<run>/validate|test/version_<m>/`` folder."""
+    if source.is_file():
+        with source.open(encoding="utf-8") as f:
+            header = f.readline().strip().split(",")
+        return all(c in ("step", "epoch", "env_step") or c.startswith(("eval/", "test/")) for c in header if c)
+    return source.parent.name in EVALUATION_FOLDERS and source.name.startswith("version_")
+
+
+def _source_in(folder: Path) -> Path | None:
+    """The metrics source in a run folder itself (not below it)."""
+    if (folder / CSV_NAME).is_file():
+        return folder / CSV_NAME
+    return folder if any(folder.glob(EVENTS_GLOB)) else None
+
+
+def _resumed_from(folder: Path) -> Path | None:
+    """The run folder the run in ``folder`` resumed from (its ``resumed_from.txt`` names the checkpoint), if any; a
+    run folder moved since is looked for beside ``folder`` under its old name."""
+    marker = folder / RESUMED_FROM
+    if not marker.is_file():
+        return None
+    checkpoint = Path(marker.read_text(encoding="utf-8").strip())
+    run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    for candidate in (run, folder.parent / run.name):
+        if candidate != folder and _source_in(candidate) is not None:
+            return candidate
+    return None
+
+
+def load_run(path: str | Path, verbose: bool = True) -> pd.DataFrame:
+    """A run's logged metrics, one row per update or evaluation, one column per metric (NaN where a row lacks it).
+
+    ``path``: a run directory (any folder above its files works: the newest training run is taken, see
+    ``find_run_file``), a ``metrics.csv`` or a TensorBoard event file. A run resumed from a checkpoint is joined to
+    the runs before it, back to its start (rows an interrupted run logged after the checkpoint it was resumed from
+    are dropped: the resumed run did those updates again). The index is ``env_step`` when the run logged it (rows
+    logged without it, if any, take the previous row's value), else Lightning's ``step``; the ``step`` column is
+    kept. ``frame.attrs``: ``source`` (the file or folder read last), ``run_dir`` (its folder), ``sources`` and
+    ``run_dirs`` (every part, oldest first). ``verbose`` prints which folders were read.
     """
     source = find_run_file(path)
-    frame = _read_csv(source) if source.name == CSV_NAME else _read_events(source)
+    chain = [source]
+    while (previous := _resumed_from(_folder(chain[0]))) is not None and \
+            previous not in {_folder(s) for s in chain}:
+        chain.insert(0, _source_in(previous))
+    frames = [_read_csv(s) if s.name == CSV_NAME else _read_events(s) for s in chain]
+    for i in range(len(frames) - 1):  # an earlier part up to where the next one started again
+        if not frames[i + 1].empty and "step" in frames[i]:
+            frames[i] = frames[i][frames[i]["step"] < frames[i + 1]["step"].min()]
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if frame.empty:
         raise ValueError(f"The run file {str(source)!r} holds no metrics yet.")
     if "env_step" in frame and frame["env_step"].notna().any():
@@ -82,7 +140,13 @@ def load_run(path: str | Path) -> pd.DataFrame:
         frame = frame.drop(columns=["env_step"], errors="ignore").set_index("step", drop=False)
         frame.index.name = "step"
     frame.attrs["source"] = str(source)
-    frame.attrs["run_dir"] = str(source if source.is_dir() else source.parent)
+    frame.attrs["run_dir"] = str(_folder(source))
+    frame.attrs["sources"] = [str(s) for s in chain]
+    frame.attrs["run_dirs"] = [str(_folder(s)) for s in chain]
+    if verbose:
+        parts = [f"{_folder(s)} (steps {int(f['step'].min())}-{int(f['step'].max())})" if len(f) and "step" in f
+                 else str(_folder(s)) for s, f in zip(chain, frames)]
+        print(f"load_run: read {' + '.join(parts)}" + (" (a resumed run, joined)" if len(chain) > 1 else ""))
     return frame
 
 
@@ -197,9 +261,11 @@ PLOT_KINDS: dict[str, tuple[Panel, ...]] = {
     "lengths": (Panel("completion length", r"^completions/mean_length$", "tokens"),
                 Panel("completions cut at max_new_tokens", r"^completions/clipped_ratio$", "fraction")),
     # The quantities advantages are built from: returns (G), and for actor-critic the critic's value and target
-    # (A = target − V), plus any advantage statistic a subclass logs.
+    # (A = target − V); then the advantages' own statistics, and the share of samples without a learning signal.
     "advantages": (Panel("returns and critic values",
-                         rf"^{_TURN}/(expected_return|value_pred_mean|value_target_mean)$|advantage", "value"),),
+                         rf"^{_TURN}/(expected_return|value_pred_mean|value_target_mean)$", "value"),
+                   Panel("advantages", r"advantage_(mean|std)$", "advantage"),
+                   Panel("samples with advantage 0", r"zero_advantage_ratio$", "fraction")),
     "kl": (Panel("KL to the reference", rf"^{_TURN}/reference_kl_mean$", "KL (nats)"),
            Panel("KL penalty", rf"^{_TURN}/reference_kl_penalty_mean$", "β · KL")),
     "timing": (Panel("time per phase", r"^timing_s/", "seconds per update", stacked=True),),
@@ -245,9 +311,9 @@ def plot_run(run: pd.DataFrame | str | Path, kind: str | Sequence[str] = "reward
         figure.text(0.5, 0.5, f"Nothing to plot for {', '.join(kinds)}: the run logged none of these metrics.",
                     ha="center", va="center", wrap=True)
         return figure
-    ncols = min(len(panels), 3)
+    ncols = min(len(panels), 2)
     nrows = math.ceil(len(panels) / ncols)
-    figure = RunFigure(figsize=(5.2 * ncols, 3.4 * nrows), layout="constrained")
+    figure = RunFigure(figsize=(7.4 * ncols, 3.4 * nrows), layout="constrained")
     axes = figure.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, (panel, columns) in zip(axes, panels):
         _draw(ax, frame, panel, columns)
@@ -274,32 +340,15 @@ def _x_axis(frame: pd.DataFrame, panel: Panel, columns: list[str]) -> pd.DataFra
     return frame
 
 
-def _identical(frame: pd.DataFrame, columns: list[str]) -> list[list[str]]:
-    """The columns in groups of equal series (same x, values equal to float32 precision), drawn as one line: e.g.
-    the reward of the sampled nodes and of the updated nodes when every update uses fresh nodes only."""
-    groups: list[list[str]] = []
-    for column in columns:
-        series = frame[column].dropna()
-        for group in groups:
-            first = frame[group[0]].dropna()
-            if first.index.equals(series.index) and np.allclose(first.to_numpy(), series.to_numpy(), rtol=1e-6):
-                group.append(column)
-                break
-        else:
-            groups.append([column])
-    return groups
-
-
 def _draw(ax: Any, frame: pd.DataFrame, panel: Panel, columns: list[str]) -> None:
     frame = _x_axis(frame, panel, columns)
     if panel.stacked:
         parts = frame[columns].dropna(how="all").fillna(0.0)
         ax.stackplot(parts.index, parts.T.to_numpy(), labels=[c.split("/")[-1] for c in columns], alpha=0.85)
     else:
-        for same in _identical(frame, columns):
-            column, series = same[0], frame[same[0]].dropna()
-            line, = ax.plot(series.index, series.to_numpy(), marker="." if len(series) < 60 else None,
-                            label=" = ".join(same))
+        for column in columns:  # one line and one legend entry per metric, even where two happen to be equal
+            series = frame[column].dropna()
+            line, = ax.plot(series.index, series.to_numpy(), marker="." if len(series) < 60 else None, label=column)
             spread = column.removesuffix("reward_mean") + "reward_std"  # a rollout reward's standard deviation
             if column.endswith("reward_mean") and spread in frame:
                 both = frame[[column, spread]].dropna()
@@ -310,7 +359,8 @@ def _draw(ax: Any, frame: pd.DataFrame, panel: Panel, columns: list[str]) -> Non
     ax.set_xlabel({"iter/current_iteration": "round"}.get(frame.index.name, frame.index.name or "step"))
     ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    # Beside the chart, never over the data; constrained layout makes room for it.
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
 
 
 def plot_reward_distributions(run: str | Path | Sequence[dict[str, Any]], part: str = "candidate") -> Figure:

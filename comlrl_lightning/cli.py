@@ -8,36 +8,55 @@ Defaults: ``trainer.default_root_dir`` is ``outputs``; every logger whose ``save
 it (a config names the run with the logger's ``name``, the directory comes from ``default_root_dir``), so
 ``--trainer.default_root_dir DIR`` moves the whole run: ``DIR/<name>/version_<n>/`` holds ``metrics.csv``,
 ``hparams.yaml``, ``config.yaml``, ``completions.jsonl`` and ``checkpoints/``. A progress bar counts updates
-(``max_steps`` runs) or epochs and shows the team reward.
+(``max_steps`` runs) or epochs and shows the team reward and the loss; in a log file, a line per update.
+
+``--ckpt_path last|best|PATH`` means the same in every subcommand: ``last`` is the newest checkpoint of the newest
+run of the config's name, ``best`` the best one that run's ``ModelCheckpoint`` recorded (with no ``monitor``: its
+newest), ``PATH`` a checkpoint file (or a sharded checkpoint's folder). A checkpoint that is missing, truncated or not
+a checkpoint stops the run before any model loads, in one line. ``validate``, ``test`` and ``predict`` log into an
+evaluation folder of the run they evaluate, ``<run>/<subcommand>/version_<m>/`` (the run is the checkpoint's
+``version_<n>``; ``<default_root_dir>/<name>`` without a checkpoint), never a new ``version_<n>`` beside the
+training runs. Ctrl-C or SIGTERM during ``fit`` writes a checkpoint and exits with 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
+import warnings
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from comlrl_lightning.agents.loading import ModelLoadError
 from comlrl_lightning.algorithms import MultiAgentModule
-from comlrl_lightning.callbacks.checkpoints import RunCheckpoints
+from comlrl_lightning.callbacks.checkpoints import CHECKPOINT_EVERY, RunCheckpoints
 from comlrl_lightning.callbacks.progress import progress_bar
 from comlrl_lightning.config_errors import CONFIG_ERRORS, ConfigurationError, SECRET_FIELDS, describe, redact, tidy
 from comlrl_lightning.data import TaskDataModule
+from comlrl_lightning.data.files import run_root
 from comlrl_lightning.quiet import quiet_known_noise
 
 DEFAULT_ROOT_DIR = "outputs"
-CHECKPOINT_EVERY = 50  # updates between checkpoints during a CLI run
 FOLLOW_ROOT_DIR = "<trainer.default_root_dir>"  # a logger's save_dir that follows trainer.default_root_dir
+EVALUATION_SUBCOMMANDS = ("validate", "test", "predict")
+# argparse reads "-1e-4" as an option (its negative numbers are -1 and -.5 only): any number in any notation.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$", re.IGNORECASE)
 
 
 class SecretSafeSaveConfig(SaveConfigCallback):
     """Writes the run's ``config.yaml`` like Lightning does, with credential fields replaced by ``<redacted>``
     (give keys through ``comparator_api_key_env`` to keep them out of configs altogether)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs["save_to_log_dir"] = False  # written to the run's own folder (save_config), not trainer.log_dir
+        super().__init__(*args, **kwargs)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         config = self.config.clone()
@@ -45,12 +64,24 @@ class SecretSafeSaveConfig(SaveConfigCallback):
             if key.rsplit(".", 1)[-1] in SECRET_FIELDS and config[key] is not None:
                 config[key] = "<redacted>"
         self.config = config
+        # The run's folder (data/files.py: with W&B, <save_dir>/<project>/<run id>; Lightning's trainer.log_dir
+        # would be the save_dir every run shares); read on every rank, it is a collective.
+        self.run_dir = run_root(trainer)
         super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, str(self.run_dir / self.config_filename), skip_none=False,
+                         overwrite=self.overwrite, multifile=self.multifile)
 
 
 class ComlrlArgumentParser(LightningArgumentParser):
     """Reports a configuration mistake in one message (field, value, what is allowed), without the usage dump and
-    never with a credential."""
+    never with a credential; reads a negative number after a flag as its value (``--x -1e-4``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
@@ -77,6 +108,8 @@ class ComlrlCLI(LightningCLI):
                                  "the newest (and one at the end of training); 0: only at the end. Ignored when "
                                  "trainer.callbacks has its own ModelCheckpoint or trainer.enable_checkpointing is "
                                  "false.")
+        parser.add_argument("--checkpoint_total_limit", type=Optional[int], default=1,
+                            help="keep the newest N of those checkpoints (null: all); last.ckpt points at the newest.")
         parser.set_defaults({
             # a logger without its own save_dir writes under trainer.default_root_dir (filled in before it is built)
             "trainer.logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
@@ -105,43 +138,71 @@ class ComlrlCLI(LightningCLI):
             init_args = getattr(logger, "init_args", None)
             if init_args is not None and init_args.get("save_dir") in (None, FOLLOW_ROOT_DIR):
                 init_args.save_dir = root
-        ckpt_path = config.get("ckpt_path")
-        if self.subcommand == "fit" and ckpt_path == "last":
-            try:
-                config["ckpt_path"] = str(last_checkpoint(root, loggers))
-            except FileNotFoundError as err:
-                self._parser(self.subcommand).error(str(err))
-        elif ckpt_path not in (None, "last", "best", "hpc", "registry") and "://" not in str(ckpt_path) \
-                and not Path(ckpt_path).expanduser().is_file() \
-                and not (Path(ckpt_path).expanduser() / ".metadata").is_file():  # a sharded (FSDP) checkpoint
-            self._parser(self.subcommand).error(f"ckpt_path {ckpt_path!r} is not a checkpoint (give a .ckpt file or "
-                                                "the .ckpt directory of a sharded run, or `last` for the newest "
-                                                "checkpoint of this run's name).")
+        try:
+            ckpt_path = resolve_ckpt_path(config.get("ckpt_path"), root, loggers)
+        except (OSError, ValueError) as err:
+            self._parser(self.subcommand).error(str(err))
+        if "ckpt_path" in config:
+            config["ckpt_path"] = ckpt_path
+        if self.subcommand == "fit" and ckpt_path is not None:
+            resume_wandb_run(loggers, ckpt_path)  # a resumed run logs into the checkpoint's W&B run
+        if self.subcommand in EVALUATION_SUBCOMMANDS:  # log into the evaluated run, not a new version_<n>
+            evaluated = evaluated_run(ckpt_path, root, loggers)
+            for logger in loggers if isinstance(loggers, list) else [loggers]:
+                init_args = getattr(logger, "init_args", None)
+                if init_args is not None and init_args.get("save_dir") == root:  # not a save_dir the config chose
+                    init_args.save_dir = str(evaluated)
+                    if "name" in init_args:
+                        init_args.name = self.subcommand
+        share_run_folder(loggers)
+        problem = accelerator_problem(config.get("trainer.accelerator"))
+        if problem:
+            self._parser(self.subcommand).error(problem)
         if config.get("checkpoint_every_n_updates", 0) < 0:
             self._parser(self.subcommand).error(
                 f"checkpoint_every_n_updates must be >= 0 (got {config.get('checkpoint_every_n_updates')}).")
+        limit = config.get("checkpoint_total_limit", 1)
+        if limit is not None and limit < 1:
+            self._parser(self.subcommand).error(f"checkpoint_total_limit must be >= 1 or null (got {limit}).")
 
     def instantiate_classes(self) -> None:
         """A class that rejects its configuration (the algorithms check every field before any model loads) ends
         the run with one message; ``COMLRL_DEBUG=1`` shows the traceback instead."""
         try:
             super().instantiate_classes()
-        except CONFIG_ERRORS as err:
+            if isinstance(self.model, MultiAgentModule) and self.datamodule is not None:
+                self.model.check_items(self.datamodule, self.subcommand)  # formatters on each split's first item
+        except (*CONFIG_ERRORS, MisconfigurationException) as err:
             if os.environ.get("COMLRL_DEBUG"):
                 raise
             config = self.config[self.subcommand] if self.subcommand else self.config
-            self._parser(self.subcommand).error(describe(err, config, _secrets(config)))
+            message = describe(err, config, _secrets(config))
+            if isinstance(err, MisconfigurationException):  # Lightning's Trainer(...): name the trainer field
+                field = re.search(r"`(\w+)`", message)
+                message = f"trainer.{field.group(1)}: {message}" if field else f"trainer: {message}"
+            self._parser(self.subcommand).error(message)
 
     def _run_subcommand(self, subcommand: str) -> None:
         """The models load when the run starts (``configure_model``): a source that cannot be loaded is a
         configuration mistake too, reported in one message."""
         try:
-            super()._run_subcommand(subcommand)
+            with warnings.catch_warnings():
+                if subcommand in EVALUATION_SUBCOMMANDS:  # evaluating needs none of the callbacks that trained it
+                    warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks")
+                super()._run_subcommand(subcommand)
         except (ModelLoadError, ConfigurationError) as err:
             if os.environ.get("COMLRL_DEBUG"):
                 raise
             config = self.config[subcommand] if subcommand else self.config
             self._parser(subcommand).error(describe(err, config, _secrets(config)))
+        except RuntimeError as err:  # a checkpoint of another team (other models, LoRA vs full copies, ...)
+            if os.environ.get("COMLRL_DEBUG") or not str(err).startswith("Error(s) in loading state_dict"):
+                raise
+            config = self.config[subcommand] if subcommand else self.config
+            first = str(err).splitlines()[0].rstrip(":")
+            self._parser(subcommand).error(f"ckpt_path {config.get('ckpt_path')!r} does not fit the model this config "
+                                           f"builds ({first}: {_state_dict_problem(err)}): give a checkpoint of a run "
+                                           "with the same model fields.")
 
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path`` resumes the run the config describes; the checkpoint holds the state (weights, optimizer,
@@ -155,30 +216,164 @@ class ComlrlCLI(LightningCLI):
             kwargs.setdefault("max_epochs", epochs)  # iterative rounds: the module knows how many epochs a fit is
         callbacks = trainer_config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        for callback in callbacks:
+            if isinstance(callback, ProgressBar):
+                callback.chosen = True  # the config's choice: the module keeps it (callbacks/conventions.py)
         if trainer_config.get("enable_progress_bar") is not False and \
                 not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(progress_bar())
-        if trainer_config.get("enable_checkpointing") is not False and \
+        if self.subcommand in (None, "fit") and trainer_config.get("enable_checkpointing") is not False and \
                 not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             config = self.config[self.subcommand] if self.subcommand else self.config
             every = config.get("checkpoint_every_n_updates", CHECKPOINT_EVERY)
-            callbacks.append(RunCheckpoints(every))  # a crash leaves the last good checkpoint in place
+            keep = config.get("checkpoint_total_limit", 1)
+            callbacks.append(RunCheckpoints(every, keep_last=keep))  # a crash leaves the last good checkpoint in place
         kwargs.setdefault("callbacks", callbacks)
         return super().instantiate_trainer(**kwargs)
 
 
-def last_checkpoint(root: str, loggers: Any) -> Path:
+def resume_wandb_run(loggers: Any, ckpt_path: str) -> None:
+    """A ``WandbLogger`` of the config that names no run (``id``/``version``) continues the W&B run the checkpoint
+    recorded (Lightning's ``WandbLogger`` resumes a given id, ``resume="allow"``), as CoMLRL 1.4.3 does."""
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init_args = getattr(logger, "init_args", None)
+        if init_args is None or not str(getattr(logger, "class_path", "")).endswith("WandbLogger") or \
+                init_args.get("id") or init_args.get("version") or not Path(ckpt_path).is_file():
+            continue
+        import torch
+
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True).get("comlrl_lightning", {})
+        identity = state.get("wandb") or {}
+        if identity.get("id"):
+            init_args.id = identity["id"]
+
+
+def run_name(loggers: Any) -> str:
+    """The name of the run the config describes: its first logger's ``name``."""
+    first = loggers[0] if isinstance(loggers, list) and loggers else loggers
+    return getattr(getattr(first, "init_args", None), "name", None) or "lightning_logs"
+
+
+def last_checkpoint(root: str, loggers: Any, given: str = "last") -> Path:
     """``--ckpt_path last``: the ``last.ckpt`` of the newest run version under ``<root>/<logger name>/`` (a resumed
     run logs into a new version directory, where Lightning's own "last" would find nothing and start over)."""
-    first = loggers[0] if isinstance(loggers, list) and loggers else loggers
-    name = getattr(getattr(first, "init_args", None), "name", None) or "lightning_logs"
+    name = run_name(loggers)
     found = sorted(Path(root, name).glob("version_*/checkpoints/last.ckpt"),
                    key=lambda p: int(p.parent.parent.name.split("_")[-1]) if p.parent.parent.name.split("_")[-1]
                    .isdigit() else -1)
     if not found:
-        raise FileNotFoundError(f"ckpt_path last: no checkpoint under {Path(root, name)}/version_*/checkpoints/ "
+        raise FileNotFoundError(f"ckpt_path {given}: no checkpoint under {Path(root, name)}/version_*/checkpoints/ "
                                 "(pass the path of a .ckpt file, or start without --ckpt_path).")
     return found[-1]
+
+
+def best_checkpoint(root: str, loggers: Any) -> Path:
+    """``--ckpt_path best``: the best checkpoint the newest run's ``ModelCheckpoint`` recorded in its ``last.ckpt``
+    (with no ``monitor``, Lightning's best is the newest)."""
+    import torch
+
+    last = last_checkpoint(root, loggers, "best")
+    check_checkpoint_file(last, "best")
+    state = torch.load(last, map_location="cpu", weights_only=False, mmap=True)  # the run's own file
+    for callback_state in (state.get("callbacks") or {}).values():
+        best = callback_state.get("best_model_path") if isinstance(callback_state, dict) else None
+        if best:
+            for candidate in (Path(best), last.parent / Path(best).name):  # a run moved since: beside last.ckpt
+                if candidate.is_file():
+                    return candidate
+            raise FileNotFoundError(f"ckpt_path best: {last} records {best} as the best checkpoint, which no longer "
+                                    "exists (give a .ckpt file, or `last`).")
+    raise FileNotFoundError(f"ckpt_path best: {last} records no best checkpoint (give a .ckpt file, or `last`).")
+
+
+def check_checkpoint_file(path: Path, given: Any) -> None:
+    """A checkpoint torch can read: a zip archive with its pickle (torch.save's format since 1.6), which a truncated
+    or foreign file is not. Reads only the archive's index (at the end of the file), not its tensors."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            readable = any(name.endswith("data.pkl") for name in archive.namelist())
+        problem = None if readable else "no data.pkl inside"
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        problem = str(err)
+    if problem:
+        raise ValueError(f"ckpt_path {str(given)!r} cannot be read as a checkpoint ({path}: {problem}): it is truncated "
+                         "(a copy or a write that did not finish) or not a checkpoint; give another .ckpt of the run "
+                         "(its checkpoints/ folder), or `last`.")
+
+
+def resolve_ckpt_path(given: Any, root: str, loggers: Any) -> str | None:
+    """``--ckpt_path`` as a file, the same in every subcommand (module docstring): ``last``, ``best``, a checkpoint
+    file or a sharded checkpoint's folder; a URL and Lightning's ``hpc``/``registry`` pass through. Raises
+    ``FileNotFoundError``/``ValueError`` with one line."""
+    if given is None or str(given) == "hpc" or str(given).startswith("registry") or "://" in str(given):
+        return given
+    if given == "last":
+        path = last_checkpoint(root, loggers)
+    elif given == "best":
+        path = best_checkpoint(root, loggers)
+    else:
+        path = Path(given).expanduser()
+        if (path / ".metadata").is_file():  # a sharded (FSDP) checkpoint
+            return str(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"ckpt_path {given!r} is not a checkpoint (give a .ckpt file or the .ckpt "
+                                    "directory of a sharded run, `last` for the newest checkpoint of this run's name "
+                                    "or `best`).")
+    check_checkpoint_file(path, given)
+    return str(path)
+
+
+def evaluated_run(ckpt_path: str | None, root: str, loggers: Any) -> Path:
+    """Where a ``validate``/``test``/``predict`` run logs (its loggers' ``save_dir``; their ``name`` becomes the
+    subcommand): the run folder of the checkpoint it evaluates (``<run>/checkpoints/x.ckpt`` -> ``<run>``; a
+    checkpoint elsewhere: its folder), else ``<root>/<run name>``."""
+    if ckpt_path is None or "://" in str(ckpt_path) or not Path(ckpt_path).exists():
+        return Path(root, run_name(loggers))
+    folder = Path(ckpt_path).parent if Path(ckpt_path).is_file() else Path(ckpt_path)
+    return folder.parent if folder.name == "checkpoints" else folder
+
+
+def share_run_folder(loggers: Any) -> None:
+    """Several CSV/TensorBoard loggers of one ``save_dir`` and ``name`` log into ONE run folder: each would otherwise
+    take the next free ``version_<n>`` after the other's (CSV in version_0, TensorBoard in version_1). The version
+    they share is the next free one; a logger with its own ``version`` is left alone."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init_args = getattr(logger, "init_args", None)
+        if init_args is not None and str(getattr(logger, "class_path", "")).rsplit(".", 1)[-1] in \
+                ("CSVLogger", "TensorBoardLogger") and init_args.get("version") is None:
+            key = (str(init_args.get("save_dir")), str(init_args.get("name") or ""))
+            groups.setdefault(key, []).append(init_args)
+    for (save_dir, name), members in groups.items():
+        if len(members) > 1:
+            taken = [int(p.name[8:]) for p in Path(save_dir, name).glob("version_*") if p.name[8:].isdigit()]
+            for init_args in members:
+                init_args.version = max(taken, default=-1) + 1
+
+
+def accelerator_problem(accelerator: Any) -> str | None:
+    """``trainer.accelerator`` asking for a device this machine lacks, in one line (Lightning raises it from deep in
+    the trainer's set-up)."""
+    name = str(accelerator).lower() if isinstance(accelerator, str) else None
+    if name in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return (f"trainer.accelerator {accelerator!r}: no CUDA GPU is available here (torch.cuda.is_available() is "
+                    "False; a CPU build of torch has none); use cpu or auto.")
+    if name == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            return "trainer.accelerator 'mps': Apple's MPS is not available here; use cpu or auto."
+    return None
+
+
+def _state_dict_problem(err: BaseException) -> str:
+    """The first missing/unexpected keys of a ``load_state_dict`` error, briefly."""
+    text = " ".join(str(err).split())
+    match = re.search(r"(Missing key\(s\)|Unexpected key\(s\)|size mismatch)[^.]{0,160}", text)
+    return match.group(0) if match else text[:160]
 
 
 def main(args: list[str] | None = None, run: bool = True) -> ComlrlCLI:
@@ -200,9 +395,13 @@ def main(args: list[str] | None = None, run: bool = True) -> ComlrlCLI:
 
 def command() -> None:
     """The ``comlrl-lightning`` command and ``python -m comlrl_lightning``: ``main`` on the command line's arguments.
-    Returns nothing, so a finished run exits with status 0."""
+    Returns nothing, so a finished run exits with status 0; a fit stopped by Ctrl-C or SIGTERM (its checkpoint
+    written) exits with 128 + the signal's number (130, 143), as the signal would have."""
     try:
-        main()
+        cli = main()
+        signum = getattr(getattr(cli, "trainer", None), "comlrl_interrupted_by", None)
+        if signum:  # Ctrl-C / SIGTERM: the checkpoint is written; say so in the exit status, as the signal would
+            sys.exit(128 + signum)
     finally:
         # The command is done. Python's last garbage collections would walk every object torch, transformers and
         # Lightning created (~2.5 s at every exit, on every rank, on a 2-core CPU); frozen objects are skipped and the

@@ -18,6 +18,8 @@ _NOISE = (re.compile(r"^\s*-?\s*Expected a <class 'NoneType'>"), re.compile(r"^\
           re.compile(r"^\s*Given value( type)?: "), re.compile(r"^\s*Errors:\s*$"),
           re.compile(r"Does not validate against any of the Union subtypes"))
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]\.?\s*Got value:\s*(.*)$")
+_OPTIONAL_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")  # a Literal | None field: value given apart
+_GIVEN = re.compile(r"^\s*Given value:\s*(.*)$")
 # Exceptions that, raised while the config's classes are built, mean "this configuration is wrong".
 CONFIG_ERRORS = (ValueError, TypeError, OSError, ImportError, LookupError, MemoryError)
 
@@ -40,6 +42,7 @@ def tidy(message: str) -> str:
     """The lines of a parser report that describe the mistake, with its nested ``Parser key`` / ``class_path``
     headers folded into one dotted field name: ``model.init_args.num_iterations (comlrl_lightning.MADPOIter):
     Expected a <class 'int'>. Got value: abc``."""
+    given = next((m.group(1) for line in str(message).splitlines() if (m := _GIVEN.match(line))), None)
     lines = [line.strip() for line in str(message).splitlines()
              if line.strip() and not any(p.search(line) for p in _NOISE)]
     keys, classes, rest = [], [], []
@@ -54,10 +57,12 @@ def tidy(message: str) -> str:
             rest.append(line.lstrip("- "))
     head = ".".join(keys)
     choice = _LITERAL.search(" ".join(rest))
-    if head and choice:  # a typo in an enumeration: name the allowed values, as the algorithms' checks do
-        allowed = ", ".join(v.strip().strip("'\"") for v in choice.group(1).split(","))
+    optional = _OPTIONAL_LITERAL.search(" ".join(rest)) if choice is None and given is not None else None
+    if head and (choice or optional):  # a typo in an enumeration: name the allowed values, as the algorithms' checks do
+        allowed = ", ".join(v.strip().strip("'\"") for v in (choice or optional).group(1).split(","))
+        value = choice.group(2).strip() if choice else given.strip()
         where = f" [{classes[-1]}]" if classes else ""
-        return f"{head} must be one of: {allowed} (got {choice.group(2).strip()!r}){where}"
+        return f"{head} must be one of: {allowed} (got {value!r}){where}"
     if classes:
         head = f"{head} ({classes[-1]})" if head else classes[-1]
     body = " ".join(rest)

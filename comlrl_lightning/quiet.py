@@ -5,6 +5,7 @@
   raised by Lightning's code, not ours or the user's, and harmless.
 * Lightning's advice to keep the pre-optimizer-step weights for step checkpoints under manual optimization: our
   checkpoints deliberately hold the state after the update (what an exact resume needs).
+* Lightning's advice to lower ``log_every_n_steps`` for short epochs: every update is logged here regardless.
 
 Only these exact messages are filtered; every other warning is shown as usual.
 """
@@ -23,6 +24,9 @@ class _DropTips(logging.Filter):
 def quiet_known_noise() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization and every_n_train_steps")
+    # Each update is one row whatever log_every_n_steps says (MultiAgentModule.log_step): the advice does not apply.
+    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging "
+                                              r"interval")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropTips) for f in logger.filters):

@@ -555,11 +555,54 @@ def test_maac_rejects_a_reward_list_one_short(tmp_path):
     assert [a.environment_reward for a in steps[0].agents] == [1.0, 0.0]
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"agent_devices": ["cpu", "cpu"]}, "agent_devices is used only with parallel_training='mp'"),
-    ({"critic_devices": ["cpu", "cpu"]}, "critic_devices is used only with parallel_training='mp'"),
+@pytest.mark.parametrize("cls,overrides", [
+    (IAC, {"agent_devices": ["cpu", "cuda:1"]}),
+    (IAC, {"critic_devices": ["cpu", "cuda:1"]}),
+    (MAAC, {"agent_devices": "cpu", "critic_devices": ["cuda:1"]}),
 ])
-def test_devices_without_model_placement_are_rejected_not_ignored(overrides, message, monkeypatch):
+def test_devices_without_mp_place_the_whole_team_on_the_first_one_as_comlrl(cls, overrides, tmp_path):
+    """Without ``parallel_training: mp``, CoMLRL puts actors and critics on ONE device: the first of agent_devices,
+    else of critic_devices (these used to be refused). The team is moved there when the fit starts (the second
+    entries name a device this machine lacks: they are never used)."""
+    from lightning.pytorch import Trainer
+
+    from comlrl_lightning.algorithms.base import check_strategy
+    from comlrl_lightning.config_errors import ConfigurationError
+
+    module = make_ac(cls, **overrides)
+    cpu = torch.device("cpu")
+    assert module.agent_devices == [cpu, cpu] and module.critic_device_list == [cpu] * len(module.critics)
+    moved = []
+    for model in [*module.agents, *module.critics]:
+        model.to = lambda device, original=model.to: (moved.append(str(device)), original(device))[1]
+    assert fit(module, tmp_path, max_steps=1).global_step == 1
+    assert moved == ["cpu"] * (2 + len(module.critics))
+    ddp = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    with pytest.raises(ConfigurationError, match="place the whole team on ONE device .* runs 2 processes"):
+        check_strategy(ddp, module)
+
+
+def test_agent_devices_empty_with_mp_is_a_message_not_a_crash(monkeypatch):
     monkeypatch.setitem(MODEL_FACTORIES, "tiny", lambda **_: pytest.fail("a model was loaded before validation"))
-    with pytest.raises(ValueError, match=re.escape(message)):
-        IAC(**{**BASE, **overrides})
+    with pytest.raises(ValueError, match=re.escape("agent_devices must be a non-empty list or 'auto'.")):
+        IAC(**{**BASE, "parallel_training": "mp", "agent_devices": [], "critic_devices": ["cpu"]})
+
+
+# ----------------------------------------------------------------------------------------------- reference KL
+@pytest.mark.parametrize("variant", ["iac-head", "iac-v", "maac-q"])
+def test_reference_kl_fits_and_shapes_the_reward(variant, tmp_path):
+    """reference_kl_enabled: the frozen copies score every sampled completion; r' = r − β·KL is what the critics
+    learn (IAC/MAAC used to crash on the first rollout: ``agent_inputs`` was overridden with its arguments
+    swapped)."""
+    cls, overrides = VARIANTS[variant]
+    module = make_ac(cls, reference_kl_enabled=True, reference_kl_coef=0.5, **overrides)
+    actors = params_of_list(actor_params(module))
+    trainer = fit(module, tmp_path, max_steps=1)
+    assert trainer.global_step == 1 and changed(actors, actor_params(module))
+    rows = read_metrics(trainer)
+    kl = column(rows, "turn_1/reference_kl_mean")
+    assert kl and all(v == v and v >= -1e-6 for v in kl)  # logged, finite (k3 >= 0)
+    node = module.last_rollout.nodes[0]
+    assert node.agents[0].sequence_kl is not None
+    expected = node.agent_rewards - 0.5 * torch.stack([a.sequence_kl for a in node.agents])
+    torch.testing.assert_close(node.shaped_rewards, expected)

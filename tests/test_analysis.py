@@ -67,6 +67,34 @@ def test_load_run_takes_the_newest_run_under_a_folder(tmp_path):
     assert load_run(tmp_path)["loss"].tolist() == [9.0]
 
 
+def test_load_run_takes_the_newest_training_run_not_an_evaluation_of_it(tmp_path, capsys):
+    """``validate`` logs a 1-row evaluation into ``<run>/validate/version_0/`` after the training run: a folder
+    above both still gives the training run."""
+    run = write_run(tmp_path)
+    evaluation = run / "validate" / "version_0"
+    evaluation.mkdir(parents=True)
+    (evaluation / "metrics.csv").write_text("env_step,eval/turn_1/reward_mean,step\n8.0,2.0,2\n")
+    os.utime(run / "metrics.csv", (time.time() - 60, time.time() - 60))
+    frame = load_run(tmp_path)
+    assert frame.attrs["run_dir"] == str(run) and frame["loss"].dropna().tolist() == [0.5, 0.25]
+    assert f"load_run: read {run} (steps 0-2)" in capsys.readouterr().out
+    assert load_run(evaluation, verbose=False)["eval/turn_1/reward_mean"].tolist() == [2.0]  # asked for: given
+
+
+def test_load_run_joins_a_resumed_run_to_its_start(tmp_path, capsys):
+    """version_1 resumed from version_0's step-2 checkpoint (resumed_from.txt): the frame is version_0's rows before
+    step 2 then version_1's; version_0's rows from step 2 on (redone after the resume) are dropped."""
+    first = write_run(tmp_path, 0, text="env_step,loss,step\n4.0,1.0,0\n8.0,2.0,1\n12.0,3.0,2\n")
+    second = write_run(tmp_path, 1, text="env_step,loss,step\n12.0,30.0,2\n16.0,40.0,3\n")
+    (second / "resumed_from.txt").write_text(str(first / "checkpoints" / "epoch=0-step=2.ckpt") + "\n")
+    os.utime(first / "metrics.csv", (time.time() - 60, time.time() - 60))
+    frame = load_run(tmp_path)
+    assert frame["step"].tolist() == [0, 1, 2, 3] and frame["loss"].tolist() == [1.0, 2.0, 30.0, 40.0]
+    assert frame.attrs["run_dirs"] == [str(first), str(second)] and frame.attrs["run_dir"] == str(second)
+    out = capsys.readouterr().out
+    assert f"{first} (steps 0-1) + {second} (steps 2-3) (a resumed run, joined)" in out
+
+
 def test_missing_or_empty_runs_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist") as error:
         load_run(tmp_path / "nope")
@@ -95,14 +123,22 @@ def test_reward_curve_plots_the_logged_values_with_a_std_band(tmp_path):
     assert ax.get_xlabel() == "env_step"
 
 
-def test_equal_series_are_drawn_once_with_both_names(tmp_path):
-    # single turn, every update on fresh nodes: the sampled and the updated nodes' rewards are the same numbers
-    write_run(tmp_path, text="env_step,rollout/turn_1/reward_mean,turn_1/reward_mean,turn_1/expected_return,step\n"
-                             "4.0,1.0,1.0000000001,1.0,0\n8.0,2.0,2.0,2.5,1\n")
-    (rewards,) = plot_run(tmp_path, "rewards").axes
-    assert [line.get_label() for line in rewards.get_lines()] == ["rollout/turn_1/reward_mean = turn_1/reward_mean"]
-    (returns,) = plot_run(tmp_path, "advantages").axes
-    assert [line.get_ydata().tolist() for line in returns.get_lines()] == [[1.0, 2.5]]
+def test_one_legend_entry_per_metric_beside_the_chart(tmp_path):
+    """Metrics whose values happen to be equal keep their own entries (notebook 04's advantages figure merged
+    ``agent_0/zero_advantage_ratio = agent_1/advantage_mean``); the legend sits right of the axes, off the data;
+    advantage statistics and the zero-advantage share get their own charts, apart from the returns."""
+    write_run(tmp_path, text="env_step,agent_0/advantage_mean,agent_1/advantage_mean,agent_0/zero_advantage_ratio,"
+                             "turn_1/expected_return,step\n4.0,0.0,0.0,0.0,1.0,0\n8.0,0.0,0.0,0.0,2.5,1\n")
+    figure = plot_run(tmp_path, "advantages")
+    assert [ax.get_title() for ax in figure.axes if ax.get_visible()] == [
+        "returns and critic values", "advantages", "samples with advantage 0"]
+    advantages = axis_by_title(figure, "advantages")
+    assert [t.get_text() for t in advantages.get_legend().get_texts()] == ["agent_0/advantage_mean",
+                                                                           "agent_1/advantage_mean"]
+    figure.canvas.draw()
+    for ax in figure.axes:
+        if ax.get_visible():
+            assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # right of the plot area
 
 
 def test_several_kinds_and_stacked_timing(tmp_path):
@@ -159,7 +195,9 @@ def test_a_real_fit_reads_back_the_same_from_csv_and_tensorboard(tmp_path):
     trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:2], prompts_per_step=2))
     csv, events = load_run(tmp_path / "csv"), load_run(tmp_path / "tb")
     assert events.attrs["source"].endswith("version_0") and csv.attrs["source"].endswith("metrics.csv")
-    assert csv.index.tolist() == [0.0, 4.0, 8.0, 8.0, 12.0]  # eval rows at env_step 0 and 8
+    # eval rows at env_step 0 and 8 (every 2 batches) and the final one at 12, beside the update rows 4, 8, 12
+    assert csv.index.tolist() == [0.0, 4.0, 8.0, 8.0, 12.0, 12.0]
+    assert csv["step"].tolist() == [0, 0, 1, 2, 2, 3]
     assert events.index.tolist() == csv.index.tolist()
     shared = sorted(set(csv.columns) & set(events.columns))
     assert {"loss", "rollout/turn_1/reward_mean", "turn_1/reference_kl_mean", "timing_s/generate",
@@ -170,7 +208,8 @@ def test_a_real_fit_reads_back_the_same_from_csv_and_tensorboard(tmp_path):
     figure = plot_run(events, ["rewards", "lengths", "advantages", "kl", "timing", "policy_lag", "eval", "loss"])
     titles = [ax.get_title() for ax in figure.axes if ax.get_visible()]
     assert titles == ["team reward", "completion length", "completions cut at max_new_tokens",
-                      "returns and critic values", "KL to the reference", "KL penalty", "time per phase",
+                      "returns and critic values", "advantages", "samples with advantage 0", "KL to the reference",
+                      "KL penalty", "time per phase",
                       "policy lag (0 = on-policy)", "evaluation", "loss", "gradient norm"]
 
     answers = Trainer(logger=False, default_root_dir=tmp_path, enable_progress_bar=False, accelerator="cpu",

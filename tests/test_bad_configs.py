@@ -2,7 +2,9 @@
 
 Every case must end with exit code 2 and one message on stderr that names the field (and, where the message can,
 the value given and what is allowed): no traceback, no model loaded (every model factory is booby-trapped), nothing
-written under the run's directory, and never the comparator API key.
+written under the run's directory, and never the comparator API key. A case runs ``fit`` unless its config is
+prefixed with another subcommand (``validate:magrpo``). ``LATE_CASES`` are mistakes only a loaded model reveals: one
+message still, after the model loads.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+import torch
 
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 
@@ -66,7 +70,9 @@ CASES = [
     ("magrpo", [M + "max_grad_norm=0"], "max_grad_norm must be > 0"),
     ("magrpo", [M + "parallel_training=ddp"], "parallel_training must be one of: none, mp"),
     ("magrpo", [M + "parallel_training=mp"], "parallel_training='mp' requires explicit agent_devices"),
-    ("magrpo", [M + "agent_devices=[cpu,cpu]"], "agent_devices is used only with parallel_training='mp'"),
+    ("magrpo", [M + "parallel_training=mp", M + "agent_devices=[]"],
+     "agent_devices must be a non-empty list or 'auto'"),
+    ("magrpo", [M + "agent_devices=[gpu0,cpu]"], "agent_devices has an invalid device 'gpu0'"),  # without mp too
     ("magrpo", [M + "parallel_training=mp", M + "agent_devices=[gpu0,gpu1]"], "agent_devices"),
     ("magrpo", [M + "model_config={flash: true}"], "model_config has unknown keys ['flash']"),
     ("magrpo", [M + "model_config={dtype: float99}"], "dtype must be"),
@@ -89,10 +95,28 @@ CASES = [
     ("magrpo", [D + "shuffle=perhaps"], "shuffle"),
     # ------------------------------------------------------------------ trainer and CLI
     ("magrpo", ["--checkpoint_every_n_updates=-1"], "checkpoint_every_n_updates must be >= 0"),
+    ("magrpo", ["--checkpoint_total_limit=0"], "checkpoint_total_limit must be >= 1 or null (got 0)"),
     ("magrpo", ["--ckpt_path=last"], "ckpt_path last: no checkpoint under"),
     ("magrpo", ["--ckpt_path=./no/such.ckpt"], "ckpt_path './no/such.ckpt' is not a checkpoint"),
     ("magrpo", ["--trainer.max_steps=many"], "max_steps"),
     ("magrpo", ["--trainer.no_such_option=1"], "no_such_option"),
+    ("magrpo", ["--trainer.max_steps", "-5"], "trainer.max_steps: `max_steps` must be a non-negative integer or -1"),
+    ("magrpo", [M + "agent_learning_rate", "-1e-4"], "agent_learning_rate must be > 0"),  # a negative number parses
+    ("magrpo", [M + "temperature", "-.5"], "temperature must be > 0"),
+    *([] if torch.cuda.is_available() else [("magrpo", ["--trainer.accelerator", "gpu"], "no CUDA GPU is available")]),
+    ("magrpo", ["--ckpt_path={tmp}/truncated.ckpt"], "cannot be read as a checkpoint"),
+    ("magrpo", ["--ckpt_path={tmp}/notes.ckpt"], "cannot be read as a checkpoint"),
+    ("magrpo", ["--ckpt_path=best"], "ckpt_path best: no checkpoint under"),
+    ("validate:magrpo", ["--ckpt_path=last"], "ckpt_path last: no checkpoint under"),
+    ("test:magrpo", ["--ckpt_path=best"], "ckpt_path best: no checkpoint under"),
+    ("predict:magrpo", ["--ckpt_path={tmp}/truncated.ckpt"], "cannot be read as a checkpoint"),
+    ("validate:magrpo", ["--ckpt_path=./no/such.ckpt"], "ckpt_path './no/such.ckpt' is not a checkpoint"),
+    # ------------------------------------------------------------------ user code and files, before any model loads
+    ("magrpo", [M + "agents={tmp}/team"], "is a team folder written by save_pretrained"),
+    ("magrpo", [D + "eval_dataset={tmp}/other_keys.jsonl"], "failed on the first item of the evaluation items"),
+    ("magrpo", [D + "dataset={tmp}/other_keys.jsonl"], "failed on the first item of the training items"),
+    ("validate:magrpo", [D + "eval_dataset={tmp}/other_keys.jsonl"], "needs the key 'topic'"),
+    ("predict:magrpo", [D + "predict_dataset={tmp}/other_keys.jsonl"], "failed on the first item of the predict items"),
     # ------------------------------------------------------------------ IAC / MAAC
     ("iac", [M + "num_generations=0"], "num_generations must be >= 1"),
     ("iac", [M + "num_turns=2", M + "num_generations=2", M + "external_transition=comlrl_lightning.envs.toy.revise_transition"],
@@ -109,7 +133,7 @@ CASES = [
      "critics length (3) must match the number of agents (2)"),
     ("iac", [M + "use_separate_critic=false", M + "critics=[tiny,tiny]"],
      "critics can only be provided when use_separate_critic=True"),
-    ("iac", [M + "critic_devices=[cpu,cpu]"], "critic_devices is used only with parallel_training='mp'"),
+    ("iac", [M + "critic_devices=[gpu0,cpu]"], "critic_devices has an invalid device 'gpu0'"),
     ("iac", [M + "use_separate_critic=true", M + "critic_model=tiny", M + "parallel_training=mp",
              M + "agent_devices=[cpu,cpu]"], "parallel_training='mp' requires explicit critic_devices"),
     ("iac", [M + "critic_value_head_hidden_dim=-1"], "critic_value_head_hidden_dim must be >= 0"),
@@ -190,6 +214,14 @@ def files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "truncated.json").write_text('[{"topic": "a kite"}, {"topic": "a bo')
     (tmp_path / "not_a_dataset_dir").mkdir()
+    (tmp_path / "other_keys.jsonl").write_text('{"subject": "a kite"}\n')  # the formatters read 'topic'
+    torch.save({"state_dict": {}, "global_step": 3}, tmp_path / "whole.ckpt")
+    whole = (tmp_path / "whole.ckpt").read_bytes()
+    (tmp_path / "truncated.ckpt").write_bytes(whole[: len(whole) // 2])  # a copy that did not finish
+    (tmp_path / "notes.ckpt").write_text("[1, 2, 3]\n")  # torch: "Unsupported operand 91"
+    for i in range(2):  # what MultiAgentModule.save_pretrained writes: one folder per agent
+        (tmp_path / "team" / f"agent_{i}").mkdir(parents=True)
+        (tmp_path / "team" / f"agent_{i}" / "config.json").write_text("{}")
     return tmp_path
 
 
@@ -221,12 +253,39 @@ def test_a_bad_configuration_is_one_clear_message(config, overrides, fragment, f
     monkeypatch.delenv("COMLRL_TEST_UNSET_KEY", raising=False)
     run_dir = files / "run"
     args = [a.replace("{tmp}", str(files)) for a in overrides]
+    subcommand, _, config = config.rpartition(":")
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(REPO / "configs" / f"{config}.yaml"), "--trainer.default_root_dir", str(run_dir),
-              *args])
+        main([subcommand or "fit", "--config", str(REPO / "configs" / f"{config}.yaml"), "--trainer.default_root_dir",
+              str(run_dir), *args])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
     assert fragment in err, err
     assert "Traceback" not in err and SECRET not in err, err
     assert err.count("error:") == 1 and len(err.splitlines()) <= 6, err
     assert not run_dir.exists() or not any(run_dir.rglob("*")), "something was written"
+
+
+# Mistakes only a loaded model reveals (the tiny models load; still one message, no traceback).
+LATE_CASES = [
+    ("fit", [M + "lora_rank=4", M + "lora_target_modules=[no_such_proj]"],
+     "lora_target_modules ['no_such_proj'] does not fit this model"),
+    ("validate", ["--ckpt_path={tmp}/other_team.ckpt"], "does not fit the model this config builds"),
+]
+
+
+@pytest.mark.parametrize("subcommand,overrides,fragment", LATE_CASES, ids=["lora_target_modules", "other_team"])
+def test_a_mistake_found_when_the_models_load_is_one_clear_message(subcommand, overrides, fragment, files, capsys,
+                                                                   monkeypatch):
+    from comlrl_lightning.cli import main
+
+    monkeypatch.chdir(files)
+    torch.save({"state_dict": {"agents.0.no_such.weight": torch.zeros(1)}, "global_step": 1,
+                "pytorch-lightning_version": "2.6.0"}, files / "other_team.ckpt")
+    args = [a.replace("{tmp}", str(files)) for a in overrides]
+    with pytest.raises(SystemExit) as exit_info:
+        main([subcommand, "--config", str(REPO / "configs" / "quickstart.yaml"), "--trainer.default_root_dir",
+              str(files / "run"), "--trainer.enable_progress_bar=false", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert fragment in err, err
+    assert "Traceback" not in err and err.count("error:") == 1 and len(err.splitlines()) <= 6, err

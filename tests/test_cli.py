@@ -134,7 +134,7 @@ def test_the_cli_uses_the_counting_bar_unless_one_is_configured(tmp_path, monkey
 
 
 @pytest.mark.parametrize("bar", ["rich", "tqdm"])
-def test_the_bar_runs_through_a_fit(bar, tmp_path, monkeypatch):
+def test_the_bar_runs_through_a_fit(bar, tmp_path, monkeypatch, capsys):
     import lightning.pytorch as pl
 
     from comlrl_lightning.callbacks import progress
@@ -147,8 +147,13 @@ def test_the_bar_runs_through_a_fit(bar, tmp_path, monkeypatch):
     callback = progress.UpdateRichProgressBar() if bar == "rich" else progress.UpdateTQDMProgressBar()
     trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_model_summary=False,
                          callbacks=[callback], accelerator="cpu", devices=1, default_root_dir=tmp_path)
-    trainer.fit(make_module(), datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2))
+    trainer.fit(make_module(eval_interval=1, eval_num_samples=1),
+                datamodule=TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:1], prompts_per_step=2))
     assert trainer.global_step == 2
+    out = capsys.readouterr().out  # the evaluations' results, printed above the bar
+    assert "evaluation at update 0 (env_step 0): eval/turn_1/reward_mean" in out, out
+    assert "final evaluation at update 2" in out
+    assert {"reward", "loss"} <= set(trainer.progress_bar_metrics)
 
 
 # ----------------------------------------------------------------------------------------------- fail and resume
@@ -330,13 +335,18 @@ def test_predict_writes_each_items_joint_answer_from_a_checkpoint_or_saved_agent
     def predict(*args):
         main(["predict", *QUICK, "--trainer.default_root_dir", str(tmp_path / "predict"),
               "--data.init_args.predict_dataset", "comlrl_lightning.envs.toy.story_eval_tasks", *args])
-        path = max((tmp_path / "predict").rglob("predictions.jsonl"), key=lambda p: p.stat().st_mtime)
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        path = max(tmp_path.rglob("predictions.jsonl"), key=lambda p: p.stat().st_mtime)
+        return path, [json.loads(line) for line in path.read_text().splitlines()]
 
     from comlrl_lightning.envs.toy import story_eval_tasks
 
-    for rows in (predict("--ckpt_path", str(checkpoint)),
-                 predict("--model.init_args.agents", f"[{tmp_path / 'team' / 'agent_0'}, {tmp_path / 'team' / 'agent_1'}]")):
+    # A checkpoint's predictions go into its run's folder; the saved agents' into <root>/<name>/predict/.
+    (path, from_checkpoint), (path_agents, from_agents) = (
+        predict("--ckpt_path", str(checkpoint)),
+        predict("--model.init_args.agents", f"[{tmp_path / 'team' / 'agent_0'}, {tmp_path / 'team' / 'agent_1'}]"))
+    assert path.parent == tmp_path / "fit" / "quickstart" / "version_0" / "predict" / "version_0"
+    assert path_agents.parent == tmp_path / "predict" / "quickstart" / "predict" / "version_0"
+    for rows in (from_checkpoint, from_agents):
         assert [r["item"] for r in rows] == story_eval_tasks()
         for row in rows:
             assert len(row["agents"]) == 2 and len(row["rewards"]) == 1

@@ -85,7 +85,7 @@ def test_two_turn_coding_script_runs_with_level_feedback(tmp_path, capsys):
     assert "eval/turn_2/reward_mean" in out and "eval/turn_2/pass_rate" in out  # two turns, the coding aggregator
     rows = metric_rows(tmp_path / "run" / "magrpo")
     # two turns, K = 2, no early stop (a random team scores -4 < -0.2): 2 + 2 x 2 joint actions
-    assert float(rows[-1]["env_step"]) == 6 and any(r.get("turn_2/reward_mean") for r in rows)
+    assert float(rows[-1]["env_step"]) == 6 and any(r.get("rollout/turn_2/reward_mean") for r in rows)
     assert (tmp_path / "run" / "models" / "agent_1" / "model.safetensors").is_file()
 
 
@@ -108,9 +108,12 @@ CASES = {
 
 @pytest.mark.parametrize("trainer_class", TRAINERS, ids=lambda t: t.__name__)
 def test_every_trainer_builds_and_trains_one_step_with_its_config(trainer_class, tmp_path):
+    from lightning.pytorch import seed_everything
+
     fields, objects = CASES[trainer_class.__name__]
     config_class = type(trainer_class.default_config())
     assert config_class.__name__ == trainer_class.__name__.replace("Trainer", "Config")
+    seed_everything(0)  # what is sampled (and so whether a preference pair is found) must not depend on test order
     trainer = trainer_class(agent_model="tiny", reward_func=length_reward, train_dataset=ITEMS[:1],
                             args=config_class(output_dir=str(tmp_path), **SMALL, **fields), trainer_options=QUIET,
                             **objects)
@@ -129,8 +132,9 @@ def test_evaluate_returns_the_metrics_and_save_model_writes_hf_folders(tmp_path)
 
     calls = []
 
-    def eval_logger(agent_completions_turns, batch_items):
+    def eval_logger(agent_completions_turns, batch_items, prompts):  # how CoMLRL 1.4.3 calls it
         calls.append(len(batch_items))
+        assert prompts == [item["prompt"] for item in batch_items]
         return [{"turns": len(c)} for c in agent_completions_turns[0]]
 
     def eval_aggregator(metrics, num_turns):
@@ -341,3 +345,117 @@ def test_reward_processors_by_hand():
     assert (normalize(3.0, text_length=50), normalize(3.0, text_length=400)) == (0.75, 3.0)
     with pytest.raises(ValueError, match="max_len must be > 0"):
         rp.normalize_by_length(0)
+
+
+# ----------------------------------------------------------------------------------------------- the outside run's
+# findings against CoMLRL 1.4.3 (each of these failed before its fix)
+@pytest.mark.parametrize("value", ["null", "NULL", None, "none"])
+def test_parallel_training_null_and_none_mean_none(value):
+    from comlrl_lightning import MAGRPO
+
+    assert compat.MAGRPOConfig(num_turns=1, parallel_training=value).parallel_training == "none"
+    assert compat.IACConfig(num_turns=1, parallel_training=value).parallel_training == "none"
+    assert MAGRPO(reward_func=length_reward, parallel_training=value).parallel_training == "none"
+
+
+@pytest.mark.parametrize("config,values", [
+    (compat.MAGRPOConfig, {"num_turns": 1, "agent_devices": "cpu"}),
+    (compat.MAGRPOConfig, {"num_turns": 1, "agent_devices": ["cpu", "cuda:1"]}),
+    (compat.IACConfig, {"num_turns": 1, "agent_devices": ["cpu"], "critic_devices": ["cpu"]}),
+    (compat.IACConfig, {"num_turns": 1, "critic_devices": "cpu"}),
+    (compat.MAACConfig, {"num_turns": 1, "agent_devices": "cpu", "critic_devices": "cpu"}),
+    (compat.MADPOConfig, {"agent_devices": "cpu"}),
+])
+def test_devices_without_mp_are_accepted_as_comlrl_does(config, values):
+    config(**values)  # CoMLRL places the whole team on the first device; so does the module (test_actor_critic.py)
+
+
+def test_empty_agent_devices_with_mp_is_a_message():
+    with pytest.raises(ValueError, match=re.escape("agent_devices must be a non-empty list or 'auto'.")):
+        compat.MAGRPOConfig(num_turns=1, parallel_training="mp", agent_devices=[])
+
+
+def test_iterative_configs_log_reward_distributions():
+    assert compat.MADPOIterConfig(log_reward_distribution=True).log_reward_distribution
+    assert compat.MARLHFIterConfig(log_reward_distribution=True).log_reward_distribution
+    compat.MARLHFIterConfig(preference_num_candidates=3, num_iterations=1)
+    args = compat.MADPOIterConfig(log_reward_distribution=True, num_iterations=1)
+    with pytest.raises(ValueError, match="requires reward_func.reward_range"):  # the trainer checks the real reward
+        make_trainer(compat.MADPOIterTrainer, agent_model="tiny", args=args)
+
+    def ranged(first, second):
+        return length_reward(first, second)
+
+    ranged.reward_range = (0.0, 2.0)
+    make_trainer(compat.MADPOIterTrainer, agent_model="tiny", reward_func=ranged, args=args)
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda: compat.MADPOConfig(collaboration_mode="hybrid"),
+     "collaboration_mode must be decentralized or centralized (got 'hybrid')."),
+    (lambda: compat.MAGRPOConfig(num_turns=1, joint_mode="diagonal"),
+     "Unsupported joint_mode: diagonal (joint_mode must be one of: aligned, cross, align, crossed)."),
+    (lambda: compat.CentralizedMAGRPOConfig(num_turns=2), "Centralized MAGRPO currently supports num_turns=1 only."),
+    (lambda: compat.MADPOConfig(pair_selection="best"),
+     "pair_selection must be one of: reward_gap, random, all (got 'best')."),
+    (lambda: compat.MADPOConfig(pair_selection="comparator_reward"),
+     "pair_selection must be one of: reward_gap, random, all (got 'comparator_reward')."),
+    (lambda: compat.MADPOIterConfig(pair_selection="best"),
+     "pair_selection must be one of: reward_gap, random, all, comparator_reward (got 'best')."),
+])
+def test_messages_keep_comlrl_wording(build, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build()
+
+
+def test_parallel_training_ddp_says_only_none_and_mp_and_where_data_parallel_goes():
+    from comlrl_lightning import MAGRPO
+
+    with pytest.raises(ValueError, match=r"parallel_training only supports: none, mp\..*trainer\.strategy: ddp"):
+        MAGRPO(reward_func=length_reward, parallel_training="ddp")
+
+
+@pytest.mark.parametrize("trainer_class", TRAINERS, ids=lambda t: t.__name__)
+def test_a_trainer_without_models_or_reward_says_what_comlrl_says(trainer_class):
+    """CoMLRL's MAGRPO and preference trainers check the models first, its IAC/MAAC the reward function first."""
+    config = type(trainer_class.default_config())
+    args = config(num_turns=1) if "num_turns" in {f.name for f in dataclasses.fields(config)} else config()
+    with pytest.raises(ValueError, match="Either agent_model or agents must be provided."):
+        trainer_class(reward_func=length_reward, args=args)
+    first = "reward_func must be a callable." if trainer_class in (compat.IACTrainer, compat.MAACTrainer) else \
+        "Either agent_model or agents must be provided."
+    with pytest.raises(ValueError, match=re.escape(first)):
+        trainer_class(args=args)
+
+
+def test_centralized_wandb_run_config_names_magrpo_and_its_roles(caplog):
+    trainer = make_trainer(compat.CentralizedMAGRPOTrainer, agent_model="tiny",
+                           args=compat.CentralizedMAGRPOConfig(num_generations=2),
+                           wandb_config={"project": "p", "config_sections": {"dataset": {"name": "d", "type": "t"}}})
+    config = trainer.build_logger()._wandb_init["config"]
+    assert (config["algorithm"], config["num_roles"], config["num_actor_models"], config["collaboration_mode"]) == \
+        ("MAGRPO", 2, 1, "centralized")
+    assert (config["dataset_name"], config["dataset_type"], config["num_agents"]) == ("d", "t", 2)
+    assert make_trainer(agent_model="tiny", wandb_config={}).wandb_run_config()["algorithm"] == "MAGRPO"
+    with caplog.at_level(logging.WARNING):
+        old = make_trainer(agent_model="tiny", dataset_type="mbpp", wandb_config={})  # removed in CoMLRL 1.4.3
+    assert "dataset_type= was removed in CoMLRL 1.4.3" in caplog.text
+    assert old.wandb_run_config()["dataset_type"] == "mbpp" and "num_roles" not in old.wandb_run_config()
+
+
+def test_wandb_config_id_and_resume_reach_the_logger():
+    wandb_config = {"project": "p", "id": "abc", "resume": "must"}
+    logger = make_trainer(agent_model="tiny", wandb_config=wandb_config).build_logger()
+    assert (logger._wandb_init["id"], logger._wandb_init["resume"]) == ("abc", "must")
+
+
+def test_parallel_training_null_from_yaml(tmp_path):
+    from comlrl_lightning.cli import main
+
+    extra = tmp_path / "null.yaml"
+    extra.write_text('model:\n  init_args:\n    parallel_training: "null"\n')
+    cli = main(["--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(extra)], run=False)
+    assert cli.model.parallel_training == "none"
+    extra.write_text("model:\n  init_args:\n    parallel_training: null\n")
+    assert main(["--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(extra)],
+                run=False).model.parallel_training == "none"

@@ -263,7 +263,7 @@ def test_magrpo_fit_on_real_arxiv_items(tmp_path):
     trainer.fit(module, datamodule=TaskDataModule(dataset=items, eval_dataset=items[:1], prompts_per_step=2))
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
         columns = set(next(csv.DictReader(f)))
-    assert "turn_1/reward_mean" in columns and "eval/turn_1/avg_total_reward" in columns
+    assert "rollout/turn_1/reward_mean" in columns and "eval/turn_1/avg_total_reward" in columns
 
 
 @pytest.mark.parametrize("name", ["writing_tldr_magrpo.yaml", "writing_arxiv_magrpo.yaml"])

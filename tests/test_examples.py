@@ -97,10 +97,11 @@ def test_ppo_clip_fits_through_the_cli_with_several_epochs_per_rollout(tmp_path)
     assert isinstance(module, MAPPOClip) and cli.trainer.global_step == steps
     updates = [r for r in rows if r.get("loss")]
     # quickstart: 2 prompts per step, buffer 2 nodes, train_batch_size 2 -> one mini-batch per pass, 2 passes per
-    # rollout, so every step makes 2 updates: policy lag 0 on the first pass, 1 on the second (the same samples
-    # again), logged as the step's mean 0.5.
-    assert len(updates) == steps // 2
-    assert [float(r["rollout/policy_lag"]) for r in updates] == [0.5] * (steps // 2)
+    # rollout, so every step makes 2 updates, one row each: policy lag 0 on the first pass, 1 on the second (the same
+    # samples again); the samples' reward is on the first row of the two.
+    assert [int(r["step"]) for r in updates] == list(range(steps))
+    assert [float(r["rollout/policy_lag"]) for r in updates] == [0.0, 1.0] * (steps // 2)
+    assert [bool(r["rollout/turn_1/reward_mean"]) for r in updates] == [True, False] * (steps // 2)
     assert all(float(r["agent_0/clipped_tokens"]) >= 0 for r in updates)
 
 

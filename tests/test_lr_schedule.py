@@ -128,7 +128,7 @@ def test_each_agent_follows_its_own_rate_one_scheduler_step_per_update(tmp_path)
 
 def test_several_updates_in_one_batch_step_the_schedule_each_time(tmp_path):
     """Two updates per batch (train_batch_size 1 of a 2-node buffer): the schedule advances per update, so the
-    k-th update uses multiplier(k), and a batch's row logs the mean of its two updates' rates."""
+    k-th update uses multiplier(k), and each update's row (at its step) logs the rate it used."""
     module = make_module(lr_warmup_steps=2, lr_decay="linear", lr_min_ratio=0.1, train_batch_size=1)
     seen = spy_updates(module)
     trainer = fit(module, tmp_path, max_steps=6)
@@ -140,9 +140,8 @@ def test_several_updates_in_one_batch_step_the_schedule_each_time(tmp_path):
         assert per_update == pytest.approx(expected(schedule, base, range(6)), rel=1e-6)
         assert [r / base for r in per_update] == pytest.approx(HAND["linear"][:6], rel=1e-6)
         rows = logged(trainer, f"agent_{i}/learning_rate")
-        assert len(rows) == 3  # one row per batch
-        assert [rows[s] for s in sorted(rows)] == pytest.approx(
-            [(per_update[2 * b] + per_update[2 * b + 1]) / 2 for b in range(3)], rel=1e-6)
+        assert sorted(rows) == list(range(6))  # one row per update, not per batch
+        assert [rows[s] for s in range(6)] == pytest.approx(per_update, rel=1e-6)
 
 
 @pytest.mark.parametrize("layout,updates", [

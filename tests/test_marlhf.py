@@ -154,7 +154,7 @@ def test_two_stages_for_every_backend(algo, tmp_path):
     assert all(0.0 <= a <= 1.0 for a in column(rows, "reward_model/accuracy"))
     rl_rows = [r for r in rows if r.get("loss")]
     assert rl_rows and {r["epoch"] for r in rl_rows} == {"1"}
-    for key in ("rollout/turn_1/reward_mean", "turn_1/reward_mean", "agent_0/grad_norm", "agent_1/grad_norm"):
+    for key in ("rollout/turn_1/reward_mean", "turn_1/expected_return", "agent_0/grad_norm", "agent_1/grad_norm"):
         assert column(rows, key), key
     evals = column(rows, "eval/turn_1/reward_mean")
     assert evals and all(0.0 <= v <= 1.0 for v in evals)  # the letter reward's range
@@ -244,8 +244,8 @@ def test_rl_stage_uses_raw_reward_model_scores_and_evaluation_the_task_reward(al
     # completions log: pair records (oracle rewards) in epoch 0, rollouts with raw RM scores afterwards
     lines = (Path(trainer.logger.log_dir) / "completions.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
-    rm_records = [r for r in records if r["step"] <= len(data.pairs)]  # one RM update per pair (2 epochs / 2)
-    rl_records = [r for r in records if r["step"] > len(data.pairs)]
+    rm_records = [r for r in records if r["step"] < len(data.pairs)]  # one RM update per pair (2 epochs / 2)
+    rl_records = [r for r in records if r["step"] >= len(data.pairs)]  # a record's step: updates done at sampling
     assert rm_records and all(100.0 <= x <= 101.0 for r in rm_records for x in _flat(r["rewards"]))
     assert rl_records and all(abs(x) < 50 for r in rl_records for x in _flat(r["rewards"]))
 
@@ -453,3 +453,14 @@ def test_cli_fits_the_marlhf_config_with_tiny_models(tmp_path, monkeypatch):
     metrics = next(tmp_path.glob("outputs/marlhf/*/metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))
     assert column(rows, "reward_model/loss") and column(rows, "loss") and column(rows, "eval/turn_1/reward_mean")
+
+
+@pytest.mark.parametrize("algo", ["iac", "maac"])
+def test_reference_kl_with_an_actor_critic_backend_fits(algo, tmp_path):
+    """MARLHF with reference_kl_enabled and an actor-critic backend: the RL stage scores the samples against the
+    frozen reference (it used to crash on the backend's first rollout)."""
+    module = make_marlhf(algo, reference_kl_enabled=True, reference_kl_coef=0.5, critic_model_name="tiny",
+                         eval_interval=0)
+    trainer, _ = fit_marlhf(module, tmp_path)
+    assert trainer.global_step >= 2 and module.rl.last_rollout is not None
+    assert module.rl.last_rollout.nodes[0].agents[0].sequence_kl is not None

@@ -118,16 +118,19 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     from comlrl_lightning.algorithms.base import check_strategy
     from comlrl_lightning.config_errors import ConfigurationError
 
-    def module(parallel="none", lora=None, name="MAGRPO", generation_dtype="model", backend="hf", sleep=False):
+    def module(parallel="none", lora=None, name="MAGRPO", generation_dtype="model", backend="hf", sleep=False,
+               devices=None):
         return SimpleNamespace(parallel_training=parallel, lora=lora, algorithm_name=name,
                                generation_dtype=generation_dtype, generation_backend=backend,
-                               vllm_enable_sleep_mode=sleep)
+                               vllm_enable_sleep_mode=sleep, agent_devices=devices)
 
     with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported.*ModelParallel"):
         check_strategy(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), module())
     with pytest.raises(ConfigurationError, match="parallel_training='mp'.*trainer.devices x trainer.num_nodes"):
         check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module("mp"))
     check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module())
+    with pytest.raises(ConfigurationError, match="agent_devices/critic_devices without parallel_training: mp"):
+        check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module(devices=["cpu"]))
     check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), module("mp"))
     sharded = SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), world_size=2)
     check_strategy(sharded, module())

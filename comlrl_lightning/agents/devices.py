@@ -144,5 +144,7 @@ def normalize_parallel_training(value: Any) -> str:
             return "mp"
     hint = ""
     if isinstance(value, str) and value.strip().lower() in ("ddp", "auto", "fsdp"):
-        hint = " For data-parallel training set the Lightning Trainer's strategy (e.g. strategy='ddp')."
+        hint = (" Data-parallel training is the Lightning Trainer's job: launch one process per device with its "
+                "strategy (YAML/CLI: trainer.strategy: ddp; Python: Trainer(strategy='ddp', devices=N)), "
+                "docs/scaling.md.")
     raise ValueError(f"parallel_training only supports: none, mp. Got {value!r}.{hint}")

@@ -126,6 +126,7 @@ def _normalize_source(entry: Any, index: int | None, field: str = "agents") -> A
                 f"{where} = {entry!r} looks like a local path but does not exist. Pass an existing "
                 f"directory (written by save_pretrained), a hub id, or a factory name ({_factory_names()})."
             )
+        _refuse_team_folder(text, where, field)
         return text
     if is_model_object(entry):
         return entry
@@ -133,6 +134,21 @@ def _normalize_source(entry: Any, index: int | None, field: str = "agents") -> A
         f"{where} must be a model name/path string or a loaded model object (PreTrainedModel); "
         f"got {type(entry).__name__}."
     )
+
+
+def _refuse_team_folder(text: str, where: str, field: str) -> None:
+    """A folder ``MultiAgentModule.save_pretrained`` wrote for the whole team (``agent_0/``, ``agent_1/``, ...) given
+    where one agent's folder belongs: say which folders to give instead (from_pretrained would fail on it)."""
+    folder = os.path.expanduser(text)
+    if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, f))
+                                        for f in ("config.json", "adapter_config.json")):
+        return
+    members = sorted((d for d in os.listdir(folder) if d.startswith("agent_") and d[6:].isdigit()
+                      and os.path.isdir(os.path.join(folder, d))), key=lambda d: int(d[6:]))
+    if members:
+        folders = ", ".join(os.path.join(text, d) for d in members)
+        raise ValueError(f"{where} = {text!r} is a team folder written by save_pretrained (it holds "
+                         f"{', '.join(d + '/' for d in members)}): give one folder per agent, {field}: [{folders}].")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -69,7 +69,16 @@ class LoRATeam(nn.Module):
             targets = target_modules if isinstance(target_modules, str) else list(target_modules)
             config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                                 task_type="CAUSAL_LM")
-            self.peft = get_peft_model(base, config, adapter_name=adapter_name(0))
+            try:
+                self.peft = get_peft_model(base, config, adapter_name=adapter_name(0))
+            except ValueError as err:  # peft: "Target modules {...} not found in the base model"
+                from comlrl_lightning.config_errors import ConfigurationError
+
+                linear = sorted({name.rsplit(".", 1)[-1] for name, module in base.named_modules()
+                                 if isinstance(module, nn.Linear)})
+                raise ConfigurationError(
+                    f"lora_target_modules {targets!r} does not fit this model ({str(err).splitlines()[0]}); its linear "
+                    f"layers are named {', '.join(linear)} (or use all-linear).") from err
             for i in range(1, num_agents):
                 self.peft.add_adapter(adapter_name(i), config)
         if base_name is not None:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from comlrl_lightning.agents import CausalLMWithValueHead, check_model_sources, load_agents, resolve_devices
 from comlrl_lightning.agents.sharding import full_state_dicts
 from comlrl_lightning.algorithms.fields import CriticFields, require
-from comlrl_lightning.algorithms.base import trainable_parameters
+from comlrl_lightning.algorithms.base import team_placement, trainable_parameters
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.core.advantages import critic_advantages
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
@@ -184,14 +184,16 @@ class IAC(CriticFields, OnPolicyModule):
         mp = self.parallel_training == "mp"
         require(not (mp and separate and self.critic_devices is None),
                 "parallel_training='mp' requires explicit critic_devices.")
-        require(mp or self.critic_devices is None,
-                f"critic_devices is used only with parallel_training='mp' (got parallel_training="
-                f"{self.parallel_training!r}): set parallel_training: mp or remove critic_devices.")
         if separate:
             check_model_sources(list(given) if given is not None else self.critic_model,
                                 "critics" if given is not None else "critic_model")
-        self.critic_device_list = resolve_devices(self.critic_devices, count, kind="critic_devices") \
-            if self.critic_devices is not None else None
+        if mp:
+            self.critic_device_list = resolve_devices(self.critic_devices, count, kind="critic_devices") \
+                if self.critic_devices is not None else None
+        else:  # as CoMLRL: actors and critics on ONE device, the first of agent_devices, else of critic_devices
+            if self.agent_devices is None:
+                self.agent_devices = team_placement(self.critic_devices, self.num_agents, "critic_devices")
+            self.critic_device_list = None if self.agent_devices is None else [self.agent_devices[0]] * count
 
     # ------------------------------------------------------------------ models
     def build_models(self) -> None:
@@ -249,7 +251,7 @@ class IAC(CriticFields, OnPolicyModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        if self.parallel_training == "mp" and self.critic_device_list is not None:
+        if self.critic_device_list is not None:
             for critic, device in zip(self.critics, self.critic_device_list):
                 critic.to(device)
 
@@ -311,7 +313,9 @@ class IAC(CriticFields, OnPolicyModule):
                 f"[Agent {i} action]\n{c}" for i, c in enumerate(completions))
         return text
 
-    def agent_inputs(self, agent: int, samples: Sequence[JointSample]) -> ScoringInputs:
+    def sample_inputs(self, agent: int, samples: Sequence[JointSample]) -> ScoringInputs:
+        """Agent ``agent``'s rows of joint ``samples`` (one completion each). Not ``agent_inputs``: that one
+        (``OnPolicyModule``) takes nodes and scores every completion of them, e.g. for the reference KL."""
         rows = [(s.node.agents[agent], s.k) for s in samples]
         return collate_rows([a.prompt_ids for a, _ in rows], [a.completion_ids[k : k + 1] for a, k in rows],
                             [a.completion_mask[k : k + 1] for a, k in rows], self.tokenizers[agent].pad_token_id)
@@ -323,7 +327,7 @@ class IAC(CriticFields, OnPolicyModule):
             inputs = build_scoring_inputs([s.node.critic_ids[s.k] for s in samples], empty, empty.bool(),
                                           self.tokenizers[0].pad_token_id)
             return inputs, torch.full((len(samples),), inputs.input_ids.shape[1] - 1)
-        inputs = self.agent_inputs(critic, samples)
+        inputs = self.sample_inputs(critic, samples)
         if self.critic_type == "v":  # V(h): the prompt only
             inputs = build_scoring_inputs([s.node.agents[critic].prompt_ids for s in samples],
                                           inputs.completion_ids[:, :0], inputs.completion_mask[:, :0],
@@ -356,7 +360,7 @@ class IAC(CriticFields, OnPolicyModule):
     def losses(self, samples: list[JointSample]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Agent by agent (actor and its critic), micro-batch by micro-batch; then MAAC's joint critic."""
         rows, N, turn = len(samples), self.num_agents, samples[0].turn + 1
-        inputs = [self.agent_inputs(i, samples) for i in range(N)]
+        inputs = [self.sample_inputs(i, samples) for i in range(N)]
         weights = [token_loss_weights(x.completion_mask, self.loss_aggregation, self.max_new_tokens) for x in inputs]
         plans = [micro_batches(x, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i)))
                  for i, x in enumerate(inputs)]

@@ -25,20 +25,19 @@ import abc
 import contextlib
 import inspect
 import math
-import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torchmetrics.aggregation import CatMetric
 
-from comlrl_lightning.agents import CausalLMWithValueHead, load_agents, resolve_devices, save_agents
+from comlrl_lightning.agents import (CausalLMWithValueHead, load_agents, resolve_devices, resolve_single_device,
+                                    save_agents)
 from comlrl_lightning.agents.loading import validate_agent_sources
 from comlrl_lightning.agents.lora import LoRATeam, adapter_base, is_adapter_dir
 from comlrl_lightning.agents.memory import (activation_bytes, available_bytes, enable_checkpointing, keep_freed_memory,
@@ -59,10 +58,13 @@ from comlrl_lightning.algorithms.fields import (
     TaskFields,
     require,
 )
+from comlrl_lightning.algorithms.user_state import load_user_states, save_user_states
+from comlrl_lightning.callbacks.checkpoints import wandb_identity
 from comlrl_lightning.config_errors import ConfigurationError
 from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.data import ranks
-from comlrl_lightning.data.files import run_root
+from comlrl_lightning.data.files import RESUMED_FROM, run_root
+from comlrl_lightning.rollout.seeding import rng_state, set_rng_state
 from comlrl_lightning.rollout import generation
 from comlrl_lightning.rollout.generation import backend_problem, make_backend
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
@@ -99,6 +101,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         self.engine = self.build_engine()
         self.env_step = 0
         self.phase_seconds: dict[str, float] = defaultdict(float)  # logged by the PhaseTimer callback
+        self._sampled_since_update: list[dict[str, float]] = []  # rollout metrics waiting for the next update row
         self._eval_records: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ configuration
@@ -132,11 +135,10 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         devices = self.field_values["agent_devices"]
         require(self.parallel_training != "mp" or devices is not None,
                 "parallel_training='mp' requires explicit agent_devices.")
-        require(self.parallel_training == "mp" or devices is None,
-                f"agent_devices is used only with parallel_training='mp' (got parallel_training="
-                f"{self.parallel_training!r}, agent_devices={devices!r}): set parallel_training: mp to place each "
-                "agent on its device, or remove agent_devices (the trainer's accelerator/devices place the team).")
-        self.agent_devices = resolve_devices(devices, self.num_agents, kind="agent_devices") if devices else None
+        # mp: each agent on its own device. Otherwise, as CoMLRL: the whole team on ONE device, the first named
+        # (none named, or auto: where the trainer puts the module). None: the trainer places the team.
+        self.agent_devices = resolve_devices(devices, self.num_agents, kind="agent_devices") \
+            if self.parallel_training == "mp" else team_placement(devices, self.num_agents, "agent_devices")
         rates = self.agent_learning_rate
         rates = list(rates) if isinstance(rates, (list, tuple)) else [rates] * self.num_agents
         require(len(rates) == self.num_agents,
@@ -330,7 +332,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             scheduler = self.lr_schedulers()
             if scheduler is not None:
                 scheduler.step_groups(trained)
-        return metrics
+        return {**metrics, **self.take_phase_timings()}
 
     def count_env_steps(self, joint_actions: int) -> None:
         """Add the joint actions of a step — over every rank — to ``env_step``."""
@@ -423,17 +425,75 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         finally:
             self.phase_seconds[phase] += time.perf_counter() - tic
 
-    def log_metrics(self, metrics: dict[str, float], batch_size: int, progress: tuple[str, str] | None = None):
-        """Log a step's metrics against ``global_step`` (``env_step`` with every row), each the mean over the ranks
-        that have it, and one of them (``progress``: label, metric) on the bar."""
-        metrics = {**ranks.mean_of_ranks(metrics), "env_step": float(self.env_step)}
-        self.log_dict(metrics, batch_size=batch_size)
-        if progress is not None and progress[1] in metrics:
-            self.log(progress[0], metrics[progress[1]], prog_bar=True, logger=False, batch_size=batch_size)
+    def take_phase_timings(self) -> dict[str, float]:
+        """``timing_s/<phase>`` of everything timed since the previous update (its share of sampling, rewards and
+        scoring included), and start timing afresh; nothing when the run has no ``PhaseTimer``."""
+        from comlrl_lightning.callbacks.timing import PhaseTimer
+
+        seconds = dict(self.phase_seconds)
+        self.phase_seconds.clear()
+        timed = self._trainer is not None and any(isinstance(c, PhaseTimer) for c in self.trainer.callbacks)
+        return {f"timing_s/{phase}": value for phase, value in seconds.items()} if timed else {}
+
+    # ------------------------------------------------------------------ the run's record: one row per update
+    # Lightning's own logging writes a row per training batch at a per-batch counter, and repeats on every row
+    # the values of earlier batches; here a batch makes zero updates (it only fills the rollout buffer) or several
+    # (mini-batches). So each update's metrics go to the loggers as ONE row at the update's step, beside
+    # ``self.log`` for the progress bar only (docs/algorithms.md#metrics-and-steps).
+    @property
+    def updates_done(self) -> int:
+        """The updates that made the current weights: ``global_step`` during a fit, the checkpoint's when a
+        ``validate``/``test``/``predict`` run loaded one."""
+        return max(self.global_step, getattr(self, "_checkpoint_step", 0))
+
+    def write_row(self, metrics: Mapping[str, float], step: int | None = None) -> dict[str, float]:
+        """Write one row to every logger at ``step`` (default :attr:`updates_done`): each metric the mean over the
+        ranks that have it, with ``env_step``; the values also become ``trainer.callback_metrics`` (what
+        ``ModelCheckpoint(monitor=...)`` and early stopping read). Every rank calls it (the mean is a
+        collective); the loggers write on rank 0. Returns the row."""
+        row = {**ranks.mean_of_ranks(dict(metrics)), "env_step": float(self.env_step)}
+        step = self.updates_done if step is None else int(step)
+        if self._trainer is None:
+            return row
+        row["epoch"] = self.current_epoch
+        values = {k: torch.tensor(v) for k, v in row.items()}  # as Lightning keeps them
+        # Lightning's own row writer (every logger, then save; trainer.logged_metrics kept up to date), given the step.
+        self.trainer._logger_connector.log_metrics(values, step=step)
+        self.trainer.callback_metrics.update(values)
+        return row
+
+    def log_metrics(self, metrics: Mapping[str, float], batch_size: int | None = None,
+                    progress: tuple[str, str] | None = None) -> None:
+        """A step that made one update: its row (``log_step([metrics])``), and ``progress`` (label, metric) on the
+        bar."""
+        self.log_step([metrics], progress=dict([progress]) if progress else None)
+
+    def log_step(self, updates: Sequence[Mapping[str, float]], sampled: Mapping[str, float] | None = None,
+                 progress: Mapping[str, str] | None = None) -> None:
+        """Record one training step: a row per update it made, at that update's step (the updates done before it:
+        the row at step s holds update s+1, made from the samples of the weights after s updates; an evaluation
+        at step s evaluates those weights). ``sampled`` (rollout metrics of the step's fresh samples) waits for
+        the next update and joins its row, averaged with those of the other steps since the previous update: a
+        step that only fills the buffer writes nothing. ``progress``: ``{label: metric}`` shown on the bar."""
+        if sampled:
+            self._sampled_since_update.append(dict(sampled))
+        first = self.global_step - len(updates)
+        shown: dict[str, float] = dict(sampled or {})
+        for n, metrics in enumerate(updates):
+            row = dict(metrics)
+            if self._sampled_since_update:
+                row = {**mean_over(self._sampled_since_update), **row}
+                self._sampled_since_update = []
+            shown.update(self.write_row(row, step=first + n))
+        for label, key in (progress or {}).items():
+            if key in shown:
+                self.log(label, float(shown[key]), prog_bar=True, logger=False, batch_size=1)
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str) -> None:
         check_strategy(self.trainer, self)
+        if self.trainer.datamodule is not None:
+            self.check_items(self.trainer.datamodule, stage)  # before any model loads (configure_model is next)
         run_root(self.trainer)  # read on every rank now; later only rank 0 writes there
         if stage == "fit":
             # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback), not in Lightning's validation
@@ -445,29 +505,52 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         if stage == "fit" and hasattr(self, "_limit_val_batches"):
             self.trainer.limit_val_batches = self._limit_val_batches
 
+    def check_items(self, datamodule: Any, stage: str | None = None) -> None:
+        """Try every formatter on the first item of each split the run reads (training and evaluation items for a
+        fit, the stage's items otherwise), so that a formatter that cannot read a dataset's items fails before any
+        model loads, naming the formatter, the split and the item's keys (a ``ConfigurationError``)."""
+        first_items = getattr(datamodule, "first_items", None)
+        if not callable(first_items):
+            return
+        for split, item in first_items(stage).items():
+            for i, formatter in enumerate(self.prompt_formatters):
+                try:
+                    formatter(item)
+                except Exception as err:  # noqa: BLE001 - user code: any error is reported the same way
+                    text = err.args[0] if isinstance(err, KeyError) and err.args else err
+                    name = f"formatters[{i}]" if len(self.prompt_formatters) > 1 else "formatters"
+                    raise ConfigurationError(f"{name} failed on the first item of the {split} ({type(err).__name__}: "
+                                             f"{text})") from err
+
     def on_fit_start(self) -> None:
+        # A resumed run's folder names its checkpoint: load_run joins the run to its start (no logger: no run folder).
+        if self.trainer.ckpt_path and self.trainer.loggers and self.trainer.is_global_zero:
+            folder = run_root(self.trainer)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / RESUMED_FROM).write_text(str(Path(self.trainer.ckpt_path).resolve()) + "\n", encoding="utf-8")
         if self.keep_freed_cpu_memory and self.device.type == "cpu":
             keep_freed_memory()  # no page fault per fresh page, step after step (agents/memory.py)
         for logger in self.loggers:  # W&B charts against env_step (CoMLRL's x-axis) instead of global_step
             if type(logger).__name__ == "WandbLogger":
                 logger.experiment.define_metric("env_step")
                 logger.experiment.define_metric("*", step_metric="env_step")
-        if self.parallel_training == "mp":
-            # Model placement: each whole agent on its own device (Lightning moved everything to one).
+        if self.agent_devices is not None:
+            # Model placement: each whole agent on its device (Lightning moved everything to one).
             for model, device in zip(self.agents, self.agent_devices):
                 model.to(device)
 
     def configure_callbacks(self):
         """The optional parts of a run this module's config turns on."""
         from comlrl_lightning.callbacks import CompletionsLogger, EvaluationCallback, PhaseTimer, PredictionWriter
+        from comlrl_lightning.callbacks.conventions import run_conventions
 
         callbacks = [PhaseTimer()]
         if self.eval_interval > 0 and self.eval_num_samples > 0:
-            callbacks.append(EvaluationCallback(self.eval_interval, self.eval_num_samples))
+            callbacks.append(EvaluationCallback(self.eval_interval, self.eval_num_samples, at_end=self.eval_at_end))
         if self.log_completions:
             callbacks.append(CompletionsLogger())
         callbacks.append(PredictionWriter())
-        return callbacks
+        return callbacks + run_conventions(self._trainer)
 
     @torch.no_grad()
     def score_no_grad(self, agent: int, inputs: ScoringInputs) -> Tensor:
@@ -570,7 +653,9 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     def on_validation_epoch_end(self) -> None:
         self._release_agents()
         if self._eval_records:
-            self.log_dict(self.evaluation_metrics(self._eval_records))
+            # One row at the step of the weights evaluated (a checkpoint's, for `validate`): Lightning writes a
+            # logged "step" as the row's step.
+            self.log_dict({**self.evaluation_metrics(self._eval_records), "step": float(self.updates_done)})
         self._eval_records = []
 
     # The ``test`` subcommand: the evaluation on the test items, its metrics named ``test/...``.
@@ -584,7 +669,8 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         self._release_agents()
         if self._eval_records:
             metrics = self.evaluation_metrics(self._eval_records)
-            self.log_dict({k.replace("eval/", "test/", 1): v for k, v in metrics.items() if k != "env_step"})
+            metrics = {k.replace("eval/", "test/", 1): v for k, v in metrics.items()}
+            self.log_dict({**metrics, "step": float(self.updates_done)})  # one row, at the step evaluated
         self._eval_records = []
 
     # The ``predict`` subcommand: what the team answers, item by item (``PredictionWriter`` writes it to JSONL).
@@ -631,12 +717,18 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Every rank's RNG (Lightning writes rank 0's checkpoint; each rank samples its own share).
-        checkpoint["comlrl_lightning"] = {"env_step": self.env_step, "rng": _rng_state(),
-                                          "rank_rng": ranks.gather(_rng_state())}
+        checkpoint["comlrl_lightning"] = {"env_step": self.env_step, "rng": rng_state(),
+                                          "rank_rng": ranks.gather(rng_state()),
+                                          "sampled_since_update": list(self._sampled_since_update),
+                                          "user_state": save_user_states(self.field_values),
+                                          "wandb": wandb_identity(self.loggers)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("comlrl_lightning", {})
         self.env_step = int(state.get("env_step", 0))
+        self._checkpoint_step = int(checkpoint.get("global_step", 0))  # the step validate/test/predict report
+        self._sampled_since_update = [dict(m) for m in state.get("sampled_since_update", [])]
+        load_user_states(self.field_values, state.get("user_state"))  # the user's stateful reward, logger, ...
         per_rank = state.get("rank_rng") or [state.get("rng")]
         # A run with more processes than the checkpointed one: the extra ranks keep their own seeded streams.
         self._rng_to_restore = per_rank[ranks.rank()] if ranks.rank() < len(per_rank) else None
@@ -645,7 +737,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         # Restore RNG after Lightning's own start-up (which may draw random numbers) for exact resume.
         rng = getattr(self, "_rng_to_restore", None)
         if rng:
-            _set_rng_state(rng)
+            set_rng_state(rng)
             self._rng_to_restore = None
 
 
@@ -805,6 +897,12 @@ def check_strategy(trainer: Any, module: Any) -> None:
                    or accelerator == "CUDAAccelerator",
                    f"vllm_enable_sleep_mode: true needs a GPU (its memory is what sleep mode releases), but the trainer "
                    f"runs on {accelerator.removesuffix('Accelerator')}: set vllm_enable_sleep_mode: false.")
+    if module.parallel_training != "mp" and module.agent_devices is not None and trainer.world_size > 1:
+        raise ConfigurationError(
+            f"agent_devices/critic_devices without parallel_training: mp place the whole team on ONE device "
+            f"({module.agent_devices[0]}), but trainer.strategy {name} runs {trainer.world_size} processes "
+            "(trainer.devices x trainer.num_nodes), each with its own device: remove agent_devices and critic_devices "
+            "(each process then places its team), or run one process (docs/scaling.md).")
     if module.parallel_training == "mp" and trainer.world_size > 1:
         raise ConfigurationError(
             f"parallel_training='mp' places agents on the devices of one process, but trainer.strategy {name} runs "
@@ -813,31 +911,18 @@ def check_strategy(trainer: Any, module: Any) -> None:
             "(docs/scaling.md).")
 
 
+def team_placement(spec: Any, n: int, kind: str) -> list[torch.device] | None:
+    """Without ``parallel_training: mp``: CoMLRL's one device for the whole team of ``n`` — the first entry of
+    ``spec`` — or None (the trainer places the team) when ``spec`` is null, ``auto`` or starts with ``auto``."""
+    first = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
+    if spec is None or (isinstance(first, str) and first.strip().lower() == "auto"):
+        return None
+    return [resolve_single_device(spec, kind=kind)] * n
+
+
 def require_config(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigurationError(message)
-
-
-def _rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch (and CUDA) RNG states as tensors and plain values (``weights_only``-loadable)."""
-    version, mt_state, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": [version, torch.tensor(mt_state, dtype=torch.int64), gauss],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    version, mt_state, gauss = state["python"]
-    random.setstate((version, tuple(mt_state.tolist()), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def call_filtered(func, **kwargs):

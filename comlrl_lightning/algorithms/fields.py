@@ -17,11 +17,13 @@ Checks that involve several groups (the reward against the team size, devices ag
 
 from __future__ import annotations
 
+import functools
+import inspect
 import typing
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence, get_args, get_origin
 
-from comlrl_lightning.agents import check_model_sources
+from comlrl_lightning.agents import check_model_sources, normalize_parallel_training
 from comlrl_lightning.comparators.api import ApiComparatorConfig, normalize_api_format
 from comlrl_lightning.comparators.sources import normalize_comparator_policy, normalize_generation_mode
 from comlrl_lightning.core.losses import ImportanceSamplingMode
@@ -29,7 +31,7 @@ from comlrl_lightning.core.replay import normalize_replay_mode
 from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.generation import GenerationBackendName
 
-ParallelTraining = Literal["none", "mp"]
+ParallelTraining = Literal["none", "mp", "null"]  # null: CoMLRL's alias of none (stored as none)
 CollaborationMode = Literal["decentralized", "centralized"]
 LrDecay = Literal["constant", "linear", "cosine"]
 AdamWImplementation = Literal["auto", "fused", "foreach", "for-loop"]
@@ -39,7 +41,13 @@ KlEstimator = Literal["k1", "k2", "k3"]
 KlPlacement = Literal["reward", "loss"]
 CriticType = Literal["v", "q"]
 GenerationDtype = Literal["model", "bfloat16", "float16"]
-PairSelection = Literal["reward_gap", "random", "all", "comparator_reward"]  # comparator_reward: iterative only
+PairSelection = Literal["reward_gap", "random", "all"]
+IterativePairSelection = Literal["reward_gap", "random", "all", "comparator_reward"]  # the iterative variants'
+# CoMLRL's wording of a choice error, where it has its own (the field, the value and the choices are still named).
+CHOICE_MESSAGES = {
+    "collaboration_mode": "collaboration_mode must be decentralized or centralized (got {value!r}).",
+    "joint_mode": "Unsupported joint_mode: {value} (joint_mode must be one of: {allowed}).",
+}
 
 
 def choices_of(annotation: Any) -> tuple[str, ...] | None:
@@ -53,21 +61,35 @@ def choices_of(annotation: Any) -> tuple[str, ...] | None:
     return None
 
 
-def check_choices(function: Callable, values: dict[str, Any]) -> dict[str, Any]:
+def check_choices(function: Callable, values: dict[str, Any], owner: type | None = None) -> dict[str, Any]:
     """``values`` with every ``Literal`` field's choice in its canonical spelling (CoMLRL accepts any case from
-    Python); a value outside the choices is rejected: ``<field> must be one of: a, b, c (got 'x').`` The same rule
-    the CLI applies to YAML."""
+    Python); a value outside the choices is rejected: ``<field> must be one of: a, b, c (got 'x').`` (CoMLRL's own
+    wording where it has one, :data:`CHOICE_MESSAGES`). The same rule the CLI applies to YAML. ``owner``: the class
+    being built; a field it re-declares (``MADPOIter``'s ``pair_selection``) is checked against that declaration,
+    as the CLI does."""
     hints = typing.get_type_hints(function)
     checked = dict(values)
     for name, value in values.items():
-        allowed = choices_of(hints.get(name))
+        allowed = choices_of(declared_annotation(owner, name) if owner is not None else hints.get(name))
         if allowed is None or value is None:
             continue
         spelled = str(value).strip().lower() if isinstance(value, str) else value
         if spelled not in allowed:
-            raise ValueError(f"{name} must be one of: {', '.join(map(str, allowed))} (got {value!r}).")
+            template = CHOICE_MESSAGES.get(name, "{name} must be one of: {allowed} (got {value!r}).")
+            raise ValueError(template.format(name=name, value=value, allowed=", ".join(map(str, allowed))))
         checked[name] = spelled
     return checked
+
+
+@functools.lru_cache(maxsize=None)
+def declared_annotation(owner: type, name: str) -> Any:
+    """The annotation of parameter ``name`` in the first ``__init__`` of ``owner``'s MRO that declares it (the
+    declaration Python's keyword passing, the CLI and ``--help`` use)."""
+    for klass in owner.__mro__:
+        init = vars(klass).get("__init__")
+        if init is not None and name in inspect.signature(init).parameters:
+            return typing.get_type_hints(init).get(name)
+    return None
 
 
 def require(ok: bool, message: str) -> None:
@@ -85,7 +107,7 @@ class FieldGroup:
 
     def _store(self, function: Callable, values: dict[str, Any], rename: dict[str, str] | None = None) -> None:
         """``rename``: fields kept under another attribute (``agents`` is the name of the loaded team)."""
-        fields = check_choices(function, _fields(values))
+        fields = check_choices(function, _fields(values), type(self))
         self.__dict__.setdefault("field_values", {}).update(fields)
         for name, value in fields.items():  # plain attributes, set before nn.Module.__init__ runs
             object.__setattr__(self, (rename or {}).get(name, name), value)
@@ -102,9 +124,10 @@ class AgentFields(FieldGroup):
         tokenizers: one tokenizer for all agents, one per agent, a source string, or null (each agent's own).
         model_config: loading options: ``dtype``, ``attn_implementation``, ``special_tokens``, ``model_kwargs``,
             ``gradient_checkpointing`` (recompute layers in the backward: ~2.5x less activation memory).
-        parallel_training: ``none`` (the trainer places the whole team) or ``mp`` (each agent on its own device
-            from ``agent_devices``; agents on distinct devices generate concurrently).
-        agent_devices: with ``parallel_training: mp``: ``auto``, one device for all, or one per agent.
+        parallel_training: ``none`` (one device for the whole team) or ``mp`` (each agent on its own device from
+            ``agent_devices``; agents on distinct devices generate concurrently); ``null`` means ``none``.
+        agent_devices: with ``parallel_training: mp``: ``auto``, one device for all, or one per agent. Without it
+            (as CoMLRL): the whole team on the first device given (null or ``auto``: where the trainer puts it).
         lora_rank: train a LoRA team: ONE frozen base model (``agents``) with one adapter of this rank per agent
             (null: every agent a full trainable copy). Adapter folders saved by a LoRA team as ``agents`` load one.
         lora_alpha: LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank).
@@ -114,9 +137,10 @@ class AgentFields(FieldGroup):
     """
 
     def __init__(self, agents: str | Sequence[Any] = "tiny", num_agents: int | None = None, tokenizers: Any = None,
-                 model_config: dict[str, Any] | None = None, parallel_training: ParallelTraining = "none",
+                 model_config: dict[str, Any] | None = None, parallel_training: ParallelTraining | None = "none",
                  agent_devices: str | list[str] | None = None, lora_rank: int | None = None, lora_alpha: float = 16.0,
                  lora_dropout: float = 0.0, lora_target_modules: str | list[str] = "all-linear", **kwargs: Any):
+        parallel_training = normalize_parallel_training(parallel_training)  # null/None -> none; ddp: where to go
         self._store(AgentFields.__init__, locals(), {"agents": "agent_sources", "tokenizers": "tokenizer_sources"})
         require(lora_rank is None or (isinstance(lora_rank, int) and lora_rank >= 1),
                 f"lora_rank must be an integer >= 1 or null (got {lora_rank!r}).")
@@ -253,10 +277,13 @@ class EvaluationFields(FieldGroup):
             ``prompts``, ``test_cases``, ``entry_points``: the ones it names).
         eval_aggregator: reduces ``eval_logger``'s output to ``eval/<key>`` metrics.
         log_completions: write what the agents said to ``completions.jsonl`` (and a W&B table).
+        eval_at_end: evaluate the trained team once more when a fit ends (unless its last update was just evaluated,
+            or evaluation is off).
     """
 
     def __init__(self, eval_interval: int = 16, eval_num_samples: int = 4, eval_logger: Callable[..., Any] | None = None,
-                 eval_aggregator: Callable[..., Any] | None = None, log_completions: bool = True, **kwargs: Any):
+                 eval_aggregator: Callable[..., Any] | None = None, log_completions: bool = True,
+                 eval_at_end: bool = True, **kwargs: Any):
         self._store(EvaluationFields.__init__, locals())
         require(eval_interval >= 0, "eval_interval must be >= 0.")
         require(eval_num_samples >= 0, "eval_num_samples must be >= 0.")

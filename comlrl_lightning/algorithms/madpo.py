@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.algorithms.base import MultiAgentModule
-from comlrl_lightning.algorithms.fields import PairSelection, PreferenceFields, require
+from comlrl_lightning.algorithms.fields import IterativePairSelection, PreferenceFields, require
 from comlrl_lightning.algorithms.iterative import IterativePreference
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
@@ -128,7 +128,7 @@ class MADPO(PreferenceModule):
         if self.use_environment_step:
             self.count_env_steps(self.environment_steps_per_pair * len(batch))
         self.last_pair_batch = batch
-        self.log_metrics(metrics, len(batch), ("dpo_acc", "dpo/accuracy"))
+        self.log_step([metrics], progress={"dpo_acc": "dpo/accuracy", "loss": "loss"})
 
     def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Per micro-batch of pairs: every agent's margins (gathered on this module's device) in one joint loss
@@ -154,7 +154,7 @@ class MADPO(PreferenceModule):
             "dpo/joint_margin_mean": float(diagnostics["joint_margin_mean"]),
             "dpo/reward_gap_mean": sum(p.winner_reward - p.loser_reward for p in pairs) / len(pairs),
             "dpo/num_pairs": float(len(pairs)),
-            "turn_1/reward_mean": candidate_mean, "turn_1/expected_return": candidate_mean,
+            "turn_1/reward_mean": candidate_mean,
         }
         for i in range(self.num_agents):
             metrics[f"agent_{i}/margin_mean"] = float(margins[:, i].mean())
@@ -192,7 +192,8 @@ class MADPOIter(IterativePreference, MADPO):
     epochs_per_iteration = 1
 
     def __init__(self, num_train_epochs: int = 1, preference_num_candidates: int = 20,
-                 preference_pairs_per_sample: int | None = 4, pair_selection: PairSelection = "comparator_reward",
+                 preference_pairs_per_sample: int | None = 4,
+                 pair_selection: IterativePairSelection = "comparator_reward",
                  **kwargs: Any):
         self._store(MADPOIter.__init__, {"num_train_epochs": num_train_epochs})
         require(num_train_epochs >= 1, "num_train_epochs must be >= 1.")

@@ -34,7 +34,7 @@ from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import (
     CriticFields,
     FieldGroup,
-    PairSelection,
+    IterativePairSelection,
     ReferenceKLFields,
     RolloutFields,
     require,
@@ -251,13 +251,10 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
         if self.in_reward_model_stage:
             metrics = self.update(batch)
             self.last_pair_batch = batch
-            self.log_metrics(metrics, len(batch), ("rm_acc", "reward_model/accuracy"))
+            self.log_step([metrics], progress={"rm_acc": "reward_model/accuracy", "loss": "reward_model/loss"})
             return
-        metrics, batch_size, progress = self.rl.train_step(batch, batch_idx)
-        for phase, seconds in self.rl.phase_seconds.items():  # the backend's phases, logged by PhaseTimer
-            self.phase_seconds[phase] += seconds
-        self.rl.phase_seconds.clear()
-        self.log_metrics(metrics, batch_size, progress)
+        updates, sampled, progress = self.rl.train_step(batch, batch_idx)  # each update carries its timings
+        self.log_step(updates, sampled, progress)
 
     def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Any]]]:
         """The reward-model stage's update: Bradley–Terry on winner vs loser joint texts."""
@@ -289,9 +286,13 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rl.on_save_checkpoint(checkpoint)  # env_step, RNG and the backend's buffer
+        checkpoint["comlrl_lightning"]["sampled_since_update"] = list(self._sampled_since_update)  # this module logs
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rl.on_load_checkpoint(checkpoint)
+        self._checkpoint_step = self.rl._checkpoint_step
+        self._sampled_since_update = self.rl._sampled_since_update
+        self.rl._sampled_since_update = []
 
 
 ScoringReward = Literal["task", "reward_model", "oracle", "environment", "env", "model", "learned"]
@@ -323,7 +324,7 @@ class MARLHFIter(IterativePreference, MARLHF):
     def __init__(self, num_train_epochs: int = 2, reward_num_train_epochs: int = 2,
                  preference_scoring_reward: ScoringReward = "task",
                  preference_num_candidates: int = 20, preference_pairs_per_sample: int | None = 4,
-                 pair_selection: PairSelection = "comparator_reward", **kwargs: Any):
+                 pair_selection: IterativePairSelection = "comparator_reward", **kwargs: Any):
         scoring = str(preference_scoring_reward).strip().lower()
         require(scoring in SCORING_REWARDS, f"preference_scoring_reward must be one of: task, reward_model. "
                                             f"(got {preference_scoring_reward!r})")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
-from comlrl_lightning.algorithms.base import MultiAgentModule, mean_over
+from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import ReferenceKLFields, RolloutFields, require
 from comlrl_lightning.core.losses import kl_estimate
 from comlrl_lightning.data import ranks
@@ -92,16 +92,18 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
 
     # ------------------------------------------------------------------ experience
     def training_step(self, batch: list[Mapping[str, Any]], batch_idx: int):
-        self.log_metrics(*self.train_step(batch, batch_idx))
+        self.log_step(*self.train_step(batch, batch_idx))
 
-    def train_step(self, batch: list[Mapping[str, Any]], batch_idx: int) -> tuple[dict[str, float], int, tuple]:
-        """Sample ``batch``'s trees, buffer them, train on a full buffer; returns the step's metrics, the batch
-        size and the progress-bar value (MARLHF runs its backend's steps through this)."""
+    def train_step(self, batch: list[Mapping[str, Any]], batch_idx: int) -> tuple[list[dict[str, float]],
+                                                                                   dict[str, float], dict[str, str]]:
+        """Sample ``batch``'s trees, buffer them, train on a full buffer; returns each update's metrics, the
+        metrics of the fresh samples and what the progress bar shows (``log_step``'s arguments; MARLHF runs its
+        backend's steps through this)."""
         rollout = self.collect_rollout(batch)
-        metrics = {}
+        sampled = {}
         if rollout is not None:  # None: this rank's share of the epoch's last batch is empty
             self.buffer.extend(self.buffer_records(rollout))
-            metrics = self.rollout_metrics(rollout)
+            sampled = self.rollout_metrics(rollout)
         last_batch = batch_idx + 1 >= self.trainer.num_training_batches
         drain = len(self.buffer) >= self.rollout_buffer_size or (last_batch and bool(self.buffer))
         updates = []
@@ -110,8 +112,7 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
             mini_batches = list(self.schedule(records))
             mini_batches += [[]] * (int(ranks.reduce_max(len(mini_batches))) - len(mini_batches))
             updates = [self.update(mini_batch) for mini_batch in mini_batches]
-        metrics.update(mean_over(updates))
-        return metrics, len(batch), ("reward", "rollout/turn_1/reward_mean")
+        return updates, sampled, {"reward": "rollout/turn_1/reward_mean", "loss": "loss"}
 
     @property
     def policy(self) -> TeamPolicy:
@@ -241,7 +242,7 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         if self.last_rollout is None:
             return []
         return [{
-            "env_step": node.env_step, "turn": node.turn + 1, "prompts": [a.prompt for a in node.agents],
+            "step": node.policy_version, "env_step": node.env_step, "turn": node.turn + 1, "prompts": [a.prompt for a in node.agents],
             "completions": [a.texts for a in node.agents], "joint_actions": node.joint_index.tolist(),
             "rewards": node.rewards.tolist(),
         } for node in self.last_rollout.nodes[:max_nodes]]

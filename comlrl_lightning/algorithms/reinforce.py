@@ -84,7 +84,7 @@ class MAGRPO(OnPolicyModule):
                 f"advantage_mode must be one of: {', '.join(BASELINES)} (got {self.advantage_mode!r}).")
         require(self.num_generations >= 2, "num_generations must be >= 2 (group baseline requires multiple samples).")
         require(self.collaboration is None or self.num_turns == 1,
-                f"Centralized {self.algorithm_name} currently supports num_turns=1 only.")
+                f"Centralized {self.algorithm_name.removeprefix('Centralized')} currently supports num_turns=1 only.")
 
     # ------------------------------------------------------------------ the update
     def losses(self, nodes: list[Node]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
@@ -153,9 +153,10 @@ class MAGRPO(OnPolicyModule):
                            stored("engine_logprobs"), fresh)
 
     def batch_metrics(self, nodes: list[Node]) -> dict[str, float]:
+        # The reward of the samples is ``rollout/turn_t/reward_mean`` (on_policy.py), once; an update adds the
+        # returns its advantages are built from.
         turn = nodes[0].turn + 1
         return {**super().batch_metrics(nodes),
-                f"turn_{turn}/reward_mean": sum(n.mean_reward for n in nodes) / len(nodes),
                 f"turn_{turn}/expected_return": sum(n.mean_return for n in nodes) / len(nodes)}
 
     def rollout_metrics(self, rollout) -> dict[str, float]:

@@ -13,17 +13,22 @@ from comlrl_lightning.data.files import run_root
 
 
 class CompletionsLogger(Callback):
-    """After every training batch, one line per record of ``pl_module.completion_records(max_nodes)``: step,
-    env_step, turn, each agent's prompt and completions, and the team rewards."""
+    """After every training batch, one line per record of ``pl_module.completion_records(max_nodes)``: step (the
+    updates done when the samples were drawn — the step of the metrics row that holds them; by default the updates
+    done when the batch started), env_step, turn, each agent's prompt and completions, and the team rewards."""
 
     def __init__(self, max_nodes: int = 2, filename: str = "completions.jsonl"):
         self.max_nodes = max_nodes
         self.filename = filename
         self.path: Path | None = None
+        self._step = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._step = trainer.global_step
 
     @rank_zero_only
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        rows = [{"step": trainer.global_step, **r} for r in pl_module.completion_records(self.max_nodes)]
+        rows = [{"step": self._step, **r} for r in pl_module.completion_records(self.max_nodes)]
         if not rows:
             return
         if self.path is None:

@@ -3,14 +3,16 @@
 Every ``eval_interval`` training batches (batch 0 of each epoch included, before training on that batch), the
 first ``eval_num_samples`` items of the data module's eval set are played once each (one sampled trajectory per
 item over all turns) and ``eval/turn_t/reward_mean``, ``eval/turn_t/expected_return`` and the user's
-``eval_logger``/``eval_aggregator`` metrics are logged.
+``eval_logger``/``eval_aggregator`` metrics are logged as one row at the step of the weights evaluated (the
+updates done so far: the same axis as the training rows). With ``at_end`` (``eval_at_end``) the trained team is
+evaluated once more when the fit ends, unless its last update was just evaluated or the run was interrupted.
+
+The progress bar says when an evaluation runs and prints its results (``callbacks/progress.py``).
 """
 
 from __future__ import annotations
 
 import logging
-
-import torch
 
 from lightning.pytorch import Callback
 
@@ -18,20 +20,42 @@ log = logging.getLogger(__name__)
 
 
 class EvaluationCallback(Callback):
-    def __init__(self, eval_interval: int = 16, eval_num_samples: int = 4):
+    def __init__(self, eval_interval: int = 16, eval_num_samples: int = 4, at_end: bool = False):
         if eval_interval < 0:
             raise ValueError(f"eval_interval must be >= 0 (got {eval_interval}).")
         if eval_num_samples < 0:
             raise ValueError(f"eval_num_samples must be >= 0 (got {eval_num_samples}).")
         self.eval_interval = eval_interval
         self.eval_num_samples = eval_num_samples
+        self.at_end = at_end
         self._warned = False
+        self._evaluated_step: int | None = None  # the step of the last evaluation of this fit
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._evaluated_step = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self.eval_interval == 0 or batch_idx % self.eval_interval != 0:
             return
+        self.run(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        interrupted = getattr(trainer, "comlrl_interrupted_by", None) is not None  # Ctrl-C / SIGTERM: stop quickly
+        if self.at_end and not interrupted and self._evaluated_step != trainer.global_step:
+            # The random streams are put back afterwards: a run extended from its final checkpoint samples what a
+            # longer run would have (the checkpoint is written after this hook).
+            from comlrl_lightning.rollout.seeding import rng_state, set_rng_state
+
+            state = rng_state()
+            try:
+                self.run(trainer, pl_module, final=True)
+            finally:
+                set_rng_state(state)
+
+    def run(self, trainer, pl_module, final: bool = False) -> dict[str, float] | None:
+        """Evaluate now and log one row; returns the metrics (None when there is nothing to evaluate)."""
         if getattr(pl_module, "in_reward_model_stage", False):  # MARLHF evaluates in its RL stage (docs/algorithms.md)
-            return
+            return None
         datamodule = trainer.datamodule
         items = datamodule.eval_items(self.eval_num_samples) if hasattr(datamodule, "eval_items") else []
         if not items:
@@ -39,10 +63,15 @@ class EvaluationCallback(Callback):
                 log.warning("Evaluation is on (eval_interval=%d) but the data module has no eval set; skipping.",
                             self.eval_interval)
                 self._warned = True
-            return
+            return None
+        bar = trainer.progress_bar_callback
+        if hasattr(bar, "on_evaluation_start"):
+            bar.on_evaluation_start(trainer, len(items), final)
         metrics = pl_module.evaluate(items, batch_size=datamodule.eval_batch_size)
-        # Straight to the loggers: values self.log'ed in on_train_batch_start would be repeated on later steps.
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-        # ...and visible to ModelCheckpoint(monitor="eval/turn_1/reward_mean") and early stopping.
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        # Straight to the loggers, at the step of the weights evaluated; also trainer.callback_metrics, for
+        # ModelCheckpoint(monitor="eval/turn_1/reward_mean") and early stopping.
+        row = pl_module.write_row(metrics)
+        self._evaluated_step = trainer.global_step
+        if hasattr(bar, "on_evaluation_end"):
+            bar.on_evaluation_end(trainer, row, final)
+        return row

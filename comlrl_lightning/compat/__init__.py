@@ -6,11 +6,13 @@
 
 The configs (``configs.py``) are dataclasses with CoMLRL's field names and defaults, derived from our modules'
 fields; the trainers (``trainers.py``) build the module, the data module and a Lightning ``Trainer`` and offer
-CoMLRL's ``train()``, ``evaluate()`` and ``save_model()``. CoMLRL's algorithms are those of Liu et al., *LLM
+CoMLRL's ``train()``, ``evaluate()``, ``save_model()``, ``save_checkpoint()`` and ``load_checkpoint()``
+(``checkpoints.py``: CoMLRL 1.4.3's checkpoint folders on Lightning checkpoints, and ``read_checkpoint_metadata``). CoMLRL's algorithms are those of Liu et al., *LLM
 Collaboration With Multi-Agent Reinforcement Learning*, arXiv:2508.04652.
 """
 
 from comlrl_lightning.agents import CausalLMWithValueHead, JointRewardModel
+from comlrl_lightning.compat.checkpoints import read_checkpoint_metadata
 from comlrl_lightning.compat.configs import (
     CentralizedMAGRPOConfig,
     IACConfig,
@@ -47,4 +49,5 @@ __all__ = [
     "MADPOIterTrainer", "MADPOTrainer", "MAGRPOConfig", "MAGRPOTrainer", "MARLHFConfig", "MARLHFIterConfig",
     "MARLHFIterTrainer", "MARLHFTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig", "MARLOOTrainer",
     "MAReMaxConfig", "MAReMaxTrainer", "RewardProcessors", "TaggedCentralizedComparatorAdapter",
+    "read_checkpoint_metadata",
 ]

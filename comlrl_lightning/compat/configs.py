@@ -91,6 +91,11 @@ def _dry_reward(*agent_completions, **_):
     return [0.0] * len(agent_completions[0])
 
 
+# The stand-in declares a range, so that a config with log_reward_distribution=True builds; the trainer checks the
+# user's reward function for it.
+_dry_reward.reward_range = (0.0, 1.0)
+
+
 def _dry_transition(prompt, agent_completions, num_agents, **_):
     return [prompt] * num_agents
 

@@ -12,19 +12,24 @@
   ``WANDB_MODE=offline``), else a CSV logger under ``output_dir``.
 
 ``evaluate()`` runs Lightning's ``validate`` on the first ``eval_num_samples`` eval items and returns the metrics
-(``eval/turn_t/reward_mean`` ...); ``save_model(dir)`` writes ``dir/agent_i/`` (HF format). Attributes CoMLRL's
-trainers expose (``agents``, ``tokenizers``, ``num_agents``, ``env_step``, ``critics``, ``reward_func`` ...) are the
-module's. A CoMLRL argument without an equivalent raises an error that says what to use instead.
+(``eval/turn_t/reward_mean`` ...); ``save_model(dir)`` writes ``dir/agent_i/`` (HF format). CoMLRL 1.4.3's
+checkpoints — ``train(resume_from_checkpoint=, checkpoint_dir=, checkpoint_interval=, checkpoint_total_limit=)``,
+``save_checkpoint(dir)``, ``load_checkpoint(ckpt)`` — are Lightning checkpoints in ``checkpoint-<n>/`` folders
+(``compat/checkpoints.py``). Attributes CoMLRL's trainers expose (``agents``, ``tokenizers``, ``num_agents``,
+``env_step``, ``critics``, ``reward_func`` ...) are the module's. A CoMLRL argument without an equivalent raises an error that says what to use instead.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
+import torch
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 
@@ -44,6 +49,9 @@ from comlrl_lightning.algorithms import (
 from comlrl_lightning.callbacks import RunCheckpoints
 from comlrl_lightning.callbacks.progress import progress_bar
 from comlrl_lightning.compat import configs
+from comlrl_lightning.compat.checkpoints import (STATE_FILENAME, RestoredOptimizers, TrainingCheckpoints,
+                                                 check_interval, check_resumable, class_path, config_values, preflight,
+                                                 state_file, stored_metadata)
 from comlrl_lightning.compat.configs import module_parameters
 from comlrl_lightning.data import PreferenceDataModule, TaskDataModule
 from comlrl_lightning.data.tasks import load_items
@@ -103,6 +111,7 @@ def comlrl_reward(reward_func: Callable[..., Any], num_agents: int) -> Callable[
     for name in ("__module__", "__name__", "__qualname__", "reward_range"):  # not __wrapped__: our signature counts
         if hasattr(reward_func, name):
             setattr(reward, name, getattr(reward_func, name))
+    reward._checkpoint_source = reward_func  # a stateful reward object is checkpointed itself
     return reward
 
 
@@ -138,6 +147,8 @@ class CoMLRLTrainer:
     config_family: ClassVar[type]  # the configs this trainer takes: this class and its subclasses
     data_class: ClassVar[type] = TaskDataModule
     extra_epochs: ClassVar[int] = 0  # Lightning epochs besides num_train_epochs (MARLHF's reward-model epoch)
+    reward_checked_first: ClassVar[bool] = False  # CoMLRL's IAC/MAAC check reward_func before the models
+    comlrl_algorithm: ClassVar[str | None] = None  # the ``algorithm`` CoMLRL's W&B run config names, if not ours
 
     def __init__(self, *, agent_model: Any = None, model: Any = None, agents: Any = None, num_agents: int | None = None,
                  tokenizer: Any = None, model_config: Mapping[str, Any] | None = None, train_dataset: Any = None,
@@ -157,12 +168,17 @@ class CoMLRLTrainer:
             raise ValueError("Give agent_model or its older name model, not both.")
         self.wandb_config = dict(wandb_config) if wandb_config is not None else None
         sections = (self.wandb_config or {}).get("config_sections") or {}
+        if dataset_type is not None:
+            log.warning("dataset_type= was removed in CoMLRL 1.4.3 (it reads wandb_config['config_sections']['dataset']"
+                        "['type']); accepted here for older scripts and recorded in the W&B run config.")
         self.dataset_type = dataset_type or (sections.get("dataset") or {}).get("type")
         self.trainer_options = dict(trainer_options or {})
         self.verbose = bool((sections.get("output") or {}).get("verbose", True)) and \
             self.trainer_options.get("enable_progress_bar", True) is not False
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         model_config, critic_head_dim = self.split_model_config(model_config)
+        if self.reward_checked_first and (reward_func is None or not callable(reward_func)):
+            raise ValueError("reward_func must be a callable.")  # before the models, as CoMLRL's IAC/MAAC
         objects = dict(tokenizer=tokenizer, model_config=model_config, reward_func=reward_func,
                        reward_processor=reward_processor, formatters=formatters,
                        external_transition=external_transition, eval_logger=eval_logger,
@@ -175,6 +191,9 @@ class CoMLRLTrainer:
         self._lightning: Trainer | None = None
         self._eval_items = None
         self._fitted = False
+        self._fit_failed = False
+        self._checkpoints = TrainingCheckpoints(class_path(self), config_values(self.args))
+        self._restored_optimizers: RestoredOptimizers | None = None
 
     @classmethod
     def default_config(cls):
@@ -247,12 +266,28 @@ class CoMLRLTrainer:
         config = self.wandb_config
         save_dir = Path(config.get("dir") or self.output_dir)
         save_dir.mkdir(parents=True, exist_ok=True)
-        sections = dict(config.get("config_sections") or {})
+        resume = {key: config[key] for key in ("id", "resume") if key in config}  # CoMLRL 1.4.3: resume a W&B run
         return WandbLogger(project=config.get("project", "comlrl"), entity=config.get("entity"),
                            name=config.get("name") or config.get("run_name") or f"test-{algorithm.lower()}",
                            save_dir=str(save_dir), tags=config.get("tags"),
                            offline=os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun"),
-                           config={**sections, "dataset_type": self.dataset_type, "algorithm": algorithm})
+                           config=self.wandb_run_config(), **resume)
+
+    def wandb_run_config(self) -> dict[str, Any]:
+        """The W&B run config, as CoMLRL's: the algorithm, team size, turns, ``config_sections`` (``dataset_name``
+        and ``dataset_type`` from its ``dataset`` section) and, for a centralized team, the roles and actor models."""
+        module, sections = self.module, dict((self.wandb_config or {}).get("config_sections") or {})
+        dataset = sections.get("dataset") if isinstance(sections.get("dataset"), Mapping) else {}
+        roles = module.collaboration.num_roles if module.collaboration is not None else module.num_agents
+        run = {"algorithm": self.comlrl_algorithm or module.algorithm_name, "num_agents": roles,
+               "num_turns": getattr(self.args, "num_turns", 1), **sections}
+        if dataset.get("name"):
+            run["dataset_name"] = dataset["name"]
+        run["dataset_type"] = self.dataset_type
+        if module.collaboration is not None:
+            run.update(collaboration_mode="centralized", num_roles=module.collaboration.num_roles,
+                       num_actor_models=len(module.team.agents))
+        return run
 
     @property
     def lightning_trainer(self) -> Trainer:
@@ -262,9 +297,13 @@ class CoMLRLTrainer:
             callbacks = [progress_bar()] if self.verbose else []
             if args.save_steps is not None:
                 callbacks.append(RunCheckpoints(args.save_steps))
+            if self.checkpointing:  # CoMLRL's checkpoint-<n>/ folders and every checkpoint's metadata
+                callbacks.append(self._checkpoints)
+            if self._restored_optimizers is not None:
+                callbacks.append(self._restored_optimizers)
             options = dict(max_epochs=self.module.fit_epochs() or args.num_train_epochs + self.extra_epochs,
                            max_steps=args.max_steps, log_every_n_steps=args.logging_steps, logger=self.build_logger(),
-                           default_root_dir=self.output_dir, enable_checkpointing=args.save_steps is not None,
+                           default_root_dir=self.output_dir, enable_checkpointing=True,
                            enable_progress_bar=self.verbose, enable_model_summary=False, num_sanity_val_steps=0,
                            accelerator="auto", devices=1)
             extra = dict(self.trainer_options)
@@ -272,18 +311,120 @@ class CoMLRLTrainer:
             self._lightning = Trainer(**{**options, **extra})
         return self._lightning
 
+    @property
+    def checkpointing(self) -> bool:
+        """Whether checkpoints may be written (``trainer_options={"enable_checkpointing": False}`` says no)."""
+        return self.trainer_options.get("enable_checkpointing", True) is not False
+
     # ------------------------------------------------------------------ CoMLRL's methods
-    def train(self, ckpt_path: str | None = None, **generation_kwargs: Any) -> None:
-        """Fit the module on ``train_dataset`` (``ckpt_path``: resume a checkpoint ``save_steps`` wrote)."""
-        if generation_kwargs:
-            raise TypeError(f"train() got {sorted(generation_kwargs)}: CoMLRL forwards these to generate(); here "
-                            f"they are a config field: {type(self.args).__name__}(generation_kwargs={{...}}).")
+    def train(self, resume_from_checkpoint: str | os.PathLike | None = None,
+              checkpoint_dir: str | os.PathLike | None = None, checkpoint_interval: int = 1,
+              checkpoint_total_limit: int | None = None, *, ckpt_path: str | None = None, **kwargs: Any) -> None:
+        """Fit the module on ``train_dataset`` for ``num_train_epochs`` in all (a resumed run counts the epochs it
+        had done). ``checkpoint_dir``: write ``checkpoint-<n>/`` after every ``checkpoint_interval``-th epoch and
+        the last, keeping the newest ``checkpoint_total_limit``; ``resume_from_checkpoint``: continue the run of
+        such a folder exactly (CoMLRL 1.4.3, docs/compat.md#checkpoints). ``ckpt_path`` (ours): resume any Lightning
+        checkpoint of this run (``save_steps``' ``last.ckpt``)."""
+        self._train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, ckpt_path,
+                    kwargs)
+
+    # train()'s keywords, for the message about one it does not take
+    TRAIN_KEYWORDS = ("resume_from_checkpoint", "checkpoint_dir", "checkpoint_interval", "checkpoint_total_limit",
+                      "ckpt_path")
+
+    def _train(self, resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, ckpt_path,
+               unknown: dict[str, Any]) -> None:
+        if unknown:
+            raise TypeError(self.unknown_train_keyword(sorted(unknown)[0]))
+        check_interval(checkpoint_interval, checkpoint_total_limit)
         if self.datamodule is None:
             raise ValueError(f"train() needs train_dataset: pass train_dataset=... to {type(self).__name__}.")
-        if self._fitted:  # train() again trains again, as CoMLRL's does: a fresh Lightning Trainer (a new run folder)
-            self._lightning = None
+        if resume_from_checkpoint is not None and ckpt_path is not None:
+            raise ValueError("Give resume_from_checkpoint or ckpt_path, not both (the same resume, CoMLRL's name and "
+                             "Lightning's).")
+        metadata = None
+        if resume_from_checkpoint is not None:
+            ckpt_path = str(state_file(resume_from_checkpoint))
+            metadata = stored_metadata(Path(ckpt_path))
+        elif ckpt_path is not None and Path(ckpt_path).is_file():  # a compat run's own checkpoint continues its run
+            metadata = stored_metadata(Path(ckpt_path), required=False)
+        if metadata is not None:
+            check_resumable(metadata, self)
+        if checkpoint_dir is not None and not self.checkpointing:
+            raise ValueError("train(checkpoint_dir=...) writes checkpoints, but trainer_options has "
+                             "enable_checkpointing=False: remove one of them.")
+        preflight(checkpoint_dir, metadata)
+        if self._fitted or metadata is not None:  # train() again trains again (a fresh Lightning Trainer, a new run
+            self._lightning = None                # folder), as CoMLRL's does; a resume also picks up its W&B run
+        self.adopt_wandb_run(metadata)
+        callback = self._checkpoints
+        callback.directory = None if checkpoint_dir is None else Path(checkpoint_dir).expanduser().absolute()
+        callback.interval, callback.total_limit = checkpoint_interval, checkpoint_total_limit
+        callback.config = config_values(self.args)
+        callback.sequence = metadata["sequence"] if metadata else 0
+        callback.run_id = metadata["run_id"] if metadata else uuid.uuid4().hex  # a new run, as CoMLRL's
+        self._fit_failed = True  # until fit returns: a failed run has no boundary to save
         self.lightning_trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
-        self._fitted = True
+        self._fit_failed, self._fitted = False, True
+
+    def unknown_train_keyword(self, key: str) -> str:
+        """What a ``train()`` keyword we do not take should be instead."""
+        name = f"{type(self).__name__}.train()"
+        close = difflib.get_close_matches(key, self.TRAIN_KEYWORDS, n=1)
+        if close:
+            return f"{name} got an unexpected keyword argument {key!r}. Did you mean {close[0]}?"
+        return (f"{name} got an unexpected keyword argument {key!r}: CoMLRL forwards extra train() arguments to "
+                f"generate(); here sampling settings are config fields: {type(self.args).__name__}(generation_kwargs="
+                f"{{{key!r}: ...}}) (temperature, top_p, top_k, max_new_tokens have fields of their own). train() "
+                f"takes {', '.join(self.TRAIN_KEYWORDS)}.")
+
+    def adopt_wandb_run(self, metadata: dict[str, Any] | None) -> None:
+        """A resumed run logs into the checkpoint's W&B run, unless ``wandb_config`` names its own (``id`` or
+        ``resume``), as CoMLRL 1.4.3 does."""
+        identity = (metadata or {}).get("wandb")
+        if not identity or self.wandb_config is None or {"id", "resume"} & set(self.wandb_config):
+            return
+        self.wandb_config = {**self.wandb_config, "id": identity["id"], "resume": "allow"}
+        for key in ("project", "entity"):
+            if identity.get(key) and not self.wandb_config.get(key):
+                self.wandb_config[key] = identity[key]
+
+    def save_checkpoint(self, output_dir: str | os.PathLike) -> str:
+        """Write the state ``train()`` reached to ``output_dir/`` (``training_state.pt`` and the owner record),
+        resumable with ``train(resume_from_checkpoint=output_dir)``; returns the folder. An existing folder is
+        replaced only if it is a checkpoint."""
+        if self._fit_failed:
+            raise RuntimeError("Training did not reach a completed checkpoint boundary; resume the last saved "
+                               "checkpoint (train(resume_from_checkpoint=...)).")
+        if not self._fitted:
+            raise RuntimeError(f"{type(self).__name__}.save_checkpoint() saves the state train() reached: call it "
+                               "after train() (train(checkpoint_dir=...) writes checkpoints during the run).")
+        target = Path(output_dir).expanduser().absolute()
+        if target.is_symlink() or (target.exists() and not (target / STATE_FILENAME).is_file()):
+            raise FileExistsError(f"Refusing to replace a non-checkpoint directory: {target}")
+        return str(self._checkpoints.save(self.lightning_trainer, target))
+
+    def load_checkpoint(self, checkpoint: str | os.PathLike) -> dict[str, Any]:
+        """Load a checkpoint's weights, counters, RNG states, buffered samples and user object states into this
+        trainer now, and its optimizer and schedule states into the next ``train()``'s optimizer; that ``train()``
+        starts a new run (epoch 0) from them. ``train(resume_from_checkpoint=...)`` continues the saved run instead.
+        Returns ``{"sequence", "global_step", "env_step"}`` of the checkpoint."""
+        path = state_file(checkpoint)
+        metadata = stored_metadata(path)
+        check_resumable(metadata, self)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.module.configure_model()
+        self.module.load_state_dict(state["state_dict"])
+        self.module.on_load_checkpoint(state)
+        self._restored_optimizers = RestoredOptimizers(state.get("optimizer_states", []),
+                                                       state.get("lr_schedulers", []), done=self._optimizers_restored)
+        self._lightning = None  # the next train() builds its Trainer with them (and the checkpoint's W&B run)
+        self.adopt_wandb_run(metadata)
+        return {"sequence": metadata["sequence"], "global_step": int(state.get("global_step", 0)),
+                "env_step": int(self.module.env_step)}
+
+    def _optimizers_restored(self) -> None:
+        self._restored_optimizers = None
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """The evaluation metrics (``eval/turn_t/reward_mean``, ``eval/turn_t/expected_return`` and the
@@ -335,14 +476,27 @@ def _trainer(name: str, module_class: type, family: type, base: type = CoMLRLTra
                                 "__module__": __name__, **attrs})
 
 
+class ActorCriticTrainer(CoMLRLTrainer):
+    """Base of ``IACTrainer``/``MAACTrainer``: their ``train()`` arguments are keyword-only, as CoMLRL's."""
+
+    reward_checked_first = True
+
+    def train(self, *, resume_from_checkpoint: str | os.PathLike | None = None,
+              checkpoint_dir: str | os.PathLike | None = None, checkpoint_interval: int = 1,
+              checkpoint_total_limit: int | None = None, ckpt_path: str | None = None, **kwargs: Any) -> None:
+        """As :meth:`CoMLRLTrainer.train`, keyword-only."""
+        self._train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, ckpt_path,
+                    kwargs)
+
+
 MAGRPOTrainer = _trainer("MAGRPOTrainer", MAGRPO, configs.MAGRPOConfig)
 MAREINFORCETrainer = _trainer("MAREINFORCETrainer", MAREINFORCE, configs.MAGRPOConfig, MAGRPOTrainer)
 MARLOOTrainer = _trainer("MARLOOTrainer", MARLOO, configs.MAGRPOConfig, MAGRPOTrainer)
 MAReMaxTrainer = _trainer("MAReMaxTrainer", MAReMax, configs.MAGRPOConfig, MAGRPOTrainer)
 CentralizedMAGRPOTrainer = _trainer("CentralizedMAGRPOTrainer", CentralizedMAGRPO, configs.CentralizedMAGRPOConfig,
-                                    MAGRPOTrainer)
-IACTrainer = _trainer("IACTrainer", IAC, configs.IACConfig)
-MAACTrainer = _trainer("MAACTrainer", MAAC, configs.MAACConfig)
+                                    MAGRPOTrainer, comlrl_algorithm="MAGRPO")
+IACTrainer = _trainer("IACTrainer", IAC, configs.IACConfig, ActorCriticTrainer)
+MAACTrainer = _trainer("MAACTrainer", MAAC, configs.MAACConfig, ActorCriticTrainer)
 MADPOTrainer = _trainer("MADPOTrainer", MADPO, configs.MADPOConfig, data_class=PreferenceDataModule)
 MARLHFTrainer = _trainer("MARLHFTrainer", MARLHF, configs.MADPOConfig, MADPOTrainer, extra_epochs=1)
 MADPOIterTrainer = _trainer("MADPOIterTrainer", MADPOIter, configs.MADPOConfig, MADPOTrainer)

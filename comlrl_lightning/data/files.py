@@ -78,15 +78,32 @@ def load_pairs(path: str | os.PathLike) -> list[PreferencePair]:
     return pairs
 
 
-def run_root(trainer: Any) -> Path:
-    """The run's log directory (``trainer.log_dir``, else ``default_root_dir``), the same on every rank.
+RESUMED_FROM = "resumed_from.txt"  # in a run folder: the checkpoint the run resumed from (analysis.load_run)
 
-    Lightning's ``log_dir`` is a collective in a data-parallel run (rank 0's directory, broadcast), so it cannot be
-    read where only rank 0 runs (a file write): the module reads it once in ``setup``, on every rank, and it is
-    remembered on the trainer for the fit."""
+
+def run_folder(trainer: Any) -> str:
+    """The run's own folder: ``<save_dir>/<name>/<version>`` of the first logger — where Lightning's
+    ``ModelCheckpoint`` puts ``checkpoints/``, and for CSV and TensorBoard loggers their ``log_dir`` — else
+    ``default_root_dir``. A W&B run's is ``<save_dir>/<project>/<run id>`` (Lightning's ``trainer.log_dir`` would be
+    the shared ``save_dir`` itself, where every run would write over the others' files)."""
+    if not trainer.loggers:
+        return str(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    version = logger.version
+    version = version if isinstance(version, str) else f"version_{version}"
+    return os.path.join(str(logger.save_dir or trainer.default_root_dir), str(logger.name or ""), version)
+
+
+def run_root(trainer: Any) -> Path:
+    """The run's folder (:func:`run_folder`): ``completions.jsonl``, ``config.yaml``, ``predictions.jsonl`` and the
+    iterative variants' files go there, beside ``checkpoints/`` and the logger's own files; the same on every rank.
+
+    Reading it is a collective in a data-parallel run (rank 0's folder, broadcast), so it cannot be read where only
+    rank 0 runs (a file write): the module reads it once in ``setup``, on every rank, and it is remembered on the
+    trainer for the fit."""
     root = getattr(trainer, "_comlrl_run_root", None)
     if root is None:
-        root = str(trainer.log_dir or trainer.default_root_dir)
+        root = str(trainer.strategy.broadcast(run_folder(trainer)))
         trainer._comlrl_run_root = root
     return Path(root)
 

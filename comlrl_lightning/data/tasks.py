@@ -399,6 +399,19 @@ class TaskDataModule(LightningDataModule):
         """This rank's share of ``items`` in order, ``eval_batch_size`` per batch."""
         return DataLoader(_Items(items), batch_size=self.eval_batch_size, collate_fn=_as_list, shuffle=False)
 
+    def first_items(self, stage: str | None = None) -> dict[str, Mapping[str, Any]]:
+        """The first item of each split a run of ``stage`` reads, by the split's name (``fit``: the training and
+        evaluation items; ``validate``: the evaluation items; ``test`` and ``predict``: theirs; None: every split):
+        what ``MultiAgentModule.check_items`` formats before any model loads."""
+        test = self.test_items_ if self.test_items_ is not None else self.eval_items_
+        predict = next((s for s in (self.predict_items_, self.eval_items_, self.train_items) if s is not None), None)
+        splits = {"training items (dataset)": (self.train_items, ("fit",)),
+                  "evaluation items (eval_dataset)": (self.eval_items_, ("fit", "validate")),
+                  "test items (test_dataset)": (test, ("test",)),
+                  "predict items (predict_dataset)": (predict, ("predict",))}
+        return {name: items[0] for name, (items, stages) in splits.items()
+                if items is not None and len(items) and (stage is None or stage in stages)}
+
     def eval_items(self, n: int) -> list[Mapping[str, Any]]:
         """The first ``n`` evaluation items (CoMLRL evaluates a fixed head of the eval set)."""
         if self.eval_items_ is None:

@@ -11,7 +11,7 @@ sampled them; the loss always scores the sampled ids with the training model (:f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F

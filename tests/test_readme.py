@@ -1,0 +1,91 @@
+"""The README as a user meets it: its Python example and every ``python -m comlrl_lightning`` command it shows run as
+written, in README order in one working directory, with the tiny model in place of SmolLM2 (and a few updates).
+
+The commands are read from the README itself (code blocks and inline code), so a command that stops working, or a
+new one that does not work, fails here."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+# The tiny model and a short run in place of the demo's SmolLM2 run: the same config otherwise.
+TINY = ["--model.init_args.agents=tiny", "--model.init_args.max_new_tokens=4", "--model.init_args.eval_num_samples=1",
+        "--model.init_args.keep_freed_cpu_memory=false", "--data.init_args.max_eval_items=2",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def readme_commands() -> list[str]:
+    """Every ``python -m comlrl_lightning ...`` of the README, in order, once each, without trailing comments."""
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", README, re.S):
+        found += [line.split("  #")[0].strip() for line in block.splitlines()
+                  if line.strip().startswith("python -m comlrl_lightning")]
+    spans = [(m.start(), m.group(1)) for m in re.finditer(r"(?<!`)`(python -m comlrl_lightning[^`]*)`", README)]
+    blocks = [(README.index(c), c) for c in found]
+    ordered = [c for _, c in sorted(blocks + spans)]
+    return list(dict.fromkeys(ordered))
+
+
+def test_the_readme_shows_the_commands_this_test_runs():
+    commands = readme_commands()
+    assert "python -m comlrl_lightning fit --model.help comlrl_lightning.MAGRPO" in commands
+    assert "python -m comlrl_lightning validate --config configs/magrpo.yaml --ckpt_path last" in commands
+    assert not any("..." in c for c in commands), "a README command with a placeholder cannot be run as written"
+
+
+def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys):
+    from comlrl_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs")  # the commands name configs/... from the repository root
+    ran = []
+    for command in readme_commands():
+        args = shlex.split(command)[3:]
+        if "--help" in args or any(a.endswith(".help") for a in args):
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as exit_info:
+                main(args)
+            out = capsys.readouterr().out
+            assert exit_info.value.code == 0, command
+            if "--model.help" in args:  # the model's fields, each with its description
+                assert "--model.num_generations" in out, out[:2000]
+                assert "samples per agent per prompt" in out, out[:2000]
+            ran.append(command)
+            continue
+        if "configs/paper/" in command:  # GPU recipes: tests/test_paper_recipes.py fits each with tiny stand-ins
+            assert (REPO / args[args.index("--config") + 1]).is_file(), command
+            continue
+        steps = ["--trainer.max_steps=2" if "--ckpt_path" in args else "--trainer.max_steps=1"]
+        cli = main([*args, *TINY, *steps])
+        assert cli.trainer.state.finished, command
+        ran.append(command)
+    capsys.readouterr()
+    outputs = tmp_path / "outputs"
+    # the resume commands continued version_0; validate --ckpt_path last evaluated the newest checkpoint in its run
+    assert sorted(p.name for p in (outputs / "magrpo").iterdir()) == ["version_0", "version_1", "version_2"]
+    assert (outputs / "magrpo" / "version_2" / "validate" / "version_0" / "metrics.csv").is_file()
+    assert len(ran) >= 8, ran
+
+
+def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The Python API example with the tiny model: a plain ``Trainer(max_steps=20)`` gets a metrics row per update,
+    a readable bar (lines, as stdout is not a terminal here) and last.ckpt; save_pretrained writes the team."""
+    from comlrl_lightning.analysis import load_run
+
+    section = README[README.index("## Python API"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert '"smollm2-135m-instruct"' in code
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace('"smollm2-135m-instruct"', '"tiny"'), "README.md", "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert all(re.search(rf"^update {n}/20 \| reward [-\d.]+ \| loss ", out, re.M) for n in range(1, 21)), out
+    run = load_run(tmp_path / "lightning_logs", verbose=False)
+    assert run["loss"].dropna().size == 20 and run["step"].max() == 19
+    assert (tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
+    assert (tmp_path / "team" / "agent_0").is_dir() and (tmp_path / "team" / "agent_1").is_dir()
