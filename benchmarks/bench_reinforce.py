@@ -73,7 +73,7 @@ from comlrl_lightning.agents.memory import keep_freed_memory  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
-from comlrl_lightning.rollout.generation import weights_changed  # noqa: E402
+from comlrl_lightning.rollout.weights import weights_changed  # noqa: E402
 from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs  # noqa: E402
 
 PROMPTS = [

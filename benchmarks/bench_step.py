@@ -101,7 +101,7 @@ def worker(args) -> dict:
 
         keep_freed_memory()
     try:
-        from comlrl_lightning.rollout.generation import weights_changed  # what an update tells the generation copies
+        from comlrl_lightning.rollout.weights import weights_changed  # what an update tells the generation copies
     except ImportError:
         def weights_changed():
             pass

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from comlrl_lightning.rollout import generation
+from comlrl_lightning.rollout import generation, weights
 from comlrl_lightning.rollout.backends import hf as hf_backend
 from comlrl_lightning.rollout.backends import hf_copies as generation_mod
 from comlrl_lightning.rollout.rewards import RewardCaller, ScaleShift, build_formatters
@@ -688,7 +688,7 @@ def test_a_bf16_generation_copy_is_made_once_and_refreshed_only_after_the_weight
     for p in other.parameters():
         p.grad = torch.ones_like(p)
     torch.optim.AdamW(other.parameters(), lr=0.1, fused=True).step()  # fused AdamW writes in place uncounted ...
-    generation.weights_changed()  # ... so every update says so
+    weights.weights_changed()  # ... so every update says so
     sample([other])
     for p, q in zip(other.parameters(), copies[id(other)].parameters()):
         assert torch.equal(q, p.to(torch.bfloat16))
@@ -832,7 +832,7 @@ def test_a_float16_copy_on_a_cpu_without_fp16_units_shares_the_models_tensors_an
         p.grad = torch.ones_like(p)
     torch.optim.AdamW(trained, lr=0.1, fused=True).step()  # written in place, uncounted
     versions = [p._version for p in model.parameters()]
-    generation.weights_changed()
+    weights.weights_changed()
     assert copies(model) is clone  # refreshed, not rebuilt
     assert [p._version for p in model.parameters()] == versions, "the refresh wrote into the model's tensors"
     assert [m.packed is packs[id(m)] for m in linears] == [m.weight is frozen for m in linears]

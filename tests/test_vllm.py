@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 from comlrl_lightning import IAC, MADPO, MADPOIter, MAGRPO, TaskDataModule
 from comlrl_lightning.data.preferences import PreferenceDataModule
 from comlrl_lightning.envs import toy
-from comlrl_lightning.rollout.generation import generator_of
+from comlrl_lightning.rollout.weights import generator_of
 from comlrl_lightning.rollout.sampling import SamplingConfig
 from test_magrpo import ITEMS, column, fit, make_module, read_metrics
 

@@ -65,7 +65,7 @@ from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.data import ranks
 from comlrl_lightning.data.files import RESUMED_FROM, run_root
 from comlrl_lightning.rollout.seeding import rng_state, set_rng_state
-from comlrl_lightning.rollout import generation
+from comlrl_lightning.rollout import generation, weights
 from comlrl_lightning.rollout.generation import backend_problem, make_backend
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
@@ -328,7 +328,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             trained = [any(p.grad is not None for p in group["params"]) for group in optimizer.param_groups]
             optimizer.step()
             refresh(sharded)  # sharded models: gather the updated weights
-            generation.weights_changed()  # a generation copy of the weights (generation_dtype) is now stale
+            weights.weights_changed()  # a generation copy of the weights (generation_dtype) is now stale
             scheduler = self.lr_schedulers()
             if scheduler is not None:
                 scheduler.step_groups(trained)

@@ -17,18 +17,14 @@ engine, so the one field ``generation_backend`` chooses the engine for all of th
   training weights, paged KV cache, CUDA graphs on a GPU.
 
 Whichever engine samples, training scores the sampled ids with the training model, so the objective stays exactly
-on-policy. This module also holds what the backends share: the grouping of agents by weight set
-(:func:`answer_groups`) and the record of which weights a backend last saw (:func:`weights_seen`,
-:func:`changed_parameters`, :func:`weights_changed`).
+on-policy. What the backends share -- the grouping of agents by weight set and the record of which weights a
+backend last saw -- is in ``rollout/weights.py``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Protocol, Sequence
-
-import torch
 
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig
 
@@ -90,70 +86,3 @@ def backend_problem(name: str, generation_kwargs: Mapping[str, Any] | None = Non
     from comlrl_lightning.rollout.backends.continuous import continuous_batching_problem
 
     return continuous_batching_problem(generation_kwargs, lora)
-
-
-# ---------------------------------------------------------------------------------------------------- weight sets
-def generator_of(model: Any) -> tuple[Any, str | None]:
-    """What generates for ``model`` and under which adapter: an agent of a LoRA team (``agents/lora.py``) is its
-    team's one peft model with the agent's adapter; any other model is itself."""
-    shared = getattr(model, "shared_generator", None)
-    return shared() if callable(shared) else (model, None)
-
-
-def answer_groups(models: Sequence[Any], tokenizers: Sequence[Any]) -> list[list[int]]:
-    """The agents each call answers for: agents with the same generator (shared weights, a LoRA team) and
-    tokenizer answer together."""
-    calls: dict[tuple[int, int], list[int]] = {}
-    for i, model in enumerate(models):
-        calls.setdefault((id(generator_of(model)[0]), id(tokenizers[i])), []).append(i)
-    return list(calls.values())
-
-
-def place_answers(groups: Sequence[Sequence[int]], answers: Sequence[Sequence[Completions]],
-                  num_agents: int) -> list[Completions]:
-    """One ``Completions`` per agent, in agent order, from each group's answers."""
-    out: list[Completions | None] = [None] * num_agents
-    for agents, completions in zip(groups, answers):
-        for i, c in zip(agents, completions):
-            out[i] = c
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------- weight versions
-_UPDATES = 0  # team updates this process has made (weights_changed counts them)
-
-
-def weights_changed() -> None:
-    """Called after every update (``MultiAgentModule.update``): every trained parameter counts as changed for
-    whatever saw the weights before (a sampling copy, an engine's weights)."""
-    global _UPDATES
-    _UPDATES += 1
-
-
-def updates_made() -> int:
-    return _UPDATES
-
-
-@dataclass(frozen=True)
-class WeightsSeen:
-    """What a holder of a model's weights (a sampling copy, an inference engine) saw when it last took them: each
-    parameter's (storage, version counter), and the number of updates made by then."""
-
-    stamps: tuple[tuple[int, int], ...]
-    updates: int
-
-
-def weights_seen(model: torch.nn.Module) -> WeightsSeen:
-    return WeightsSeen(tuple((p.data_ptr(), p._version) for p in model.parameters()), _UPDATES)
-
-
-def changed_parameters(model: torch.nn.Module, seen: WeightsSeen) -> list[bool]:
-    """Which of ``model``'s parameters changed since ``seen``: its storage or version counter moved (a checkpoint
-    load, a move, any counted in-place write), or it is trained and an update happened (the fused AdamW kernel
-    writes in place without counting it). A LoRA team's frozen base is neither after an update."""
-    updated = _UPDATES != seen.updates
-    now = [(p.data_ptr(), p._version) for p in model.parameters()]
-    if len(now) != len(seen.stamps):
-        return [True] * len(now)
-    return [stamp != then or (updated and p.requires_grad)
-            for p, stamp, then in zip(model.parameters(), now, seen.stamps)]

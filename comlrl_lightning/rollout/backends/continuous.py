@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from comlrl_lightning.rollout.generation import answer_groups, generator_of, place_answers
+from comlrl_lightning.rollout.weights import answer_groups, generator_of, place_answers
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, assemble_completions, eos_token_ids
 
 # generation_kwargs that go to the continuous-batching GenerationConfig as they are.

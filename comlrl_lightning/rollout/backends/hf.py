@@ -30,7 +30,7 @@ from comlrl_lightning.core.sampling import sample_tokens
 from comlrl_lightning.rollout.backends.hf_copies import sampling_copies
 from comlrl_lightning.rollout.backends.hf_products import fast_decoding_products
 from comlrl_lightning.rollout.backends.hf_shared_prefix import SharedPrefixCache, can_share, shared_prefix_decoding
-from comlrl_lightning.rollout.generation import answer_groups, generator_of, place_answers
+from comlrl_lightning.rollout.weights import answer_groups, generator_of, place_answers
 from comlrl_lightning.rollout.sampling import (CACHE_KEYWORD, Completions, SamplingConfig, assemble_completions,
                                               eos_token_ids)
 

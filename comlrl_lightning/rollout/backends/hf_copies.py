@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from comlrl_lightning.rollout.generation import changed_parameters, weights_seen
+from comlrl_lightning.rollout.weights import changed_parameters, weights_seen
 
 log = logging.getLogger(__name__)
 

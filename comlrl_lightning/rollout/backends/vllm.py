@@ -32,7 +32,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from comlrl_lightning.rollout.generation import (answer_groups, changed_parameters, generator_of, place_answers,
+from comlrl_lightning.rollout.weights import (answer_groups, changed_parameters, generator_of, place_answers,
                                                  weights_seen)
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, assemble_completions, eos_token_ids
 
@@ -210,7 +210,7 @@ class VLLMEngine:
                 # the process also trains: both are put back.
                 torch.set_num_threads = set_threads
                 set_threads(threads)
-        self.seen = None  # the weights the engine holds (generation.WeightsSeen), None before the first sync
+        self.seen = None  # the weights the engine holds (weights.WeightsSeen), None before the first sync
         self.adapter_ids: dict[str, int] = {name: i + 1 for i, name in enumerate(self.adapters)}
         self.adapter_folders: dict[str, str] = {}  # adapters the engine holds -> their folder
         self.unsynced_adapters: set[str] = set()  # held, but changed since (synced when next asked for)
