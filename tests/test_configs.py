@@ -84,3 +84,28 @@ def test_every_config_runs_two_updates(config, tmp_path, monkeypatch, request):
         api_url = request.getfixturevalue("server").url
         monkeypatch.setenv("COMPARATOR_API_KEY", "sk-test")
     fit_two_updates(small_config(config, tmp_path, api_url), tmp_path)
+
+
+PLAIN = (type(None), str, int, float, bool)
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("MAGRPO", {}), ("MAREINFORCE", {}), ("MAReMax", {}), ("MARLOO", {}), ("CentralizedMAGRPO", {}),
+    ("IAC", {"use_separate_critic": False}), ("IAC", {"critic_model": "tiny"}), ("MAAC", {"critic_model": "tiny"}),
+    ("MADPO", {}), ("MADPOIter", {}), ("MARLHF", {}), ("MARLHFIter", {}),
+])
+def test_the_saved_hyper_parameters_are_what_the_run_uses(name, extra):
+    """``hparams.yaml`` and a checkpoint's hyper-parameters record the values the run uses: a field a rule derives
+    (``num_agents`` from the team, ``train_batch_size`` from ``rollout_buffer_size``, IAC's ``value_clip_range``
+    with a separate critic, an algorithm's own ``advantage_mode``) is saved as derived, not as given."""
+    import comlrl_lightning as cl
+    from comlrl_lightning.envs import toy
+
+    module = getattr(cl, name)(agents="tiny", reward_func=toy.letter_reward, **extra)
+    for key, saved in module.hparams.items():
+        used = module.__dict__.get(key, saved)
+        if isinstance(used, (list, tuple)) and all(isinstance(v, PLAIN) for v in used):
+            assert isinstance(saved, (list, tuple)) and list(saved) == list(used), (key, saved, used)
+        elif isinstance(used, PLAIN):
+            assert saved == used, (key, saved, used)
+    assert module.hparams["num_agents"] == module.num_agents

@@ -158,12 +158,13 @@ class IAC(CriticFields, OnPolicyModule):
                  rollout_buffer_size: int = 8, **kwargs: Any):
         super().__init__(num_generations=num_generations, discount=discount, top_k=top_k,
                          rollout_buffer_size=rollout_buffer_size, **kwargs)
-        self.use_separate_critic = self.use_separate_critic or self.centralized_critic
-        self.value_clip_range = None if self.use_separate_critic else self.value_clip_range
-        self.critic_learning_rate = self.critic_learning_rate or self.agent_learning_rates[0]
 
     def check_config(self) -> None:
         super().check_config()
+        # Derived before the hyper-parameters are saved, so that they record what the run uses.
+        self.use_separate_critic = self.use_separate_critic or self.centralized_critic
+        self.value_clip_range = None if self.use_separate_critic else self.value_clip_range
+        self.critic_learning_rate = self.critic_learning_rate or self.agent_learning_rates[0]
         name, separate = self.algorithm_name, self.use_separate_critic or self.centralized_critic
         require(self.num_turns == 1 or self.num_generations == 1,
                 f"Multi-turn {name} currently supports num_generations == 1.")

@@ -92,7 +92,7 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         super().__init__(**kwargs)
         self.automatic_optimization = False
         self.check_config()
-        self.save_hyperparameters(plain_hparams(self.field_values))
+        self.save_hyperparameters(plain_hparams(self.effective_values()))
         self.sampling = SamplingConfig(self.max_new_tokens, self.temperature, self.top_p, self.top_k,
                                        dtype=self.generation_dtype)
         self.task_reward = RewardCaller(self.team.reward_func, self.reward_processor, self.reward_timeout,
@@ -147,6 +147,17 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         roles = self.collaboration.num_roles if self.collaboration is not None else self.num_agents
         check_reward_signature(self.reward_func, roles)
         build_formatters(self.formatters, roles)  # one per role (or one for all), each callable
+
+    def effective_values(self) -> dict[str, Any]:
+        """The fields as the run uses them, which the hyper-parameters are saved from: a field's value, or the
+        module's attribute of that name where a rule derived it (``num_agents`` from the team, ``train_batch_size``
+        from ``rollout_buffer_size``, an algorithm's own ``advantage_mode``); a checkpoint rebuilds the same run."""
+        values = dict(self.field_values)
+        for key, value in self.field_values.items():
+            derived = self.__dict__.get(key, value)
+            if derived != value and plain_hparams({key: derived}):
+                values[key] = derived
+        return values
 
     def build_engine(self, **options: Any) -> RolloutEngine:
         """The module's rollout engine: the team's formatters, task reward, sampling settings, chat template and
