@@ -64,3 +64,23 @@ def test_the_package_cites_what_its_users_have():
         text = path.read_text(encoding="utf-8")
         for marker in private:
             assert marker not in text, f"{path.relative_to(REPO)} cites {marker!r}, a file users do not have"
+
+
+def test_a_choice_is_declared_once():
+    """A choice field's allowed spellings are one ``Choice`` declaration: the field's ``Literal`` comes from it, and
+    the code normalises with the same object (no second alias table to drift)."""
+    from comlrl_lightning.agents.devices import PARALLEL_TRAINING
+    from comlrl_lightning.algorithms import fields
+    from comlrl_lightning.comparators.api import API_FORMAT
+    from comlrl_lightning.comparators.sources import COMPARATOR_GENERATION_MODE, COMPARATOR_POLICY
+    from comlrl_lightning.core.replay import REPLAY_MODE
+    from comlrl_lightning.rollout.tree import JOINT_MODE
+
+    for choice, annotation in ((JOINT_MODE, fields.JointMode), (REPLAY_MODE, fields.ReplayMode),
+                               (COMPARATOR_POLICY, fields.ComparatorPolicy),
+                               (COMPARATOR_GENERATION_MODE, fields.GenerationMode), (API_FORMAT, fields.ApiFormat),
+                               (PARALLEL_TRAINING, fields.ParallelTraining)):
+        assert fields.choices_of(annotation) == tuple(choice.aliases)
+        assert all(choice(spelling.upper()) == value for spelling, value in choice.aliases.items())
+    for path in PACKAGE.rglob("*.py"):
+        assert "_ALIASES = {" not in path.read_text(), f"{path.relative_to(REPO)} writes an alias table by hand"

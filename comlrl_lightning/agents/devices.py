@@ -23,6 +23,8 @@ from typing import Any, Union
 
 import torch
 
+from comlrl_lightning.choices import Choice
+
 __all__ = [
     "AUTO",
     "PARALLEL_MODES",
@@ -34,7 +36,9 @@ __all__ = [
 ]
 
 AUTO = "auto"
-PARALLEL_MODES = ("none", "mp")
+PARALLEL_TRAINING = Choice("parallel_training", {"none": ("null",), "mp": ()},
+                           message="parallel_training only supports: {allowed}. Got {value!r}.")
+PARALLEL_MODES = PARALLEL_TRAINING.values
 
 DeviceSpec = Union[None, str, int, torch.device, Sequence[Union[str, int, torch.device]]]
 
@@ -133,18 +137,16 @@ def resolve_single_device(*specs: DeviceSpec, kind: str = "device") -> torch.dev
 
 
 def normalize_parallel_training(value: Any) -> str:
-    """``None``/``"none"``/``"null"`` -> ``"none"``; ``"mp"`` -> ``"mp"`` (case-insensitive)."""
+    """``None``/``"none"``/``"null"`` -> ``"none"``; ``"mp"`` -> ``"mp"`` (case-insensitive); a data-parallel
+    name says where data parallelism goes."""
     if value is None:
         return "none"
-    if isinstance(value, str):
-        mode = value.strip().lower()
-        if mode in ("none", "null"):
-            return "none"
-        if mode == "mp":
-            return "mp"
-    hint = ""
-    if isinstance(value, str) and value.strip().lower() in ("ddp", "auto", "fsdp"):
-        hint = (" Data-parallel training is the Lightning Trainer's job: launch one process per device with its "
-                "strategy (YAML/CLI: trainer.strategy: ddp; Python: Trainer(strategy='ddp', devices=N)), "
-                "docs/scaling.md.")
-    raise ValueError(f"parallel_training only supports: none, mp. Got {value!r}.{hint}")
+    try:
+        return PARALLEL_TRAINING(value if isinstance(value, str) else repr(value))
+    except ValueError as error:
+        hint = ""
+        if isinstance(value, str) and value.strip().lower() in ("ddp", "auto", "fsdp"):
+            hint = (" Data-parallel training is the Lightning Trainer's job: launch one process per device with its "
+                    "strategy (YAML/CLI: trainer.strategy: ddp; Python: Trainer(strategy='ddp', devices=N)), "
+                    "docs/scaling.md.")
+        raise ValueError(f"parallel_training only supports: none, mp. Got {value!r}.{hint}") from error

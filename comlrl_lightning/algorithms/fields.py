@@ -24,18 +24,20 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence, get_args, get_origin
 
 from comlrl_lightning.agents import check_model_sources, normalize_parallel_training
-from comlrl_lightning.comparators.api import ApiComparatorConfig, normalize_api_format
-from comlrl_lightning.comparators.sources import normalize_comparator_policy, normalize_generation_mode
+from comlrl_lightning.agents.devices import PARALLEL_TRAINING
+from comlrl_lightning.comparators.api import API_FORMAT, ApiComparatorConfig
+from comlrl_lightning.comparators.sources import COMPARATOR_GENERATION_MODE, COMPARATOR_POLICY
 from comlrl_lightning.core.losses import ImportanceSamplingMode
-from comlrl_lightning.core.replay import normalize_replay_mode
+from comlrl_lightning.core.replay import REPLAY_MODE
 from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.generation import GenerationBackendName
+from comlrl_lightning.rollout.tree import JOINT_MODE
 
-ParallelTraining = Literal["none", "mp", "null"]  # null: CoMLRL's alias of none (stored as none)
+ParallelTraining = PARALLEL_TRAINING.Literal  # null: CoMLRL's alias of none (stored as none)
 CollaborationMode = Literal["decentralized", "centralized"]
 LrDecay = Literal["constant", "linear", "cosine"]
 AdamWImplementation = Literal["auto", "fused", "foreach", "for-loop"]
-JointMode = Literal["aligned", "cross", "align", "crossed"]  # align/crossed: aliases of aligned/cross
+JointMode = JOINT_MODE.Literal  # align/crossed: aliases of aligned/cross
 LossAggregation = Literal["seq_sum", "token_mean", "seq_mean_token_mean", "dr_grpo"]
 KlEstimator = Literal["k1", "k2", "k3"]
 KlPlacement = Literal["reward", "loss"]
@@ -46,7 +48,7 @@ IterativePairSelection = Literal["reward_gap", "random", "all", "comparator_rewa
 # CoMLRL's wording of a choice error, where it has its own (the field, the value and the choices are still named).
 CHOICE_MESSAGES = {
     "collaboration_mode": "collaboration_mode must be decentralized or centralized (got {value!r}).",
-    "joint_mode": "Unsupported joint_mode: {value} (joint_mode must be one of: {allowed}).",
+    "joint_mode": JOINT_MODE.message.replace("{aliases}", ""),
 }
 
 
@@ -304,8 +306,7 @@ class JointActionFields(FieldGroup):
     def __init__(self, num_turns: int = 1, joint_mode: JointMode = "aligned", **kwargs: Any):
         self._store(JointActionFields.__init__, locals())
         require(num_turns >= 1, "num_turns must be >= 1.")
-        self.joint_mode = {"align": "aligned", "crossed": "cross"}.get(self.joint_mode, self.joint_mode)
-        self.field_values["joint_mode"] = self.joint_mode
+        self.joint_mode = self.field_values["joint_mode"] = JOINT_MODE(self.joint_mode)
         super().__init__(**kwargs)
 
 
@@ -425,16 +426,11 @@ class PreferenceFields(JointActionFields):
 
 
 # Iterative preference training. Choices list the canonical names first, then CoMLRL's aliases (any case from
-# Python; the CLI takes the spellings listed).
-ReplayMode = Literal["current", "nearest_k", "all_history", "lambda_decay", "latest", "new", "recent_k", "last_k",
-                     "k", "lambda", "td_lambda", "td-lambda"]
-ComparatorPolicy = Literal["current", "current_copy", "model", "history", "api", "self", "online", "copy",
-                           "online_copy", "current-offload", "current_offload", "external", "comparator", "reference",
-                           "ref", "checkpoint", "previous", "previous_iteration", "http", "endpoint"]
-GenerationMode = Literal["decentralized", "centralized", "decentralised", "multi_agent", "multi-agent", "centralised",
-                         "single_agent", "single-agent"]
-ApiFormat = Literal["generic", "openai", "anthropic", "openai_responses", "openai_chat", "chat",
-                    "anthropic_messages", "messages", "responses", "codex"]
+# Python; the CLI takes the spellings listed): each declared once, where its values are used.
+ReplayMode = REPLAY_MODE.Literal
+ComparatorPolicy = COMPARATOR_POLICY.Literal
+GenerationMode = COMPARATOR_GENERATION_MODE.Literal
+ApiFormat = API_FORMAT.Literal
 
 
 class ReplayFields(FieldGroup):
@@ -457,7 +453,7 @@ class ReplayFields(FieldGroup):
                  preference_replay_sample_size: int | None = None, preference_replay_dir: str | None = None,
                  log_reward_distribution: bool = False, policy_checkpoint_dir: str | None = None, **kwargs: Any):
         require(isinstance(num_iterations, int) and num_iterations >= 1, "num_iterations must be >= 1.")
-        preference_replay_mode = normalize_replay_mode(preference_replay_mode)
+        preference_replay_mode = REPLAY_MODE(preference_replay_mode)
         self._store(ReplayFields.__init__, locals())
         mode, k, lam = preference_replay_mode, preference_replay_k, preference_replay_lambda
         historical = "preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', " \
@@ -534,9 +530,9 @@ class ComparatorFields(FieldGroup):
                  comparator_api_backoff_s: float = 1.0, comparator_api_max_concurrency: int = 4,
                  comparator_api_max_retry_after_s: float = 60.0, comparator_api_deadline_s: float | None = None,
                  **kwargs: Any):
-        comparator_policy = normalize_comparator_policy(comparator_policy)
-        comparator_generation_mode = normalize_generation_mode(comparator_generation_mode)
-        comparator_api_format = normalize_api_format(comparator_api_format)
+        comparator_policy = COMPARATOR_POLICY(comparator_policy)
+        comparator_generation_mode = COMPARATOR_GENERATION_MODE(comparator_generation_mode)
+        comparator_api_format = API_FORMAT(comparator_api_format)
         fields = {k: v for k, v in locals().items() if k != "comparator_api_key"}  # never a hyper-parameter
         self._store(ComparatorFields.__init__, fields)
         require_positive_or_none(comparator_num_candidates, "comparator_num_candidates")

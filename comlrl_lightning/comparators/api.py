@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from comlrl_lightning.choices import Choice
+
 __all__ = [
     "API_FORMATS",
     "API_FORMAT_ALIASES",
@@ -41,19 +43,13 @@ __all__ = [
     "normalize_api_format",
 ]
 
-API_FORMATS: Tuple[str, ...] = ("generic", "openai", "anthropic", "openai_responses")
-API_FORMAT_ALIASES: Dict[str, str] = {
-    "generic": "generic",
-    "openai": "openai",
-    "openai_chat": "openai",
-    "chat": "openai",
-    "anthropic": "anthropic",
-    "anthropic_messages": "anthropic",
-    "messages": "anthropic",
-    "openai_responses": "openai_responses",
-    "responses": "openai_responses",
-    "codex": "openai_responses",
-}
+API_FORMAT = Choice("comparator_api_format", {
+    "generic": (), "openai": ("openai_chat", "chat"), "anthropic": ("anthropic_messages", "messages"),
+    "openai_responses": ("responses", "codex")}, message="{field} must be one of: {allowed}.",
+    spelling=lambda value: str(value if value is not None else "generic").strip().lower().replace("-", "_"))
+API_FORMATS: Tuple[str, ...] = API_FORMAT.values
+API_FORMAT_ALIASES: Dict[str, str] = API_FORMAT.aliases
+normalize_api_format = API_FORMAT
 
 ANTHROPIC_VERSION = "2023-06-01"
 _DEFAULT_KEY_HEADER = "Authorization"
@@ -87,13 +83,6 @@ class _RetryableError(Exception):
         super().__init__(message)
         self.retry_after = retry_after
         self.status = status
-
-
-def normalize_api_format(value: Any) -> str:
-    key = str(value if value is not None else "generic").strip().lower().replace("-", "_")
-    if key not in API_FORMAT_ALIASES:
-        raise ValueError(f"comparator_api_format must be one of: {', '.join(API_FORMATS)}.")
-    return API_FORMAT_ALIASES[key]
 
 
 def _is_positive_int(value: Any) -> bool:

@@ -39,37 +39,23 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from comlrl_lightning.agents import load_agents, resolve_devices
+from comlrl_lightning.choices import Choice
 from comlrl_lightning.comparators.api import ApiComparator, ApiComparatorConfig
 from comlrl_lightning.rollout.policy import TeamPolicy
 
 log = logging.getLogger(__name__)
 
-COMPARATOR_POLICIES = ("current", "current_copy", "model", "history", "api")
-COMPARATOR_POLICY_ALIASES = {
-    **{a: "current" for a in ("current", "self", "online")},
-    **{a: "current_copy" for a in ("current_copy", "copy", "online_copy", "current-offload", "current_offload")},
-    **{a: "model" for a in ("model", "external", "comparator", "reference", "ref")},
-    **{a: "history" for a in ("history", "checkpoint", "previous", "previous_iteration")},
-    **{a: "api" for a in ("api", "http", "endpoint")},
-}
-GENERATION_MODE_ALIASES = {
-    **{a: "decentralized" for a in ("decentralized", "decentralised", "multi_agent", "multi-agent")},
-    **{a: "centralized" for a in ("centralized", "centralised", "single_agent", "single-agent")},
-}
-
-
-def normalize_comparator_policy(value: str) -> str:
-    key = str(value).strip().lower()
-    if key not in COMPARATOR_POLICY_ALIASES:
-        raise ValueError(f"comparator_policy must be one of: {', '.join(COMPARATOR_POLICIES)}. (got {value!r})")
-    return COMPARATOR_POLICY_ALIASES[key]
-
-
-def normalize_generation_mode(value: str) -> str:
-    key = str(value).strip().lower()
-    if key not in GENERATION_MODE_ALIASES:
-        raise ValueError(f"comparator_generation_mode must be one of: decentralized, centralized. (got {value!r})")
-    return GENERATION_MODE_ALIASES[key]
+COMPARATOR_POLICY = Choice("comparator_policy", {
+    "current": ("self", "online"), "current_copy": ("copy", "online_copy", "current-offload", "current_offload"),
+    "model": ("external", "comparator", "reference", "ref"),
+    "history": ("checkpoint", "previous", "previous_iteration"), "api": ("http", "endpoint")},
+    message="{field} must be one of: {allowed}. (got {value!r})")  # CoMLRL's wording
+COMPARATOR_GENERATION_MODE = Choice("comparator_generation_mode", {
+    "decentralized": ("decentralised", "multi_agent", "multi-agent"),
+    "centralized": ("centralised", "single_agent", "single-agent")},
+    message="{field} must be one of: {allowed}. (got {value!r})")
+COMPARATOR_POLICIES = COMPARATOR_POLICY.values
+normalize_comparator_policy, normalize_generation_mode = COMPARATOR_POLICY, COMPARATOR_GENERATION_MODE
 
 
 class IndependentRNG:

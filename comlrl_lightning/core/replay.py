@@ -33,37 +33,18 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from comlrl_lightning.choices import Choice
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS
 
-REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
-# Every accepted spelling (lower-cased, stripped) -> canonical mode (docs/iterative.md).
-REPLAY_MODE_ALIASES: dict[str, str] = {
-    "current": "current",
-    "latest": "current",
-    "new": "current",
-    "nearest_k": "nearest_k",
-    "recent_k": "nearest_k",
-    "last_k": "nearest_k",
-    "k": "nearest_k",
-    "all_history": "all_history",
-    "lambda_decay": "lambda_decay",
-    "lambda": "lambda_decay",
-    "td_lambda": "lambda_decay",
-    "td-lambda": "lambda_decay",
-}
+# The modes and CoMLRL's other spellings of them (any case; docs/iterative.md).
+REPLAY_MODE = Choice("preference_replay_mode", {
+    "current": ("latest", "new"), "nearest_k": ("recent_k", "last_k", "k"), "all_history": (),
+    "lambda_decay": ("lambda", "td_lambda", "td-lambda")})
+REPLAY_MODES = REPLAY_MODE.values
+REPLAY_MODE_ALIASES = REPLAY_MODE.aliases
+normalize_replay_mode = REPLAY_MODE
 ITERATIVE_PAIR_SELECTIONS = (*PAIR_SELECTIONS, "comparator_reward")
 _SHARD_NAME = "iteration_{:04d}.json"
-
-
-def normalize_replay_mode(value: str) -> str:
-    """Canonical ``preference_replay_mode`` for ``value`` (case-insensitive, aliases in docs/iterative.md)."""
-    key = str(value).strip().lower()
-    if key not in REPLAY_MODE_ALIASES:
-        raise ValueError(
-            "preference_replay_mode must be one of: current, nearest_k, all_history, lambda_decay "
-            f"(aliases: latest, new, recent_k, last_k, k, lambda, td_lambda, td-lambda). (got {value!r})"
-        )
-    return REPLAY_MODE_ALIASES[key]
 
 
 def replay_weights(num_shards: int, mode: str, k: int | None = None, lam: float | None = None) -> list[float]:

@@ -22,20 +22,16 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices, expand_rewards
+from comlrl_lightning.choices import Choice
 from comlrl_lightning.rollout.generation import GenerationBackend, make_backend
 from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, validate_generation_kwargs
 
-JOINT_MODES = ("aligned", "cross")
-_JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
-
-
-def normalize_joint_mode(mode: str) -> str:
-    """``align``/``aligned`` and ``cross``/``crossed`` (one semantics per name pair, unlike CoMLRL)."""
-    key = str(mode).lower()
-    if key not in _JOINT_MODE_ALIASES:
-        raise ValueError(f"joint_mode must be one of: aligned, cross (aliases align, crossed); got {mode!r}.")
-    return _JOINT_MODE_ALIASES[key]
+# align/aligned and cross/crossed: one semantics per name pair, unlike CoMLRL; its wording of the error.
+JOINT_MODE = Choice("joint_mode", {"aligned": ("align",), "cross": ("crossed",)},
+                    message="Unsupported joint_mode: {value} (joint_mode must be one of: {allowed}{aliases}).")
+JOINT_MODES = JOINT_MODE.values
+normalize_joint_mode = JOINT_MODE
 
 
 @dataclass
