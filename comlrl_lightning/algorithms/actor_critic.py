@@ -39,7 +39,7 @@ from comlrl_lightning.agents.sharding import full_state_dicts
 from comlrl_lightning.algorithms.fields import CriticFields, require
 from comlrl_lightning.algorithms.base import team_placement, trainable_parameters
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
-from comlrl_lightning.core.advantages import critic_advantages
+from comlrl_lightning.core.advantages import critic_advantages, discounted_returns, td_targets
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
 from comlrl_lightning.data import ranks
 from comlrl_lightning.rollout.sampling import (
@@ -273,12 +273,13 @@ class IAC(CriticFields, OnPolicyModule):
             J = node.rewards.shape[0]
             node.values = values[:, offset : offset + J].expand(self.num_agents, J).clone()
             offset += J
-        for level in reversed(rollout.levels):  # bottom-up: a child's value and return are known
-            for node in level:
-                child = node.children.get(0)  # multi-turn episodes have K = 1
-                bootstrap = self.discount * child.values if child is not None else 0.0
-                node.targets = node.shaped_rewards + bootstrap
-                node.mc_returns = node.shaped_rewards + (self.discount * child.mc_returns if child is not None else 0.0)
+        for episode in episodes(rollout):  # the turns of one item's episode (multi-turn episodes have K = 1)
+            rewards = torch.stack([node.shaped_rewards for node in episode], -1)  # [N, J, T]
+            values = torch.stack([node.values for node in episode], -1)
+            targets = td_targets(rewards, values.roll(-1, -1), self.discount)
+            returns = discounted_returns(rewards, self.discount)
+            for t, node in enumerate(episode):
+                node.targets, node.mc_returns = targets[..., t], returns[..., t]
 
     @property
     def num_critics(self) -> int:
@@ -472,3 +473,14 @@ class MAAC(IAC):
 
     algorithm_name = "MAAC"
     centralized_critic = True
+
+
+def episodes(rollout: Rollout) -> list[list[Node]]:
+    """Each root's chain of nodes, turn by turn (the actor-critic families sample K = 1 after the first turn)."""
+    chains = []
+    for root in rollout.levels[0] if rollout.levels else ():
+        chain = [root]
+        while chain[-1].children.get(0) is not None:
+            chain.append(chain[-1].children[0])
+        chains.append(chain)
+    return chains
