@@ -326,6 +326,10 @@ def test_reference_kl(placement, tmp_path):
         kl = column(read_metrics(trainer), "turn_1/reference_kl_mean")
         assert abs(kl[0]) < 1e-5  # the first rollout is sampled by the reference weights (kept = scored log-probs)
         assert kl[-1] > 0
+    else:  # the KL term's share of each agent's loss is logged too
+        for i in range(2):
+            kl = column(read_metrics(trainer), f"agent_{i}/reference_kl_loss")
+            assert len(kl) == 3 and abs(kl[0]) < 1e-5 and kl[-1] > 0
 
 
 def test_no_reference_model_when_disabled_or_zero_coef(tmp_path):

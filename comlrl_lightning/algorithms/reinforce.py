@@ -123,8 +123,9 @@ class MAGRPO(OnPolicyModule):
             weights = weights * importance_sampling_weights(
                 batch.old_logprobs.to(device), batch.engine_logprobs.to(device), batch.inputs.completion_mask.to(device),
                 self.vllm_importance_sampling_mode, self.vllm_importance_sampling_cap)
-        loss, _ = policy_gradient_loss(logp, batch.advantages.to(device), weights, token_kl, kl_coef)
-        return loss, {}
+        loss, terms = policy_gradient_loss(logp, batch.advantages.to(device), weights, token_kl, kl_coef)
+        # The reference KL's share of the loss (placement loss): the update's sum is logged as agent_i/reference_kl_loss.
+        return loss, {"reference_kl_loss": terms["kl_loss"]} if token_kl is not None else {}
 
     def advantages(self, credit: Tensor) -> Tensor:
         """[M, K] group advantages from the [M, K] credited returns of M nodes (one agent's groups)."""
