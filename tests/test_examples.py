@@ -16,6 +16,7 @@ from comlrl_lightning import MultiAgentModule, TaskDataModule
 from comlrl_lightning.algorithms.reinforce import PolicyBatch
 from comlrl_lightning.core.advantages import BASELINES, compute_advantages
 from comlrl_lightning.envs import toy
+from comlrl_lightning.examples.entropy_bonus import EntropyMAGRPO
 from comlrl_lightning.examples.median_magrpo import MedianMAGRPO
 from comlrl_lightning.examples.ppo_clip import MAPPOClip
 from comlrl_lightning.rollout.sampling import ScoringInputs
@@ -26,7 +27,7 @@ EXAMPLES = REPO / "comlrl_lightning" / "examples"
 ITEMS = [{"prompt": f"topic {i}", "topic": f"topic {i}"} for i in range(8)]
 
 
-@pytest.mark.parametrize("name,budget", [("median_magrpo.py", 15), ("ppo_clip.py", 60)])
+@pytest.mark.parametrize("name,budget", [("median_magrpo.py", 15), ("ppo_clip.py", 60), ("entropy_bonus.py", 22)])
 def test_the_examples_stay_within_their_line_budget(name, budget):
     assert len((EXAMPLES / name).read_text().splitlines()) <= budget
 
@@ -184,3 +185,71 @@ def test_a_new_family_needs_only_its_own_hooks(tmp_path):
     assert {"agent_0/grad_norm", "agent_0/learning_rate", "agent_1/items"} <= set(rows[0])
     (metrics,) = trainer.validate(module, datamodule=data, verbose=False)
     assert 0.0 <= metrics["eval/turn_1/reward_mean"] <= 1.0
+
+
+# ----------------------------------------------------------------------------------------------- entropy bonus
+def test_the_entropy_bonus_class_is_fifteen_lines():
+    text = (EXAMPLES / "entropy_bonus.py").read_text()
+    assert len(text[text.index("class EntropyMAGRPO"):].splitlines()) <= 15
+
+
+def test_scoring_gives_the_policys_entropy_by_hand():
+    """H_t = −Σ_v π(v) log π(v) of the completion positions, from the same forward as the log-probs."""
+    from comlrl_lightning.rollout.sampling import token_logprobs
+
+    from comlrl_lightning.agents import load_agents
+
+    seed_everything(0)
+    (model,), _ = load_agents("tiny", num_agents=1)
+    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 10, 11]])
+    mask = torch.tensor([[True, True], [True, False]])
+    inputs = ScoringInputs(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(5).expand(2, 5),
+                           completion_ids=ids[:, 3:], completion_mask=mask)
+    logp, entropy = token_logprobs(model, inputs, entropy=True)
+    torch.testing.assert_close(logp, token_logprobs(model, inputs))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, 2:4].float()  # positions 2, 3 predict completion tokens 3, 4
+    probs = logits.softmax(-1)
+    expected = -(probs * probs.log()).sum(-1) * mask
+    torch.testing.assert_close(entropy, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_entropy_bonus_loss_by_hand():
+    module = EntropyMAGRPO(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, entropy_coef=0.5)
+    batch = batch_of([[1.0, 1.0]], [2.0])  # weights 1/2 per token, advantage 2, old log-probs unused
+    batch.entropy = torch.tensor([[1.0, 3.0]])
+    logp = torch.tensor([[-1.0, -2.0]])
+    # MAGRPO: -(0.5 * 2 * -1 + 0.5 * 2 * -2) = 3; bonus Σ w H = 0.5 * 1 + 0.5 * 3 = 2; loss = 3 - 0.5 * 2 = 2
+    loss, diagnostics = module.policy_loss(0, logp, batch)
+    assert loss.item() == pytest.approx(2.0) and diagnostics["entropy_bonus"].item() == pytest.approx(2.0)
+
+
+def test_entropy_magrpo_fits_through_the_cli(tmp_path):
+    cli, rows = fit_cli(tmp_path, "comlrl_lightning.examples.entropy_bonus.EntropyMAGRPO",
+                        "--model.init_args.entropy_coef", "0.1", "--trainer.max_steps", "2")
+    assert isinstance(cli.model, EntropyMAGRPO) and cli.trainer.global_step == 2
+    assert all(float(r["agent_0/entropy_bonus"]) > 0 for r in rows if r.get("loss"))
+
+
+def test_a_samples_extras_reach_the_update_and_survive_a_checkpoint():
+    """``AgentSamples.extras``: per-sample state of a new algorithm, stored after a rollout, checkpointed with the
+    buffer, handed to ``policy_loss`` as ``PolicyBatch.extras`` (rows in the batch's order)."""
+    from comlrl_lightning.algorithms import MAGRPO
+
+    seed_everything(0)
+    module = MAGRPO(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2, max_new_tokens=4,
+                    eval_interval=0, log_completions=False)
+    module.configure_model()
+    module.trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu", devices=1)
+    rollout = module.collect_rollout(ITEMS[:2])
+    for n, node in enumerate(rollout.nodes):
+        for sample in node.agents:
+            sample.extras["tag"] = torch.tensor([10.0 * n, 10.0 * n + 1])
+    buffer = io.BytesIO()
+    torch.save([n.state_dict() for n in rollout.nodes], buffer)
+    buffer.seek(0)
+    restored = [Node.from_state_dict(s) for s in torch.load(buffer, weights_only=True)]
+    batch = module.policy_batch(restored, 0)
+    assert batch.extras["tag"].tolist() == [0.0, 1.0, 10.0, 11.0]
+    assert batch.rows(slice(1, 3)).extras["tag"].tolist() == [1.0, 10.0]

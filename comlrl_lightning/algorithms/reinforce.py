@@ -19,7 +19,7 @@ the advantage computation is :meth:`advantages`, the per-agent loss :meth:`polic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
@@ -52,6 +52,8 @@ class PolicyBatch:
     old_logprobs: Tensor | None = None  # [B, T] the sampling policy's (a PPO-style subclass stores them)
     engine_logprobs: Tensor | None = None  # [B, T] the inference engine's, where one sampled (vLLM)
     fresh: Tensor | None = None  # [B] bool: sampled by the weights this update starts from (policy lag 0)
+    entropy: Tensor | None = None  # [B, T] the policy's entropy per position (``needs_token_entropy``), with grad
+    extras: dict[str, Tensor] = field(default_factory=dict)  # [B, ...] the samples' ``AgentSamples.extras``
 
     def rows(self, sl: slice) -> "PolicyBatch":
         def part(t: Tensor | None) -> Tensor | None:
@@ -59,7 +61,7 @@ class PolicyBatch:
 
         return PolicyBatch(trim_prompt_padding(select_rows(self.inputs, sl)), self.advantages[sl], self.weights[sl],
                            part(self.ref_logprobs), part(self.old_logprobs), part(self.engine_logprobs),
-                           part(self.fresh))
+                           part(self.fresh), extras={name: value[sl] for name, value in self.extras.items()})
 
 
 class MAGRPO(OnPolicyModule):
@@ -70,6 +72,7 @@ class MAGRPO(OnPolicyModule):
             ``rloo``, ``max``, ``raw``, or one you register); null: the class's own (MAGRPO ``mean``).
     """
 
+    needs_token_entropy = False  # True: scoring also gives the policy's per-token entropy (PolicyBatch.entropy)
     algorithm_name = "MAGRPO"
     default_advantage_mode = "mean"
 
@@ -97,7 +100,9 @@ class MAGRPO(OnPolicyModule):
         for i, agent in enumerate(chunks):
             gap = EngineGap()
             for c, chunk in enumerate(agent):
-                logp = token_logprobs(self.policy_model(i), chunk.inputs)
+                logp = token_logprobs(self.policy_model(i), chunk.inputs, entropy=self.needs_token_entropy)
+                if self.needs_token_entropy:
+                    logp, chunk.entropy = logp
                 loss, diagnostics = self.policy_loss(i, logp, chunk)
                 assert_finite("policy loss", loss, step=self.global_step, agent=i)
                 if c == 0:  # once per agent and update: what its advantages were
@@ -150,8 +155,9 @@ class MAGRPO(OnPolicyModule):
                               for _ in range(s.completion_ids.shape[0])])
         # The importance weights' π_train is the training model's at sampling (attach_training_logprobs).
         old = stored("sampling_logprobs") if self.corrects_engine_sampling else stored("old_logprobs")
+        extras = {name: torch.cat([s.extras[name] for s in samples]) for name in samples[0].extras}
         return PolicyBatch(inputs, self.advantages(credit).reshape(-1), weights, stored("ref_logprobs"), old,
-                           stored("engine_logprobs"), fresh)
+                           stored("engine_logprobs"), fresh, extras=extras)
 
     def batch_metrics(self, nodes: list[Node]) -> dict[str, float]:
         # The reward of the samples is ``rollout/turn_t/reward_mean`` (on_policy.py), once; an update adds the

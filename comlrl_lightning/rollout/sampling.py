@@ -175,8 +175,10 @@ def build_scoring_inputs(prompt_ids: Sequence[Tensor], completion_ids: Tensor, c
     )
 
 
-def token_logprobs(model, inputs: ScoringInputs, share_prompts: bool = True) -> Tensor:
-    """log π(y_t | x, y_<t) for every completion position, [B, T] float32 (0 where masked).
+def token_logprobs(model, inputs: ScoringInputs, share_prompts: bool = True,
+                   entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """log π(y_t | x, y_<t) for every completion position, [B, T] float32 (0 where masked); with ``entropy`` also
+    the policy's entropy H_t = −Σ_v π(v) log π(v) at each position, [B, T] (0 where masked), from the same logits.
 
     Logits are kept only for the completion positions (``logits_to_keep``), and the log-prob is ``gather -
     logsumexp`` in float32, so no [B, T, V] log-softmax copy is materialised. Rows that share a prompt (the K samples
@@ -205,8 +207,13 @@ def token_logprobs(model, inputs: ScoringInputs, share_prompts: bool = True) -> 
         logits = out.logits  # the last prompt token and the completion but its last token: T positions
     targets = inputs.completion_ids.to(device)
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1).float()
-    logp = picked - torch.logsumexp(logits.float(), dim=-1)
-    return logp * inputs.completion_mask.to(device)
+    normaliser = torch.logsumexp(logits.float(), dim=-1)
+    mask = inputs.completion_mask.to(device)
+    logp = (picked - normaliser) * mask
+    if not entropy:
+        return logp
+    probs = torch.softmax(logits.float(), dim=-1)  # [B, T, V]: only when an objective asks for it
+    return logp, (normaliser - (probs * logits.float()).sum(-1)) * mask
 
 
 def shared_prompts(inputs: ScoringInputs) -> tuple[Tensor, Tensor] | None:

@@ -49,6 +49,7 @@ class AgentSamples:
     old_logprobs: Tensor | None = None  # [K, T] the sampling policy's log-probs (set by a PPO-style subclass)
     sampling_logprobs: Tensor | None = None  # [K, T] log π(token) read at sampling (``SamplingConfig.keep_logprobs``)
     engine_logprobs: Tensor | None = None  # [K, T] the inference engine's own log-probs of its samples (vLLM)
+    extras: dict[str, Tensor] = field(default_factory=dict)  # a new algorithm's per-sample state, [K, ...] each
 
 
 @dataclass
