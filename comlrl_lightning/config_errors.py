@@ -112,3 +112,9 @@ def describe(error: BaseException, config: Any = None, secrets: tuple[str, ...] 
     cause = root_cause(error)
     text = tidy(str(cause)) or type(cause).__name__
     return redact(with_given_value(text, config), secrets)
+
+
+def require_config(ok: bool, message: str) -> None:
+    """Raise :class:`ConfigurationError` (one line, no traceback at the CLI) unless ``ok``."""
+    if not ok:
+        raise ConfigurationError(message)

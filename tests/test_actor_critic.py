@@ -566,7 +566,7 @@ def test_devices_without_mp_place_the_whole_team_on_the_first_one_as_comlrl(cls,
     entries name a device this machine lacks: they are never used)."""
     from lightning.pytorch import Trainer
 
-    from comlrl_lightning.algorithms.base import check_strategy
+    from comlrl_lightning.algorithms.team import check_strategy
     from comlrl_lightning.config_errors import ConfigurationError
 
     module = make_ac(cls, **overrides)

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from comlrl_lightning import IAC, MADPO, MAGRPO, PreferenceDataModule, TaskDataModule
-from comlrl_lightning.algorithms.base import LearningRateSchedule
+from comlrl_lightning.algorithms.optimization import LearningRateSchedule
 from comlrl_lightning.config_errors import ConfigurationError
 from comlrl_lightning.envs import toy
 
@@ -292,7 +292,7 @@ def test_marlhf_stages_do_not_use_up_each_others_schedule(tmp_path):
 def test_adamw_kernel_fused_by_default_foreach_for_sharded_tensors_and_the_same_step_every_way():
     """``adamw_implementation: auto`` picks the fused kernel for plain CPU/CUDA tensors and ``foreach`` for anything
     else (an FSDP shard is a DTensor); every kernel takes the same step."""
-    from comlrl_lightning.algorithms.base import adamw_kernel
+    from comlrl_lightning.algorithms.optimization import adamw_kernel
 
     plain = [torch.nn.Parameter(torch.randn(3, 4))]
     assert adamw_kernel("auto", plain) == {"fused": True}

@@ -115,7 +115,7 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
 
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 
-    from comlrl_lightning.algorithms.base import check_strategy
+    from comlrl_lightning.algorithms.team import check_strategy
     from comlrl_lightning.config_errors import ConfigurationError
 
     def module(parallel="none", lora=None, name="MAGRPO", generation_dtype="model", backend="hf", sleep=False,

@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from comlrl_lightning.agents import CausalLMWithValueHead, check_model_sources, load_agents, resolve_devices
 from comlrl_lightning.agents.sharding import full_state_dicts
 from comlrl_lightning.algorithms.fields import CriticFields, require
-from comlrl_lightning.algorithms.base import team_placement, trainable_parameters
+from comlrl_lightning.algorithms.evaluation import turn_table
+from comlrl_lightning.algorithms.team import team_placement, trainable_parameters
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.core.advantages import critic_advantages, discounted_returns, td_targets
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
@@ -53,7 +54,7 @@ from comlrl_lightning.rollout.sampling import (
     token_logprobs,
     trim_prompt_padding,
 )
-from comlrl_lightning.rollout.tree import Node, Rollout
+from comlrl_lightning.rollout.tree import Node, Rollout, episode
 
 
 @dataclass
@@ -273,12 +274,13 @@ class IAC(CriticFields, OnPolicyModule):
             J = node.rewards.shape[0]
             node.values = values[:, offset : offset + J].expand(self.num_agents, J).clone()
             offset += J
-        for episode in episodes(rollout):  # the turns of one item's episode (multi-turn episodes have K = 1)
-            rewards = torch.stack([node.shaped_rewards for node in episode], -1)  # [N, J, T]
-            values = torch.stack([node.values for node in episode], -1)
+        for root in rollout.levels[0] if rollout.levels else ():  # each item's episode (K = 1 after turn 1)
+            turns = list(episode(root))
+            rewards = torch.stack([node.shaped_rewards for node in turns], -1)  # [N, J, T]
+            values = torch.stack([node.values for node in turns], -1)
             targets = td_targets(rewards, values.roll(-1, -1), self.discount)
             returns = discounted_returns(rewards, self.discount)
-            for t, node in enumerate(episode):
+            for t, node in enumerate(turns):
                 node.targets, node.mc_returns = targets[..., t], returns[..., t]
 
     @property
@@ -433,15 +435,16 @@ class IAC(CriticFields, OnPolicyModule):
 
     # ------------------------------------------------------------------ evaluation and export
     @torch.no_grad()
-    def evaluation_record(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """One sampled episode per item (no early termination): rewards, values and targets per turn."""
-        rollout = self.engine.rollout(self.policy_models(), self.tokenizers, items, num_generations=1,
-                                      early_termination=False, policy_version=self.global_step,
-                                      reward=self.task_reward)
-        self.after_rollout(rollout)
-        record = self.record_of(rollout, items)
-        for name, table in (("values", "values"), ("targets", "targets")):
-            record[name] = self.turn_table(rollout, len(items), lambda n, t=table: getattr(n, t)[:, 0].mean())
+    def evaluation_rollout(self, items: Sequence[Mapping[str, Any]]) -> Rollout:
+        rollout = super().evaluation_rollout(items)
+        self.after_rollout(rollout)  # values and targets
+        return rollout
+
+    def record_of(self, rollout: Rollout, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Rewards, values and targets per turn of one sampled episode per item."""
+        record = super().record_of(rollout, items)
+        for name in ("values", "targets"):
+            record[name] = turn_table(rollout, len(items), self.turns, lambda n, t=name: getattr(n, t)[:, 0].mean())
         return record
 
     def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
@@ -473,14 +476,3 @@ class MAAC(IAC):
 
     algorithm_name = "MAAC"
     centralized_critic = True
-
-
-def episodes(rollout: Rollout) -> list[list[Node]]:
-    """Each root's chain of nodes, turn by turn (the actor-critic families sample K = 1 after the first turn)."""
-    chains = []
-    for root in rollout.levels[0] if rollout.levels else ():
-        chain = [root]
-        while chain[-1].children.get(0) is not None:
-            chain.append(chain[-1].children[0])
-        chains.append(chain)
-    return chains

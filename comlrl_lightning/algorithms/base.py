@@ -23,23 +23,18 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import inspect
-import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
-from torchmetrics.aggregation import CatMetric
 
-from comlrl_lightning.agents import (CausalLMWithValueHead, load_agents, resolve_devices, resolve_single_device,
-                                    save_agents)
+from comlrl_lightning.agents import (CausalLMWithValueHead, load_agents, resolve_devices, save_agents)
 from comlrl_lightning.agents.loading import validate_agent_sources
-from comlrl_lightning.agents.lora import LoRATeam, adapter_base, is_adapter_dir
+from comlrl_lightning.agents.lora import LoRATeam
 from comlrl_lightning.agents.memory import (activation_bytes, available_bytes, enable_checkpointing, keep_freed_memory,
                                             missing_state_bytes)
 from comlrl_lightning.agents.sharding import (
@@ -50,6 +45,10 @@ from comlrl_lightning.agents.sharding import (
     refresh,
     shard,
 )
+from comlrl_lightning.algorithms import evaluation
+from comlrl_lightning.algorithms.optimization import LearningRateSchedule, UpdateScheduler, adamw_kernel
+from comlrl_lightning.algorithms.team import (check_strategy, lora_plan, team_for, team_placement,
+                                             trainable_parameters)
 from comlrl_lightning.algorithms.fields import (
     AgentFields,
     EvaluationFields,
@@ -61,13 +60,11 @@ from comlrl_lightning.algorithms.fields import (
 from comlrl_lightning.algorithms.user_state import load_user_states, save_user_states
 from comlrl_lightning.callbacks.checkpoints import wandb_identity
 from comlrl_lightning.config_errors import ConfigurationError
-from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.data import ranks
 from comlrl_lightning.data.files import RESUMED_FROM, run_root
 from comlrl_lightning.rollout.seeding import rng_state, set_rng_state
 from comlrl_lightning.rollout import generation, weights
 from comlrl_lightning.rollout.generation import backend_problem, make_backend
-from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
 from comlrl_lightning.rollout.sampling import (SamplingConfig, ScoringInputs, forward_tokens, select_rows,
                                               token_logprobs)
@@ -577,75 +574,39 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         finally:
             model.train(was_training)
 
-    # ------------------------------------------------------------------ evaluation
+    # ------------------------------------------------------------------ evaluation (algorithms/evaluation.py)
     # ``evaluation_record(items)`` plays the evaluation episodes of a batch, ``evaluation_metrics(records)``
     # reduces them; the schedule (EvaluationCallback) and the `validate` loop call ``evaluate`` / these.
     @torch.no_grad()
+    def evaluation_rollout(self, items: Sequence[Mapping[str, Any]]) -> Any:
+        """One sampled trajectory per item over all turns (no early termination), scored with the task reward:
+        what evaluation, ``test`` and ``predict`` play."""
+        return self.engine.rollout(self.policy_models(), self.tokenizers, items, num_generations=1,
+                                   early_termination=False, policy_version=self.global_step, reward=self.task_reward)
+
     def evaluation_record(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """One sampled trajectory per item over all turns (no early termination), scored with the task reward."""
-        rollout = self.engine.rollout(self.policy_models(), self.tokenizers, items, num_generations=1,
-                                      early_termination=False, policy_version=self.global_step,
-                                      reward=self.task_reward)
-        return self.record_of(rollout, items)
+        return self.record_of(self.evaluation_rollout(items), items)
 
     def record_of(self, rollout, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Rewards [items, turns], each agent's completions per item and turn, the items and their prompts."""
-        completions = [[[] for _ in items] for _ in range(self.num_agents)]  # [agent][item][turn]
-        for b, root in enumerate(rollout.roots):
-            for node in self.episode(root):
-                for i, agent in enumerate(node.agents):
-                    completions[i][b].append(agent.texts[0])
-        # What the eval logger gets as ``prompts``: each item's own ``prompt`` field, as CoMLRL passes it.
-        return {"rewards": self.turn_table(rollout, len(items), lambda node: node.rewards[0]),
-                "completions": completions, "items": list(items), "prompts": [item.get("prompt") for item in items]}
-
-    def turn_table(self, rollout, num_items: int, value) -> Tensor:
-        """[items, turns] of ``value(node)`` along each item's single-trajectory episode."""
-        table = torch.zeros(num_items, getattr(self, "num_turns", 1))
-        for b, root in enumerate(rollout.roots):
-            for t, node in enumerate(self.episode(root)):
-                table[b, t] = value(node)
-        return table
-
-    @staticmethod
-    def episode(root) -> Iterator[Any]:
-        """The nodes of a one-trajectory tree, turn by turn."""
-        node = root
-        while node is not None:
-            yield node
-            node = node.children.get(0)
+        return evaluation.record_of(rollout, items, self.num_agents, self.turns)
 
     def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
-        """Metrics of the evaluation ``records`` of every rank (a data-parallel run evaluates a share per rank; the
-        reward table is joined by a torchmetrics ``CatMetric``, the records the user's logger reads by a gather)."""
+        """Metrics of the evaluation ``records`` of every rank (a data-parallel run evaluates a share per rank)."""
         rewards = self.joined_table(records, "rewards")
-        returns = suffix_returns(rewards, getattr(self, "discount", 1.0))
-        metrics = {"env_step": float(self.env_step)}
-        for t in range(rewards.shape[1]):
-            metrics[f"eval/turn_{t + 1}/reward_mean"] = float(rewards[:, t].mean())
-            metrics[f"eval/turn_{t + 1}/expected_return"] = float(returns[:, t].mean())
+        metrics = {"env_step": float(self.env_step),
+                   **evaluation.reward_metrics(rewards, getattr(self, "discount", 1.0))}
         if self.eval_logger is not None and self.eval_aggregator is not None:
-            records = [r for share in ranks.gather(records) for r in share]
-            items = [it for r in records for it in r["items"]]
-            completions = [[c for r in records for c in r["completions"][i]] for i in range(self.num_agents)]
-            if self.collaboration is not None:  # the user's logger sees each role's part of the joint answer
-                completions = self.collaboration.split_turns(completions[0], items)
-            per_sample = call_filtered(self.eval_logger, agent_completions_turns=completions, batch_items=items,
-                                       prompts=[p for r in records for p in r["prompts"]],
-                                       test_cases=[it.get("test", "") for it in items],
-                                       entry_points=[it.get("entry_point", "") for it in items])
-            aggregated = call_filtered(self.eval_aggregator, metrics=per_sample, num_turns=rewards.shape[1])
-            for key, value in (aggregated or {}).items():
-                metrics[key if key.startswith("eval/") else f"eval/{key}"] = float(value)
+            metrics.update(evaluation.user_metrics(records, self.eval_logger, self.eval_aggregator, self.num_agents,
+                                                   self.collaboration, rewards.shape[1]))
         return metrics
 
+    @property
+    def turns(self) -> int:
+        return getattr(self, "num_turns", 1)
+
     def joined_table(self, records: list[dict[str, Any]], key: str) -> Tensor:
-        """The [items, turns] tables ``key`` of the records of every rank, in item order (torchmetrics
-        ``CatMetric``, which joins the ranks' rows; one process: the records' own)."""
-        turns = getattr(self, "num_turns", 1)
-        table = CatMetric(nan_strategy="disable").to(self.device)
-        table.update(torch.cat([r[key] for r in records]).to(self.device) if records else torch.zeros(0, turns))
-        return table.compute().reshape(-1, turns).cpu()
+        return evaluation.joined_table(records, key, self.turns, self.device)
 
     def evaluate(self, items: Sequence[Any], batch_size: int = 1) -> dict[str, float]:
         """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward."""
@@ -691,22 +652,10 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     def on_predict_epoch_end(self) -> None:
         self._release_agents()
 
-    @torch.no_grad()
     def predict_step(self, batch: list[Any], batch_idx: int) -> list[dict[str, Any]]:
         """Per item: each agent's prompt and completion per turn (one sampled trajectory, as in evaluation) and the
         team reward per turn."""
-        rollout = self.engine.rollout(self.policy_models(), self.tokenizers, batch, num_generations=1,
-                                      early_termination=False, policy_version=self.global_step,
-                                      reward=self.task_reward)
-        answers = []
-        for item, root in zip(batch, rollout.roots):
-            turns = list(self.episode(root))
-            answers.append({"item": dict(item),
-                            "agents": [{"prompts": [n.agents[i].prompt for n in turns],
-                                        "completions": [n.agents[i].texts[0] for n in turns]}
-                                       for i in range(len(turns[0].agents))],
-                            "rewards": [float(n.rewards[0]) for n in turns]})
-        return answers
+        return evaluation.answers(batch, self.evaluation_rollout(batch))
 
     # Sharded agents (FSDP) are gathered once per step and kept whole for it (agents/sharding.py).
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -751,197 +700,6 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             set_rng_state(rng)
             self._rng_to_restore = None
 
-
-class LearningRateSchedule:
-    """Multiplier of a group's learning rate at its update ``step`` (0-based): linear warm-up over ``warmup``
-    updates ((step + 1) / warmup), then ``constant``, or ``linear``/``cosine`` decay from 1 at update ``warmup``
-    towards ``min_ratio``, reached at update ``total`` — just after the last of ``total`` updates, as in the usual
-    Hugging Face schedules (so no update runs at a zero rate) — and kept after it."""
-
-    def __init__(self, warmup: int, decay: str, total: int, min_ratio: float):
-        self.warmup, self.decay, self.total, self.min_ratio = warmup, decay, max(total, 1), min_ratio
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        if self.decay == "constant":
-            return 1.0
-        progress = min((step - self.warmup) / max(self.total - self.warmup, 1), 1.0)
-        shape = 1.0 - progress if self.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_ratio + (1.0 - self.min_ratio) * shape
-
-
-class UpdateScheduler(torch.optim.lr_scheduler.LRScheduler):
-    """Each parameter group's rate follows ``schedule`` over the updates that trained that group (MARLHF's agents
-    do not warm up during its reward-model stage, nor its reward model during RL). Its state — each group's update
-    count and the schedule's settings — is checkpointed, so a resumed run continues where it stopped."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, schedule: LearningRateSchedule):
-        self.schedule = schedule
-        self.group_updates = [0] * len(optimizer.param_groups)
-        super().__init__(optimizer)
-
-    def get_lr(self) -> list[float]:
-        return [base * self.schedule(n) for base, n in zip(self.base_lrs, self.group_updates)]
-
-    def step_groups(self, trained: Sequence[bool]) -> None:
-        """After an optimizer step: advance the groups that had gradients in it."""
-        self.group_updates = [n + int(t) for n, t in zip(self.group_updates, trained)]
-        self.step()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "schedule": dict(vars(self.schedule))}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state = dict(state_dict)
-        self.schedule.__dict__.update(state.pop("schedule", {}))
-        super().load_state_dict(state)
-
-
-@dataclass
-class Team:
-    """What the module is built from: the actors it trains and the formatters/reward they are scored with."""
-
-    agents: Any
-    num_agents: int | None
-    tokenizers: Any
-    formatters: Any
-    reward_func: Any
-    collaboration: CentralizedCollaboration | None = None
-
-
-def team_for(collaboration_mode: str, agents: Any, num_agents: int | None, tokenizers: Any, formatters: Any,
-             reward_func: Any, adapter: Any = None) -> Team:
-    """``decentralized``: N agents, as given. ``centralized`` (the paper's single-model baseline): ONE actor writes a
-    joint answer for the ``num_agents`` roles; its formatter is the adapter's joint prompt and its reward splits the
-    answer and calls the user's N-role reward (``rollout.centralized.CentralizedCollaboration``)."""
-    if collaboration_mode == "decentralized":
-        return Team(agents, num_agents, tokenizers, formatters, reward_func)
-    actors = list(agents) if isinstance(agents, (list, tuple)) else [agents]
-    require(len(actors) == 1, f"Centralized collaboration requires exactly one actor model (got {len(actors)}).")
-    require(not (isinstance(tokenizers, (list, tuple)) and len(tokenizers) != 1),
-            "Centralized collaboration requires one actor tokenizer.")
-    num_roles = 2 if num_agents is None else int(num_agents)
-    collaboration = CentralizedCollaboration(check_adapter(adapter or TaggedCentralizedAdapter()),
-                                             build_formatters(formatters, num_roles), reward_func, num_roles)
-    return Team(actors, 1, tokenizers, [collaboration.formatter], collaboration, collaboration)
-
-
-def adamw_kernel(choice: str, params: Sequence[Tensor]) -> dict[str, bool]:
-    """``torch.optim.AdamW``'s kernel arguments for ``adamw_implementation``. ``auto``: the fused kernel (one pass over
-    all tensors; ~2x the for-loop step on CPU, benchmarks/README.md) where every parameter is a plain floating-point
-    tensor on a CPU or CUDA device; ``foreach`` otherwise (e.g. FSDP-sharded DTensors)."""
-    if choice == "auto":
-        fusable = all(type(p.data) is Tensor and p.device.type in ("cpu", "cuda") and p.dtype in
-                      (torch.float32, torch.float16, torch.bfloat16) for p in params)
-        choice = "fused" if fusable else "foreach"
-    return {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[choice]
-
-
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """What training ``model`` updates: its parameters that require gradients, or — an agent of a LoRA team, which
-    shares its module with the other agents — its own adapter's."""
-    own = getattr(model, "trainable_parameters", None)
-    return list(own()) if callable(own) else [p for p in model.parameters() if p.requires_grad]
-
-
-def lora_plan(agents: Any, num_agents: int | None, fields: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The LoRA team the fields ask for (``lora_rank``, or adapter folders as ``agents``), else None: the base source,
-    the team size, the adapter folders to load and the LoRA settings of fresh adapters."""
-    sources = list(agents) if isinstance(agents, (list, tuple)) else [agents]
-    folders = [s for s in sources if is_adapter_dir(s)]
-    if folders:
-        require(len(folders) == len(sources), "agents: either every agent is a saved LoRA adapter folder or none is "
-                                              f"(got {len(folders)} adapter folders among {len(sources)} agents).")
-        bases = {adapter_base(f) for f in folders}
-        require(len(bases) == 1, f"agents: the adapter folders were trained on different base models {sorted(bases)}; "
-                                 "a LoRA team shares one base.")
-        return {"base": bases.pop(), "num_agents": len(folders), "adapters": [str(f) for f in folders], "settings": {}}
-    if fields.get("lora_rank") is None:
-        return None
-    distinct = {s if isinstance(s, str) else id(s) for s in sources}
-    require(len(distinct) == 1 and isinstance(sources[0], str),
-            f"lora_rank={fields['lora_rank']}: a LoRA team puts one adapter per agent on ONE base model; set agents to "
-            f"one model name or path (got {sources!r}). Teams of different models train as full copies (lora_rank: "
-            "null).")
-    n = len(sources) if isinstance(agents, (list, tuple)) else (num_agents or 2)
-    settings = {"rank": fields["lora_rank"], "alpha": fields["lora_alpha"], "dropout": fields["lora_dropout"],
-                "target_modules": fields["lora_target_modules"]}
-    return {"base": sources[0], "num_agents": n, "adapters": [], "settings": settings}
-
-
-def check_strategy(trainer: Any, module: Any) -> None:
-    """The strategies a team trains under: one device; Lightning's DDP (any launcher: ``ddp``, ``ddp_spawn``,
-    ``ddp_notebook``; any number of nodes); or agents sharded over the ranks with FSDP2 (``ModelParallelStrategy``,
-    ``tensor_parallel_size: 1``: agents, critics and reward models). ``parallel_training: mp``
-    places agents on several devices of ONE process; combined with several processes, every process would claim the
-    same devices."""
-    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
-
-    strategy, name = trainer.strategy, type(trainer.strategy).__name__
-    if isinstance(strategy, ModelParallelStrategy):
-        require_config(getattr(strategy, "_tensor_parallel_size", 1) == 1,
-                       f"trainer.strategy ModelParallelStrategy: tensor_parallel_size must be 1 (got "
-                       f"{strategy._tensor_parallel_size!r}; its default `auto` is every device of a node): agents are "
-                       "sharded over the data-parallel ranks with FSDP2 and tensor parallelism is not available. Set "
-                       "trainer.strategy.init_args.tensor_parallel_size 1 and data_parallel_size to the number of "
-                       "processes.")
-        require_config(module.lora is None, "trainer.strategy ModelParallelStrategy (FSDP) with a LoRA team "
-                                            "(lora_rank) is not available: a LoRA team's base is frozen and held once, "
-                                            "so use trainer.strategy ddp.")
-        require_config(module.generation_backend == "hf",
-                       f"generation_backend: {module.generation_backend} with trainer.strategy ModelParallelStrategy "
-                       "(FSDP) is not available: the engine would need each sharded agent's whole weights after every "
-                       "update. Use trainer.strategy ddp with this backend, or generation_backend: hf under FSDP.")
-        require_config(module.generation_dtype == "model",
-                       f"generation_dtype {module.generation_dtype!r} with trainer.strategy ModelParallelStrategy "
-                       "(FSDP) is not available: a sharded agent has no whole weights to copy between steps. Set "
-                       "generation_dtype: model, or load the agents in bf16 (model_config: {dtype: bfloat16}).")
-    elif not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or "DeepSpeed" in name:
-        raise ConfigurationError(
-            f"trainer.strategy {name} is not supported; use a single device (trainer.devices: 1), data-parallel "
-            "training (trainer.strategy: ddp, any trainer.devices and trainer.num_nodes), or agents sharded with "
-            "FSDP2 (trainer.strategy: lightning.pytorch.strategies.ModelParallelStrategy with tensor_parallel_size: "
-            "1; Lightning's FSDPStrategy is FSDP1, which this project does not use) (docs/scaling.md).")
-    accelerator = type(getattr(trainer, "accelerator", None)).__name__
-    require_config(not module.vllm_enable_sleep_mode or module.generation_backend != "vllm"
-                   or accelerator == "CUDAAccelerator",
-                   f"vllm_enable_sleep_mode: true needs a GPU (its memory is what sleep mode releases), but the trainer "
-                   f"runs on {accelerator.removesuffix('Accelerator')}: set vllm_enable_sleep_mode: false.")
-    if module.parallel_training != "mp" and module.agent_devices is not None and trainer.world_size > 1:
-        raise ConfigurationError(
-            f"agent_devices/critic_devices without parallel_training: mp place the whole team on ONE device "
-            f"({module.agent_devices[0]}), but trainer.strategy {name} runs {trainer.world_size} processes "
-            "(trainer.devices x trainer.num_nodes), each with its own device: remove agent_devices and critic_devices "
-            "(each process then places its team), or run one process (docs/scaling.md).")
-    if module.parallel_training == "mp" and trainer.world_size > 1:
-        raise ConfigurationError(
-            f"parallel_training='mp' places agents on the devices of one process, but trainer.strategy {name} runs "
-            f"{trainer.world_size} processes (trainer.devices x trainer.num_nodes). Use one of them: "
-            "parallel_training: mp with trainer.devices: 1, or trainer.strategy: ddp with parallel_training: none "
-            "(docs/scaling.md).")
-
-
-def team_placement(spec: Any, n: int, kind: str) -> list[torch.device] | None:
-    """Without ``parallel_training: mp``: CoMLRL's one device for the whole team of ``n`` — the first entry of
-    ``spec`` — or None (the trainer places the team) when ``spec`` is null, ``auto`` or starts with ``auto``."""
-    first = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
-    if spec is None or (isinstance(first, str) and first.strip().lower() == "auto"):
-        return None
-    return [resolve_single_device(spec, kind=kind)] * n
-
-
-def require_config(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigurationError(message)
-
-
-def call_filtered(func, **kwargs):
-    """Call with the keyword arguments ``func`` names (all of them if it takes ``**kwargs``)."""
-    params = inspect.signature(func).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return func(**kwargs)
-    return func(**{k: v for k, v in kwargs.items() if k in params})
 
 
 def _add(total: Any, value: Any) -> Any:

@@ -100,9 +100,10 @@ class MAGRPO(OnPolicyModule):
         for i, agent in enumerate(chunks):
             gap = EngineGap()
             for c, chunk in enumerate(agent):
-                logp = token_logprobs(self.policy_model(i), chunk.inputs, entropy=self.needs_token_entropy)
                 if self.needs_token_entropy:
-                    logp, chunk.entropy = logp
+                    logp, chunk.entropy = token_logprobs(self.policy_model(i), chunk.inputs, entropy=True)
+                else:
+                    logp = token_logprobs(self.policy_model(i), chunk.inputs)
                 loss, diagnostics = self.policy_loss(i, logp, chunk)
                 assert_finite("policy loss", loss, step=self.global_step, agent=i)
                 if c == 0:  # once per agent and update: what its advantages were

@@ -29,6 +29,11 @@ def _accepts(func: Callable, name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
+def call_filtered(func: Callable, **kwargs: Any) -> Any:
+    """Call with the keyword arguments ``func`` names (all of them if it takes ``**kwargs``)."""
+    return func(**{k: v for k, v in kwargs.items() if _accepts(func, k)})
+
+
 def default_formatter(item: Mapping[str, Any], external_prompts: str | None = None) -> str:
     """The prompt is the external prompt when given, else ``item["prompt"]``."""
     return external_prompts if external_prompts is not None else str(item.get("prompt", ""))

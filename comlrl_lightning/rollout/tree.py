@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -94,6 +94,15 @@ class Node:
     @property
     def mean_return(self) -> float:
         return float(self.returns.mean())
+
+
+def episode(root: Node) -> Iterator[Node]:
+    """The nodes of one trajectory, turn by turn: the root and its first child's line (an evaluation trajectory, a
+    multi-turn actor-critic episode, both K = 1 after the first turn)."""
+    node = root
+    while node is not None:
+        yield node
+        node = node.children.get(0)
 
 
 @dataclass
