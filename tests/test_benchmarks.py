@@ -67,3 +67,40 @@ def test_the_checkpoint_benchmark_writes_the_same_checkpoint_both_ways(tmp_path,
     assert [r["way"] for r in reports] == ["lightning", "file"]
     assert reports[0]["bytes"] == reports[1]["bytes"] > 0 and all(r["seconds"] > 0 for r in reports)
     assert not any(tmp_path.iterdir())  # each save's folder is removed
+
+
+def test_the_environment_benchmark_writes_its_table_json_and_png(tmp_path, monkeypatch):
+    """``environments.py --tiny --updates 1`` on one env (TL;DR, from its shipped config through the CLI), in this
+    process: a table row, the JSON's before/after and curve, the PNG; an env whose config does not exist is
+    skipped with its reason in the table."""
+    if not (REPO.parent / "shared" / "data" / "tldr").is_dir():
+        import pytest
+
+        pytest.skip("the TL;DR config reads ../shared/data/tldr (the benchmark data; see docs/environments.md)")
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import environments
+
+    monkeypatch.setitem(environments.ENVS, "missing", environments.Env("no_such_config.yaml", 8, []))
+    threads = torch.get_num_threads()
+    try:
+        environments.main(["--tiny", "--only", "tldr,missing", "--seeds", "0", "--updates", "1", "--every", "0",
+                           "--max-new-tokens", "4", "--held-out", "2", "--eval-batch", "2", "--no-isolate",
+                           "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads((tmp_path / "environments.json").read_text())
+    tldr, missing = report["rows"]
+    assert report["complete"] and report["updates"] == 1 and report["seeds"] == [0]
+    assert missing["skipped"] and "no_such_config.yaml" in missing["note"]
+    assert tldr["env"] == "tldr" and tldr["reward_range"] == [0.0, 3.0] and tldr["updates"] == "1"
+    (run,) = tldr["runs"]
+    assert run["settings"]["tokens"] == 4 and run["settings"]["model"] == "tiny"
+    assert [step for step, _ in run["curve"]] == [0, 1]
+    assert run["before"] == run["curve"][0][1] and run["after"] == run["curve"][1][1]
+    assert 0.0 <= run["before"] <= 3.0 and "eval/turn_1/level_1_pass_rate" in run["evaluations"][0][1]
+    assert "turn_1/level_1_pass_rate" in tldr["credit"] and run["train_curve"]["turn_1"]
+    table = (tmp_path / "environments.md").read_text()
+    assert "| tldr | [0, 3] |" in table and "| missing |" in table and "no_such_config.yaml" in table
+    assert (tmp_path / "environments.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
