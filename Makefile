@@ -28,6 +28,8 @@ fit: $(VENV)/.installed
 	$(PY) -m comlrl_lightning fit --config $(CONFIG) $(ARGS)
 
 test: $(VENV)/.installed
+	$(PY) -m ruff format --check --quiet .
+	$(PY) -m ruff check --quiet .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(VENV)/.installed

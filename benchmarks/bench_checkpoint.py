@@ -48,8 +48,12 @@ def worker(args) -> dict:
         parameter.grad = torch.zeros_like(parameter)
     optimizer.step()
     module.zero_grad(set_to_none=True)
-    checkpoint = {"epoch": 0, "global_step": 1, "state_dict": module.state_dict(),
-                  "optimizer_states": [optimizer.state_dict()]}
+    checkpoint = {
+        "epoch": 0,
+        "global_step": 1,
+        "state_dict": module.state_dict(),
+        "optimizer_states": [optimizer.state_dict()],
+    }
     io = TorchCheckpointIO() if args.worker == "lightning" else FileCheckpointIO()
     folder = Path(tempfile.mkdtemp(dir=args.dir))
     try:
@@ -90,10 +94,18 @@ def main(argv=None) -> dict:
         print(f"{way:10} {seconds:9.2f} {size / 1e9 / seconds:6.2f} {growth:16.0f}")
     ratios = {way: [r[way]["seconds"] / r["lightning"]["seconds"] for r in rounds] for way in WAYS[1:]}
     for way, per_round in ratios.items():
-        print(f"{way} / lightning: {statistics.median(per_round):.2f} "
-              f"(per round {', '.join(f'{x:.2f}' for x in per_round)})")
-    result = {"machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
-              "config": vars(args), "bytes": size, "rounds": rounds, "summary": summary, "ratio_per_round": ratios}
+        print(
+            f"{way} / lightning: {statistics.median(per_round):.2f} "
+            f"(per round {', '.join(f'{x:.2f}' for x in per_round)})"
+        )
+    result = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "config": vars(args),
+        "bytes": size,
+        "rounds": rounds,
+        "summary": summary,
+        "ratio_per_round": ratios,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -30,10 +30,32 @@ import bench_step  # noqa: E402
 
 
 def point_argv(task: str, k: int, prompts: int, agents: int, args, generate_only: bool) -> list[str]:
-    argv = ["--task", task, "--k", str(k), "--prompts", str(prompts), "--agents", str(agents), "--tokens",
-            str(args.tokens), "--repeats", "1", "--steps", str(args.steps), "--threads", str(args.threads),
-            "--device", args.device, "--model", args.model, "--precision", args.precision,
-            "--generation-dtype", args.generation_dtype]
+    argv = [
+        "--task",
+        task,
+        "--k",
+        str(k),
+        "--prompts",
+        str(prompts),
+        "--agents",
+        str(agents),
+        "--tokens",
+        str(args.tokens),
+        "--repeats",
+        "1",
+        "--steps",
+        str(args.steps),
+        "--threads",
+        str(args.threads),
+        "--device",
+        args.device,
+        "--model",
+        args.model,
+        "--precision",
+        args.precision,
+        "--generation-dtype",
+        args.generation_dtype,
+    ]
     return argv + (["--generate-only"] if generate_only else [])
 
 
@@ -41,11 +63,21 @@ def summarise(report: dict, task: str, k: int, prompts: int, agents: int, tokens
     after = report["impls"]["after"]
     median = after["phases"][phase]["median"]
     samples = agents * prompts * k
-    return {"task": task, "k": k, "prompts": prompts, "agents": agents, "tokens": tokens, "phase": phase,
-            "seconds": median, "samples_per_s": samples / median, "generated_tokens_per_s": samples * tokens /
-            after["phases"]["generate"]["median"], "peak_mib": after["peak_mib"],
-            "fraction_of_limit": after["phases"][phase]["fraction_of_limit"],
-            "prompt_tokens": report["prompt_tokens"], "limits": report["limits"]}
+    return {
+        "task": task,
+        "k": k,
+        "prompts": prompts,
+        "agents": agents,
+        "tokens": tokens,
+        "phase": phase,
+        "seconds": median,
+        "samples_per_s": samples / median,
+        "generated_tokens_per_s": samples * tokens / after["phases"]["generate"]["median"],
+        "peak_mib": after["peak_mib"],
+        "fraction_of_limit": after["phases"][phase]["fraction_of_limit"],
+        "prompt_tokens": report["prompt_tokens"],
+        "limits": report["limits"],
+    }
 
 
 def step_points(args) -> list[tuple[str, int, int, int]]:
@@ -62,12 +94,18 @@ def step_points(args) -> list[tuple[str, int, int, int]]:
 
 
 def markdown(rows: list[dict], title: str, phase_label: str) -> str:
-    lines = [f"### {title}", "", f"| task | K | prompts | N | {phase_label} s | samples/s | generated tokens/s | "
-             "peak MiB | of limit |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {title}",
+        "",
+        f"| task | K | prompts | N | {phase_label} s | samples/s | generated tokens/s | peak MiB | of limit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['task']} | {r['k']} | {r['prompts']} | {r['agents']} | {r['seconds']:.2f} | "
-                     f"{r['samples_per_s']:.2f} | {r['generated_tokens_per_s']:.0f} | {r['peak_mib']:.0f} | "
-                     f"{r['fraction_of_limit'] or 0:.2f} |")
+        lines.append(
+            f"| {r['task']} | {r['k']} | {r['prompts']} | {r['agents']} | {r['seconds']:.2f} | "
+            f"{r['samples_per_s']:.2f} | {r['generated_tokens_per_s']:.0f} | {r['peak_mib']:.0f} | "
+            f"{r['fraction_of_limit'] or 0:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -83,29 +121,36 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (CPU)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--precision", choices=("32", "bf16-mixed"), default="32", help="as bench_step.py")
-    p.add_argument("--generation-dtype", choices=("model", "bfloat16", "float16"), default="model",
-                   help="as bench_step.py")
-    p.add_argument("--grids", nargs="+", choices=("generation", "step"), default=["generation", "step"],
-                   help="which grids to run")
+    p.add_argument(
+        "--generation-dtype", choices=("model", "bfloat16", "float16"), default="model", help="as bench_step.py"
+    )
+    p.add_argument(
+        "--grids", nargs="+", choices=("generation", "step"), default=["generation", "step"], help="which grids to run"
+    )
     p.add_argument("--json", default=None, help="write every number here")
     p.add_argument("--markdown", default=None, help="write the tables here")
     args = p.parse_args(argv)
     started = time.perf_counter()
     out: dict = {"config": vars(args), "generation": [], "step": []}
-    plans = {"generation": list(itertools.product(args.tasks, args.k, args.prompts, args.agents)),
-             "step": step_points(args)}
+    plans = {
+        "generation": list(itertools.product(args.tasks, args.k, args.prompts, args.agents)),
+        "step": step_points(args),
+    }
     for grid in args.grids:
         for n, (task, k, prompts, agents) in enumerate(plans[grid], 1):
             print(f"[{grid} {n}/{len(plans[grid])}] task {task}, K={k}, M={prompts}, N={agents}", flush=True)
             report = bench_step.main(point_argv(task, k, prompts, agents, args, grid == "generation"))
-            row = summarise(report, task, k, prompts, agents, args.tokens,
-                            "generate" if grid == "generation" else "step")
+            row = summarise(
+                report, task, k, prompts, agents, args.tokens, "generate" if grid == "generation" else "step"
+            )
             out[grid].append(row)
             if args.json:  # after every point: nothing is lost if a later point fails
                 Path(args.json).write_text(json.dumps(out, indent=2))
     out["wall_seconds"] = time.perf_counter() - started
-    text = (f"Command: `python benchmarks/bench_matrix.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
-            f"{out['wall_seconds'] / 60:.0f} min.\n\n")
+    text = (
+        f"Command: `python benchmarks/bench_matrix.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+        f"{out['wall_seconds'] / 60:.0f} min.\n\n"
+    )
     if out["generation"]:
         text += markdown(out["generation"], f"Generation, T={args.tokens}", "generate") + "\n"
     if out["step"]:

@@ -23,10 +23,10 @@ import json
 import time
 from pathlib import Path
 
+import roofline
 import torch
 import torch.nn.functional as F
 
-import roofline
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.rollout.backends import hf_copies as generation
 from comlrl_lightning.rollout.backends.hf_products import _by_columns
@@ -40,8 +40,11 @@ def forms() -> dict:
     }
     if generation.packing_works(generation.FP16_WEIGHTS):
         packing = generation.FP16_WEIGHTS
-        out["fp16"] = (lambda layers: [packing.pack(layer.weight.detach(), layer.bias) for layer in layers],
-                       lambda i, layer, state, x: packing.multiply(x, state[i], layer.bias), 2)
+        out["fp16"] = (
+            lambda layers: [packing.pack(layer.weight.detach(), layer.bias) for layer in layers],
+            lambda i, layer, state, x: packing.multiply(x, state[i], layer.bias),
+            2,
+        )
     return out
 
 
@@ -75,15 +78,32 @@ def main() -> None:
             best = {name: min(seconds[1:]) for name, seconds in times.items()}
             for name, (_, _, width) in prepared.items():
                 floor = weights * width / (limits.bandwidth_gbs * 1e9)
-                row = {"rows": rows, "form": name, "ms": best[name] * 1e3, "of_linear": best[name] / best["linear"],
-                       "fraction_of_limit": floor / best[name]}
+                row = {
+                    "rows": rows,
+                    "form": name,
+                    "ms": best[name] * 1e3,
+                    "of_linear": best[name] / best["linear"],
+                    "fraction_of_limit": floor / best[name],
+                }
                 results.append(row)
-                print(f"rows {rows:3d}  {name:8s} {row['ms']:8.1f} ms  {row['of_linear']:5.2f}x linear  "
-                      f"{row['fraction_of_limit']:5.2f} of the bandwidth limit")
+                print(
+                    f"rows {rows:3d}  {name:8s} {row['ms']:8.1f} ms  {row['of_linear']:5.2f}x linear  "
+                    f"{row['fraction_of_limit']:5.2f} of the bandwidth limit"
+                )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"model": args.model, "threads": args.threads,
-                                         "limits": roofline.as_dict([limits]), "results": results}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "threads": args.threads,
+                    "limits": roofline.as_dict([limits]),
+                    "results": results,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

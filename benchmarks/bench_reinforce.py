@@ -73,8 +73,8 @@ from comlrl_lightning.agents.memory import keep_freed_memory  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
-from comlrl_lightning.rollout.weights import weights_changed  # noqa: E402
 from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs  # noqa: E402
+from comlrl_lightning.rollout.weights import weights_changed  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a cat.",
@@ -164,8 +164,11 @@ class Phase:
         return False
 
 
-def summarize(samples: list[dict[str, tuple[float, float]]], tokens: dict[str, int],
-              memory: dict[str, tuple[float, float]] | None = None) -> dict[str, dict]:
+def summarize(
+    samples: list[dict[str, tuple[float, float]]],
+    tokens: dict[str, int],
+    memory: dict[str, tuple[float, float]] | None = None,
+) -> dict[str, dict]:
     """Median seconds and max peak memory of each phase over the repeats (or the peaks of ``memory``, the round
     that measured them), with tokens/s."""
     out = {}
@@ -179,8 +182,9 @@ def summarize(samples: list[dict[str, tuple[float, float]]], tokens: dict[str, i
             "seconds_all": seconds,
             "tokens": n_tok,
             "tokens_per_s": (n_tok / median) if n_tok and median > 0 else None,
-            "peak_mib": max((s[name][1] for s in ([memory] if memory else samples) if s[name][1] is not None),
-                            default=None),
+            "peak_mib": max(
+                (s[name][1] for s in ([memory] if memory else samples) if s[name][1] is not None), default=None
+            ),
         }
     return out
 
@@ -231,8 +235,12 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
     with Phase(device) as score:  # batched, no grad: the reference / old log-prob pass
         for i, model in enumerate(module.agents):
             samples = [n.agents[i] for n in nodes]
-            inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
-                                  [s.completion_mask for s in samples], module.tokenizers[i].pad_token_id)
+            inputs = collate_rows(
+                [s.prompt_ids for s in samples],
+                [s.completion_ids for s in samples],
+                [s.completion_mask for s in samples],
+                module.tokenizers[i].pad_token_id,
+            )
             model.eval()
             with torch.no_grad(), precision(args):
                 token_logprobs(model, inputs)
@@ -251,8 +259,12 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
         weights_changed()  # what MultiAgentModule.update tells the generation copies
 
     gen, rew = rollout.timings["generate"], rollout.timings["reward"]
-    return {"generate": (gen, rollout_phase.peak_mib), "reward": (rew, 0.0),
-            "score": (score.seconds, score.peak_mib), "update": (update.seconds, update.peak_mib)}
+    return {
+        "generate": (gen, rollout_phase.peak_mib),
+        "reward": (rew, 0.0),
+        "score": (score.seconds, score.peak_mib),
+        "update": (update.seconds, update.peak_mib),
+    }
 
 
 class Ours:
@@ -293,8 +305,14 @@ def attach_trainer(module, device: str, logging_step: bool = False) -> None:
     level = log.level
     log.setLevel(logging.WARNING)
     try:
-        trainer = Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, logger=False,
-                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = Trainer(
+            accelerator="gpu" if device == "cuda" else "cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
     finally:
         log.setLevel(level)
     trainer.strategy.connect(module)
@@ -318,9 +336,13 @@ class ActorCritic:
         torch.manual_seed(0)
         cls, critic_kwargs = AC_VARIANTS[variant]
         self.impl, self.model, self.num_agents, self.args = variant, model, num_agents, args
-        self.module = cls(**workload_kwargs(model, args, num_agents), **critic_kwargs(model),
-                          critic_type=args.critic_type, rollout_buffer_size=args.prompts * args.k,
-                          train_batch_size=args.prompts * args.k).to(args.device)
+        self.module = cls(
+            **workload_kwargs(model, args, num_agents),
+            **critic_kwargs(model),
+            critic_type=args.critic_type,
+            rollout_buffer_size=args.prompts * args.k,
+            train_batch_size=args.prompts * args.k,
+        ).to(args.device)
         attach_trainer(self.module, args.device)
         self.items = workload_items(args)
         self.params = n_params(self.module.agents[0])  # iac-shared: the actor plus its value head
@@ -336,8 +358,12 @@ class ActorCritic:
             warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
             self.module.update(batch)
         t = self.module.phase_seconds
-        return {"generate": (t["generate"], rollout_phase.peak_mib), "reward": (t["reward"], None),
-                "score": (t["score"], None), "update": (update.seconds, update.peak_mib)}
+        return {
+            "generate": (t["generate"], rollout_phase.peak_mib),
+            "reward": (t["reward"], None),
+            "score": (t["score"], None),
+            "update": (update.seconds, update.peak_mib),
+        }
 
 
 # ---------------------------------------------------------------------------------------------- preference
@@ -347,8 +373,11 @@ def preference_kwargs(model: str, args, num_agents: int) -> dict:
     candidates would tie and no pair would form; ``letter_reward`` is a share of letters, distinct per sample)."""
     kwargs = workload_kwargs(model, args, num_agents)
     kwargs.pop("num_generations")
-    kwargs.update(reward_func=letter_reward, preference_num_candidates=args.candidates,
-                  preference_pairs_per_sample=args.pairs_per_sample)
+    kwargs.update(
+        reward_func=letter_reward,
+        preference_num_candidates=args.candidates,
+        preference_pairs_per_sample=args.pairs_per_sample,
+    )
     return kwargs
 
 
@@ -357,8 +386,13 @@ def add_pair_rates(result: dict, counts: list[dict[str, tuple[int, int]]]) -> No
     for name, phase in result["phases"].items():
         pairs = statistics.median(c[name][0] for c in counts)
         tokens = statistics.median(c[name][1] for c in counts)
-        phase.update(pairs=pairs, pairs_all=[c[name][0] for c in counts], pairs_per_s=pairs / phase["seconds"],
-                     tokens=tokens, tokens_per_s=tokens / phase["seconds"])
+        phase.update(
+            pairs=pairs,
+            pairs_all=[c[name][0] for c in counts],
+            pairs_per_s=pairs / phase["seconds"],
+            tokens=tokens,
+            tokens_per_s=tokens / phase["seconds"],
+        )
 
 
 class PairCollection:
@@ -376,8 +410,9 @@ class PairCollection:
     def __init__(self, model: str, args, num_agents: int):
         torch.manual_seed(0)
         self.model, self.num_agents, self.args = model, num_agents, args
-        self.module = MADPO(**preference_kwargs(model, args, num_agents),
-                            train_batch_size=args.pair_batch).to(args.device)
+        self.module = MADPO(**preference_kwargs(model, args, num_agents), train_batch_size=args.pair_batch).to(
+            args.device
+        )
         attach_trainer(self.module, args.device, logging_step=True)
         self.items = workload_items(args)
         self.params = n_params(self.module.agents[0])
@@ -405,8 +440,12 @@ class PairCollection:
         with Phase(device) as update:
             self.module.training_step(batch, 0)
         generated = self.num_agents * args.prompts * args.candidates * args.tokens
-        self.counts.append({"collect pairs": (len(pairs), generated),
-                            "update": (len(batch), self.num_agents * 2 * len(batch) * args.tokens)})
+        self.counts.append(
+            {
+                "collect pairs": (len(pairs), generated),
+                "update": (len(batch), self.num_agents * 2 * len(batch) * args.tokens),
+            }
+        )
         return {"collect pairs": (collect.seconds, collect.peak_mib), "update": (update.seconds, update.peak_mib)}
 
     def annotate(self, result: dict) -> None:
@@ -427,9 +466,13 @@ class RewardModelUpdate:
         torch.manual_seed(0)
         model, args = source.model, source.args
         self.source, self.model, self.num_agents, self.args = source, model, source.num_agents, args
-        self.module = MARLHF(rl_algorithm="magrpo", reward_model_name=model, num_generations=args.k,
-                             reward_train_batch_size=args.pair_batch,
-                             **preference_kwargs(model, args, source.num_agents)).to(args.device)
+        self.module = MARLHF(
+            rl_algorithm="magrpo",
+            reward_model_name=model,
+            num_generations=args.k,
+            reward_train_batch_size=args.pair_batch,
+            **preference_kwargs(model, args, source.num_agents),
+        ).to(args.device)
         attach_trainer(self.module, args.device, logging_step=True)
         self.module.on_train_epoch_start()  # epoch 0: the reward-model stage (reward model trainable)
         self.params = n_params(self.module.reward_model)  # the reward model's backbone + head
@@ -440,8 +483,11 @@ class RewardModelUpdate:
 
         pairs, rm = self.source.batch, self.module.reward_model
         prompts = [[p.prompts[i] for p in pairs] for i in range(self.num_agents)]
-        texts = [text for side in ("winner_completions", "loser_completions") for text in joint_texts(
-            prompts, [[getattr(p, side)[i] for p in pairs] for i in range(self.num_agents)])]
+        texts = [
+            text
+            for side in ("winner_completions", "loser_completions")
+            for text in joint_texts(prompts, [[getattr(p, side)[i] for p in pairs] for i in range(self.num_agents)])
+        ]
         tokens = int(rm.tokenize(texts)["attention_mask"].sum())
         with Phase(self.args.device) as update:
             self.module.update(pairs)
@@ -472,8 +518,10 @@ class PerSampleBaseline:
         self.items = workload_items(args)
         self.models, self.tokenizers = list(module.agents), module.tokenizers
         self.k, self.tokens, self.device = args.k, args.tokens, args.device
-        self.optimizers = [torch.optim.AdamW(m.parameters(), lr=module.agent_learning_rates[i],
-                                             weight_decay=module.weight_decay) for i, m in enumerate(self.models)]
+        self.optimizers = [
+            torch.optim.AdamW(m.parameters(), lr=module.agent_learning_rates[i], weight_decay=module.weight_decay)
+            for i, m in enumerate(self.models)
+        ]
 
     def generate(self, prompt: str, agent: int) -> tuple[torch.Tensor, list[torch.Tensor], list[str]]:
         model, tok = self.models[agent], self.tokenizers[agent]
@@ -484,15 +532,23 @@ class PerSampleBaseline:
             p.requires_grad_(False)
         try:
             with torch.inference_mode():
-                out = model.generate(**enc, do_sample=True, num_beams=1, num_return_sequences=self.k,
-                                     max_new_tokens=self.tokens, min_new_tokens=self.tokens,
-                                     pad_token_id=tok.pad_token_id, return_dict_in_generate=True, **SAMPLING)
+                out = model.generate(
+                    **enc,
+                    do_sample=True,
+                    num_beams=1,
+                    num_return_sequences=self.k,
+                    max_new_tokens=self.tokens,
+                    min_new_tokens=self.tokens,
+                    pad_token_id=tok.pad_token_id,
+                    return_dict_in_generate=True,
+                    **SAMPLING,
+                )
         finally:
             for p, flag in zip(model.parameters(), flags):
                 p.requires_grad_(flag)
             model.train()
         prompt_ids = enc["input_ids"][0].clone()
-        completions = [row[prompt_ids.shape[0]:].clone() for row in out.sequences]  # full padded length
+        completions = [row[prompt_ids.shape[0] :].clone() for row in out.sequences]  # full padded length
         texts = [tok.decode(c, skip_special_tokens=True) for c in completions]
         return prompt_ids, completions, texts
 
@@ -511,8 +567,10 @@ class PerSampleBaseline:
         with Phase(self.device) as gen:
             samples = [[self.generate(item["prompt"], i) for i in range(N)] for item in items]  # [M][N]
         with Phase(self.device) as rew:
-            rewards = [torch.tensor([brevity_reward(*[[s[i][2][k]] for i in range(N)])[0] for k in range(self.k)])
-                       for s in samples]  # one reward call per joint action
+            rewards = [
+                torch.tensor([brevity_reward(*[[s[i][2][k]] for i in range(N)])[0] for k in range(self.k)])
+                for s in samples
+            ]  # one reward call per joint action
         with Phase(self.device) as score:
             with torch.no_grad():
                 for i, model in enumerate(self.models):
@@ -531,8 +589,12 @@ class PerSampleBaseline:
                         loss = -advantages[k] * self.sequence_logprob(model, prompt_ids, completion) / len(completions)
                         loss.backward()
                 self.optimizers[i].step()
-        return {"generate": (gen.seconds, gen.peak_mib), "reward": (rew.seconds, rew.peak_mib),
-                "score": (score.seconds, score.peak_mib), "update": (update.seconds, update.peak_mib)}
+        return {
+            "generate": (gen.seconds, gen.peak_mib),
+            "reward": (rew.seconds, rew.peak_mib),
+            "score": (score.seconds, score.peak_mib),
+            "update": (update.seconds, update.peak_mib),
+        }
 
 
 def measure(runners: list, args) -> list[dict]:
@@ -554,8 +616,13 @@ def measure(runners: list, args) -> list[dict]:
     results = []
     for r, out, peaks in zip(runners, runs, memory):
         tokens = {} if hasattr(r, "annotate") else workload_tokens(args, r.num_agents, r.impl)
-        result = {"impl": r.impl, "model": r.model, "num_agents": r.num_agents, "params_per_agent": r.params,
-                  "phases": summarize(out, tokens, peaks)}
+        result = {
+            "impl": r.impl,
+            "model": r.model,
+            "num_agents": r.num_agents,
+            "params_per_agent": r.params,
+            "phases": summarize(out, tokens, peaks),
+        }
         if hasattr(r, "annotate"):  # preference runners count their own pairs and tokens per round
             r.annotate(result)
         results.append(result)
@@ -570,8 +637,11 @@ def run_trl(model_name: str, args) -> dict:
         from transformers import TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as exc:
-        return {"impl": "trl", "model": model_name, "error": f"trl is not importable ({exc}); "
-                "install the bench extra: pip install -e '.[bench]'"}
+        return {
+            "impl": "trl",
+            "model": model_name,
+            "error": f"trl is not importable ({exc}); install the bench extra: pip install -e '.[bench]'",
+        }
 
     from comlrl_lightning.agents.factories import MODEL_FACTORIES
 
@@ -635,8 +705,14 @@ def run_trl(model_name: str, args) -> dict:
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer = GRPOTrainer(model=model, reward_funcs=trivial_reward, args=config, train_dataset=dataset,
-                                  processing_class=tokenizer, callbacks=[timer])
+            trainer = GRPOTrainer(
+                model=model,
+                reward_funcs=trivial_reward,
+                args=config,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                callbacks=[timer],
+            )
             generate_and_score = trainer._generate_and_score_completions
 
             def timed(*a, **kw):  # split the step: sampling + reward vs. the rest (loss, backward, step)
@@ -659,8 +735,13 @@ def run_trl(model_name: str, args) -> dict:
         "loss+backward+step": [(s - g, None) for s, g, _ in steps],
     }
     samples = [{name: values[r] for name, values in phase.items()} for r in range(len(steps))]
-    return {"impl": "trl", "model": model_name, "num_agents": 1, "params_per_agent": n_params(model),
-            "phases": summarize(samples, {"generate+reward": tokens, "loss+backward+step": tokens})}
+    return {
+        "impl": "trl",
+        "model": model_name,
+        "num_agents": 1,
+        "params_per_agent": n_params(model),
+        "phases": summarize(samples, {"generate+reward": tokens, "loss+backward+step": tokens}),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -709,9 +790,11 @@ def print_table(results: list[dict]) -> None:
             print(f"{r['model']:<8} {r['impl']:<11}    {r['error']}")
             continue
         for name, p in r["phases"].items():
-            print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {name:<19} {p['seconds']:>9.4f} "
-                  f"{fmt(p['tokens_per_s'], '>10.0f')} {fmt(p['peak_mib'], '>9.1f')}"
-                  + (f" {fmt(p.get('pairs_per_s'), '>8.1f')}" if pairs else ""))
+            print(
+                f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {name:<19} {p['seconds']:>9.4f} "
+                f"{fmt(p['tokens_per_s'], '>10.0f')} {fmt(p['peak_mib'], '>9.1f')}"
+                + (f" {fmt(p.get('pairs_per_s'), '>8.1f')}" if pairs else "")
+            )
         if r["impl"] in STEP_ROWS:
             label = STEP_ROWS[r["impl"]][0]
             print(f"{r['model']:<8} {r['impl']:<11} {r['num_agents']:>2} {label:<19} {step_seconds(r):>9.4f}")
@@ -730,8 +813,10 @@ def comparisons(results: list[dict], args) -> dict:
             out[f"{model}/update_ours_over_per_sample"] = ratio
             out[f"{model}/update_ours_over_per_sample_min"] = best
             out[f"{model}/score_ours_over_per_sample"] = score
-            print(f"{model}: update ours / per-sample = {ratio:.3f} median ({1 / ratio:.1f}x faster), {best:.3f} on "
-                  f"the fastest runs; score ours / per-sample = {score:.3f}")
+            print(
+                f"{model}: update ours / per-sample = {ratio:.3f} median ({1 / ratio:.1f}x faster), {best:.3f} on "
+                f"the fastest runs; score ours / per-sample = {score:.3f}"
+            )
         ours1, trl = by.get(("ours", model, 1)), by.get(("trl", model, 1))
         if ours1 and trl:
             ours_step = step_seconds(ours1)
@@ -739,8 +824,10 @@ def comparisons(results: list[dict], args) -> dict:
             upd = ours1["phases"]["update"]["seconds"] / trl["phases"]["loss+backward+step"]["seconds"]
             out[f"{model}/n1_step_ours_over_trl"] = ours_step / trl_step
             out[f"{model}/n1_update_ours_over_trl"] = upd
-            print(f"{model} (N=1): step ours / trl = {ours_step:.3f}s / {trl_step:.3f}s = {ours_step / trl_step:.3f}; "
-                  f"update ours / trl loss+backward+step = {upd:.3f}")
+            print(
+                f"{model} (N=1): step ours / trl = {ours_step:.3f}s / {trl_step:.3f}s = {ours_step / trl_step:.3f}; "
+                f"update ours / trl loss+backward+step = {upd:.3f}"
+            )
         ac = [by[(v, model, args.agents)] for v in AC_VARIANTS if (v, model, args.agents) in by]
         ours = by.get(("ours", model, args.agents))
         if ours and ac:
@@ -755,16 +842,22 @@ def comparisons(results: list[dict], args) -> dict:
         madpo, rm = by.get(("madpo", model, args.agents)), by.get(("marlhf-rm", model, args.agents))
         if madpo and rm:
             c, u, r = madpo["phases"]["collect pairs"], madpo["phases"]["update"], rm["phases"]["reward-model update"]
-            out.update({f"{model}/collect_pairs_per_s": c["pairs_per_s"],
-                        f"{model}/collect_tokens_per_s": c["tokens_per_s"],
-                        f"{model}/madpo_update_pairs_per_s": u["pairs_per_s"],
-                        f"{model}/rm_update_pairs_per_s": r["pairs_per_s"],
-                        f"{model}/rm_update_over_madpo_update": r["seconds"] / u["seconds"]})
-            print(f"{model}: preference (K_c={args.candidates}, M={args.prompts}): collect {c['pairs']:g} pairs in "
-                  f"{c['seconds']:.3f}s ({c['pairs_per_s']:.0f} pairs/s, {c['tokens_per_s']:.0f} generated tok/s, "
-                  f"generate {c['generate_seconds']:.3f}s); MADPO update on {u['pairs']:g} pairs {u['seconds']:.3f}s "
-                  f"({u['pairs_per_s']:.0f} pairs/s); reward-model update {r['seconds']:.3f}s ({r['pairs_per_s']:.0f} "
-                  f"pairs/s, {r['seconds'] / u['seconds']:.2f}x the MADPO update)")
+            out.update(
+                {
+                    f"{model}/collect_pairs_per_s": c["pairs_per_s"],
+                    f"{model}/collect_tokens_per_s": c["tokens_per_s"],
+                    f"{model}/madpo_update_pairs_per_s": u["pairs_per_s"],
+                    f"{model}/rm_update_pairs_per_s": r["pairs_per_s"],
+                    f"{model}/rm_update_over_madpo_update": r["seconds"] / u["seconds"],
+                }
+            )
+            print(
+                f"{model}: preference (K_c={args.candidates}, M={args.prompts}): collect {c['pairs']:g} pairs in "
+                f"{c['seconds']:.3f}s ({c['pairs_per_s']:.0f} pairs/s, {c['tokens_per_s']:.0f} generated tok/s, "
+                f"generate {c['generate_seconds']:.3f}s); MADPO update on {u['pairs']:g} pairs {u['seconds']:.3f}s "
+                f"({u['pairs_per_s']:.0f} pairs/s); reward-model update {r['seconds']:.3f}s ({r['pairs_per_s']:.0f} "
+                f"pairs/s, {r['seconds'] / u['seconds']:.2f}x the MADPO update)"
+            )
     key = "tiny-5m/update_ours_over_per_sample"
     if key in out:
         workload = (args.agents, args.k, args.tokens) == (2, 4, 32)
@@ -777,9 +870,15 @@ def comparisons(results: list[dict], args) -> dict:
 
 def machine(args) -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": args.device,
-            "load_average_1_5_15": load}
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": args.device,
+        "load_average_1_5_15": load,
+    }
     if args.device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
@@ -791,35 +890,68 @@ def parse_args(argv=None):
     p.add_argument("--agents", type=int, default=2, help="N agents (default 2)")
     p.add_argument("--k", type=int, default=4, help="K samples per prompt (default 4)")
     p.add_argument("--tokens", type=int, default=32, help="T new tokens per sample, forced (default 32)")
-    p.add_argument("--prompts", type=int, default=None,
-                   help="M prompts per update (default 1; with --preference, enough prompts for one pair batch: "
-                        "ceil(pair-batch / pairs-per-sample), 2 by default)")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="M prompts per update (default 1; with --preference, enough prompts for one pair batch: "
+        "ceil(pair-batch / pairs-per-sample), 2 by default)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed repeats after one warm-up; median (default 3)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads on CPU (default 1: stable on shared machines; 0 = torch's default)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads on CPU (default 1: stable on shared machines; 0 = torch's default)",
+    )
     p.add_argument("--baseline", action="store_true", help="also time the per-sample, per-token implementation")
-    p.add_argument("--precision", choices=("32", "bf16-mixed"), default="32",
-                   help="ours only: bf16-mixed runs its rollout, scoring and loss under bf16 autocast")
-    p.add_argument("--generation-dtype", choices=("model", "bfloat16", "float16"), default="model",
-                   help="ours only: the generation_dtype field (sample from a half-precision copy)")
+    p.add_argument(
+        "--precision",
+        choices=("32", "bf16-mixed"),
+        default="32",
+        help="ours only: bf16-mixed runs its rollout, scoring and loss under bf16 autocast",
+    )
+    p.add_argument(
+        "--generation-dtype",
+        choices=("model", "bfloat16", "float16"),
+        default="model",
+        help="ours only: the generation_dtype field (sample from a half-precision copy)",
+    )
     p.add_argument("--trl", action="store_true", help="also time trl's GRPOTrainer on the same workload at N=1")
-    p.add_argument("--actor-critic", action="store_true",
-                   help="also time IAC (separate critics and value heads on the actors) and MAAC updates")
-    p.add_argument("--critic-type", choices=("v", "q"), default="v",
-                   help="critic_type of the actor-critic modules (default v, the modules' default)")
-    p.add_argument("--preference", action="store_true",
-                   help="also time MADPO pair collection and update and a MARLHF reward-model update")
-    p.add_argument("--candidates", type=int, default=8,
-                   help="K_c joint candidates per prompt for --preference (default 8)")
-    p.add_argument("--pairs-per-sample", type=int, default=4,
-                   help="preference pairs kept per prompt for --preference (default 4)")
-    p.add_argument("--pair-batch", type=int, default=8,
-                   help="pairs per MADPO / reward-model update for --preference (default 8)")
-    p.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
-                   help="on a CPU, keep the memory a step frees for the next, as fit does (keep_freed_cpu_memory): "
-                        "process-wide, so for every implementation timed; each phase's memory is then measured in "
-                        "one more, untimed round (default on)")
+    p.add_argument(
+        "--actor-critic",
+        action="store_true",
+        help="also time IAC (separate critics and value heads on the actors) and MAAC updates",
+    )
+    p.add_argument(
+        "--critic-type",
+        choices=("v", "q"),
+        default="v",
+        help="critic_type of the actor-critic modules (default v, the modules' default)",
+    )
+    p.add_argument(
+        "--preference",
+        action="store_true",
+        help="also time MADPO pair collection and update and a MARLHF reward-model update",
+    )
+    p.add_argument(
+        "--candidates", type=int, default=8, help="K_c joint candidates per prompt for --preference (default 8)"
+    )
+    p.add_argument(
+        "--pairs-per-sample", type=int, default=4, help="preference pairs kept per prompt for --preference (default 4)"
+    )
+    p.add_argument(
+        "--pair-batch", type=int, default=8, help="pairs per MADPO / reward-model update for --preference (default 8)"
+    )
+    p.add_argument(
+        "--keep-freed-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on a CPU, keep the memory a step frees for the next, as fit does (keep_freed_cpu_memory): "
+        "process-wide, so for every implementation timed; each phase's memory is then measured in "
+        "one more, untimed round (default on)",
+    )
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -843,13 +975,19 @@ def main(argv=None) -> dict:
     if args.device == "cpu" and args.keep_freed_memory:
         Phase.measure_memory = not keep_freed_memory()  # as fit does on a CPU (agents/memory.py)
     info = machine(args)
-    print(f"workload: N={args.agents} agents x M={args.prompts} prompt(s) x K={args.k} samples x T={args.tokens} "
-          f"tokens; median of {args.repeats} after 1 warm-up")
+    print(
+        f"workload: N={args.agents} agents x M={args.prompts} prompt(s) x K={args.k} samples x T={args.tokens} "
+        f"tokens; median of {args.repeats} after 1 warm-up"
+    )
     if args.preference:
-        print(f"preference: K_c={args.candidates} candidates per prompt (oracle letter_reward), "
-              f"{args.pairs_per_sample} pairs kept per prompt, {args.pair_batch} pairs per update")
-    print(f"machine: {info['cpu_count']} CPUs, torch {info['torch']} ({info['torch_threads']} threads), "
-          f"device {args.device}, load average {info['load_average_1_5_15']}")
+        print(
+            f"preference: K_c={args.candidates} candidates per prompt (oracle letter_reward), "
+            f"{args.pairs_per_sample} pairs kept per prompt, {args.pair_batch} pairs per update"
+        )
+    print(
+        f"machine: {info['cpu_count']} CPUs, torch {info['torch']} ({info['torch_threads']} threads), "
+        f"device {args.device}, load average {info['load_average_1_5_15']}"
+    )
     import roofline  # benchmarks/roofline.py: the machine's measured limit, printed with every run
 
     limits = roofline.machine_limits(args.device, args.threads)
@@ -857,8 +995,10 @@ def main(argv=None) -> dict:
     print(roofline.describe(limits))
     load, threads = info["load_average_1_5_15"], torch.get_num_threads()
     if args.device == "cpu" and load and threads > 1 and load[0] + threads > (os.cpu_count() or 1) + 0.5:
-        print(f"warning: load average {load[0]:.1f} on {os.cpu_count()} CPUs with {threads} torch threads: "
-              "oversubscribed OpenMP threads can slow torch down by orders of magnitude; use --threads 1")
+        print(
+            f"warning: load average {load[0]:.1f} on {os.cpu_count()} CPUs with {threads} torch threads: "
+            "oversubscribed OpenMP threads can slow torch down by orders of magnitude; use --threads 1"
+        )
     started = time.perf_counter()
     results = []
     for model in args.models:
@@ -877,16 +1017,21 @@ def main(argv=None) -> dict:
             try:
                 results.append(run_trl(model, args))
             except Exception as exc:  # keep the rest of the report when trl cannot run here
-                results.append({"impl": "trl", "model": model,
-                                "error": f"trl GRPOTrainer failed: {type(exc).__name__}: {exc}"})
+                results.append(
+                    {"impl": "trl", "model": model, "error": f"trl GRPOTrainer failed: {type(exc).__name__}: {exc}"}
+                )
     print()
     print_table(results)
     ratios = comparisons(results, args)
     info["load_average_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     info["wall_seconds"] = time.perf_counter() - started
     print(f"\ntotal wall time {info['wall_seconds']:.0f}s, load average after {info['load_average_after']}")
-    report = {"machine": info, "config": {k: v for k, v in vars(args).items() if k != "json"},
-              "results": results, "comparisons": ratios}
+    report = {
+        "machine": info,
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "results": results,
+        "comparisons": ratios,
+    }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -37,8 +37,12 @@ AUX = "def aux():\n    return None"
 
 
 def load_old(rev: str, tmp: str):
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:comlrl_lightning/envs/sandbox.py"],
-                            check=True, capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:comlrl_lightning/envs/sandbox.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     path = Path(tmp) / "old_sandbox.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("old_sandbox", path)
@@ -58,8 +62,15 @@ def time_runs(run, jobs, workers: int, repeats: int) -> dict:
         passed = sum(r.passed for r in results)
     total = sum(r.total for r in results)
     median = statistics.median(seconds)
-    return {"workers": workers, "seconds": seconds, "median_s": median, "programs_per_s": len(jobs) / median,
-            "tests_per_s": total / median, "tests": total, "passed": passed}
+    return {
+        "workers": workers,
+        "seconds": seconds,
+        "median_s": median,
+        "programs_per_s": len(jobs) / median,
+        "tests_per_s": total / median,
+        "tests": total,
+        "passed": passed,
+    }
 
 
 def main(argv=None) -> dict:
@@ -78,20 +89,40 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         old = load_old(args.old, tmp) if args.old else None
         for workers in (int(w) for w in args.workers.split(",")):
-            rows.append({"sandbox": "new", **time_runs(lambda j, w: sandbox.run_many(j, workers=w), jobs, workers,
-                                                         args.repeats)})
+            rows.append(
+                {
+                    "sandbox": "new",
+                    **time_runs(lambda j, w: sandbox.run_many(j, workers=w), jobs, workers, args.repeats),
+                }
+            )
             if old is not None:
-                rows.append({"sandbox": f"old ({args.old})", **time_runs(lambda j, w: old.run_many(j, workers=w),
-                                                                        pairs, workers, args.repeats)})
-    print(f"{len(jobs)} MBPP programs, {sum(len(t) for _, t in pairs)} tests; isolation layers: "
-          f"{', '.join(k for k, v in layers.items() if v is True)}")
+                rows.append(
+                    {
+                        "sandbox": f"old ({args.old})",
+                        **time_runs(lambda j, w: old.run_many(j, workers=w), pairs, workers, args.repeats),
+                    }
+                )
+    print(
+        f"{len(jobs)} MBPP programs, {sum(len(t) for _, t in pairs)} tests; isolation layers: "
+        f"{', '.join(k for k, v in layers.items() if v is True)}"
+    )
     print(f"{'sandbox':<14} {'workers':>7} {'median s':>9} {'programs/s':>11} {'tests/s':>8} {'passed':>7}")
     for r in rows:
-        print(f"{r['sandbox']:<14} {r['workers']:>7} {r['median_s']:>9.2f} {r['programs_per_s']:>11.1f} "
-              f"{r['tests_per_s']:>8.1f} {r['passed']:>4}/{r['tests']}")
-    out = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-                       "euid": os.geteuid()},
-           "config": vars(args), "layers": layers, "results": rows}
+        print(
+            f"{r['sandbox']:<14} {r['workers']:>7} {r['median_s']:>9.2f} {r['programs_per_s']:>11.1f} "
+            f"{r['tests_per_s']:>8.1f} {r['passed']:>4}/{r['tests']}"
+        )
+    out = {
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "euid": os.geteuid(),
+        },
+        "config": vars(args),
+        "layers": layers,
+        "results": rows,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return out

@@ -51,20 +51,57 @@ def run(processes: int, args, workdir: Path) -> dict:
     per_rank = args.global_prompts // processes
     out = workdir / f"d{processes}"
     command = [
-        sys.executable, "-m", "comlrl_lightning", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
-        "--model.init_args.agents", args.model, "--model.init_args.num_generations", str(args.k),
-        "--model.init_args.max_new_tokens", str(args.tokens),
-        "--model.init_args.generation_kwargs", json.dumps({"min_new_tokens": args.tokens}),
-        "--model.init_args.rollout_buffer_size", str(per_rank), "--model.init_args.eval_interval", "0",
-        "--model.init_args.log_completions", "false", "--data.init_args.prompts_per_step", str(per_rank),
-        "--trainer.max_steps", str(args.steps), "--trainer.enable_progress_bar", "false",
-        "--trainer.accelerator", args.device, "--trainer.devices", str(processes),
-        "--trainer.strategy", "ddp" if processes > 1 else "auto", "--trainer.logger", "false",
-        "--trainer.enable_checkpointing", "false", "--checkpoint_every_n_updates", "0",
-        "--trainer.callbacks+=bench_scaling.ScalingClock", "--trainer.default_root_dir", str(out / "run"),
+        sys.executable,
+        "-m",
+        "comlrl_lightning",
+        "fit",
+        "--config",
+        str(REPO / "configs" / "quickstart.yaml"),
+        "--model.init_args.agents",
+        args.model,
+        "--model.init_args.num_generations",
+        str(args.k),
+        "--model.init_args.max_new_tokens",
+        str(args.tokens),
+        "--model.init_args.generation_kwargs",
+        json.dumps({"min_new_tokens": args.tokens}),
+        "--model.init_args.rollout_buffer_size",
+        str(per_rank),
+        "--model.init_args.eval_interval",
+        "0",
+        "--model.init_args.log_completions",
+        "false",
+        "--data.init_args.prompts_per_step",
+        str(per_rank),
+        "--trainer.max_steps",
+        str(args.steps),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.accelerator",
+        args.device,
+        "--trainer.devices",
+        str(processes),
+        "--trainer.strategy",
+        "ddp" if processes > 1 else "auto",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--checkpoint_every_n_updates",
+        "0",
+        "--trainer.callbacks+=bench_scaling.ScalingClock",
+        "--trainer.default_root_dir",
+        str(out / "run"),
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks"), "SCALING_OUT": str(out), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads), "WANDB_MODE": "offline"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "benchmarks"),
+        "SCALING_OUT": str(out),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+        "WANDB_MODE": "offline",
+    }
     out.mkdir(parents=True, exist_ok=True)
     tic = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True)
@@ -73,9 +110,16 @@ def run(processes: int, args, workdir: Path) -> dict:
         raise SystemExit(f"D={processes} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     marks = json.loads((out / "rank_0.json").read_text())
     (t0, e0), (t1, e1) = marks[0], marks[-1]
-    return {"processes": processes, "prompts_per_process": per_rank, "steps": len(marks), "wall_s": wall,
-            "timed_s": t1 - t0, "samples": e1 - e0, "samples_per_s": (e1 - e0) / (t1 - t0),
-            "tokens_per_s": (e1 - e0) * 2 * args.tokens / (t1 - t0)}
+    return {
+        "processes": processes,
+        "prompts_per_process": per_rank,
+        "steps": len(marks),
+        "wall_s": wall,
+        "timed_s": t1 - t0,
+        "samples": e1 - e0,
+        "samples_per_s": (e1 - e0) / (t1 - t0),
+        "tokens_per_s": (e1 - e0) * 2 * args.tokens / (t1 - t0),
+    }
 
 
 def main() -> None:
@@ -98,22 +142,46 @@ def main() -> None:
             for d in counts:
                 results[d].append(run(d, args, Path(tmp) / f"r{r}"))
     base = statistics.median(x["samples_per_s"] for x in results[counts[0]])
-    print(f"{args.model}, N=2, K={args.k}, T={args.tokens}, {args.global_prompts} prompts per step in all, "
-          f"{args.threads} thread(s) per process, {args.device}")
+    print(
+        f"{args.model}, N=2, K={args.k}, T={args.tokens}, {args.global_prompts} prompts per step in all, "
+        f"{args.threads} thread(s) per process, {args.device}"
+    )
     print(f"{'processes':>9} {'samples/s':>10} {'tokens/s':>9} {'efficiency':>10}   runs (samples/s)")
     rows = []
     for d in counts:
         rates = [x["samples_per_s"] for x in results[d]]
         median = statistics.median(rates)
         ratios = [x / base for x in rates]
-        rows.append({"processes": d, "samples_per_s_median": median, "speedup_median": median / base,
-                     "tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in results[d]), "runs": results[d]})
-        print(f"{d:>9} {median:>10.1f} {rows[-1]['tokens_per_s_median']:>9.0f} {median / base:>9.2f}x   "
-              + ", ".join(f"{x:.1f}" for x in rates) + f"  (ratios {', '.join(f'{x:.2f}' for x in ratios)})")
+        rows.append(
+            {
+                "processes": d,
+                "samples_per_s_median": median,
+                "speedup_median": median / base,
+                "tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in results[d]),
+                "runs": results[d],
+            }
+        )
+        print(
+            f"{d:>9} {median:>10.1f} {rows[-1]['tokens_per_s_median']:>9.0f} {median / base:>9.2f}x   "
+            + ", ".join(f"{x:.1f}" for x in rates)
+            + f"  (ratios {', '.join(f'{x:.2f}' for x in ratios)})"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-            "config": vars(args), "results": rows}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": {
+                        "platform": platform.platform(),
+                        "cpus": os.cpu_count(),
+                        "python": platform.python_version(),
+                    },
+                    "config": vars(args),
+                    "results": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

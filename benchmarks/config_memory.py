@@ -45,8 +45,10 @@ class _Comparator(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        choices = [{"index": j, "message": {"role": "assistant", "content": "A short answer."},
-                    "finish_reason": "stop"} for j in range(int(body.get("n", 1)))]
+        choices = [
+            {"index": j, "message": {"role": "assistant", "content": "A short answer."}, "finish_reason": "stop"}
+            for j in range(int(body.get("n", 1)))
+        ]
         data = json.dumps({"choices": choices}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -75,13 +77,29 @@ def run_config(config: Path, steps: int, max_new_tokens: int, kill_bytes: int, e
 
 def _run(config: Path, steps: int, max_new_tokens: int, kill_bytes: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as root:
-        cmd = [sys.executable, "-m", "comlrl_lightning", "fit", "--config", str(config),
-               f"--trainer.max_steps={steps}", f"--trainer.default_root_dir={root}",
-               "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
-               f"--model.init_args.max_new_tokens={max_new_tokens}", "--model.init_args.eval_interval=0",
-               "--data.init_args.max_train_items=8", *extra]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
-               "COMPARATOR_API_KEY": os.environ.get("COMPARATOR_API_KEY", "stand-in")}
+        cmd = [
+            sys.executable,
+            "-m",
+            "comlrl_lightning",
+            "fit",
+            "--config",
+            str(config),
+            f"--trainer.max_steps={steps}",
+            f"--trainer.default_root_dir={root}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false",
+            f"--model.init_args.max_new_tokens={max_new_tokens}",
+            "--model.init_args.eval_interval=0",
+            "--data.init_args.max_train_items=8",
+            *extra,
+        ]
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "WANDB_MODE": "offline",
+            "TOKENIZERS_PARALLELISM": "false",
+            "COMPARATOR_API_KEY": os.environ.get("COMPARATOR_API_KEY", "stand-in"),
+        }
         start = time.monotonic()
         with open(Path(root) / "log.txt", "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -97,8 +115,14 @@ def _run(config: Path, steps: int, max_new_tokens: int, kill_bytes: int, extra: 
             proc.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.monotonic() - start
         tail = (Path(root) / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
-        return {"config": config.name, "returncode": proc.returncode, "killed": killed, "seconds": round(seconds, 1),
-                "peak_rss_gb": round(usage.ru_maxrss * 1024 / 2**30, 2), "log_tail": tail}
+        return {
+            "config": config.name,
+            "returncode": proc.returncode,
+            "killed": killed,
+            "seconds": round(seconds, 1),
+            "peak_rss_gb": round(usage.ru_maxrss * 1024 / 2**30, 2),
+            "log_tail": tail,
+        }
 
 
 def main() -> None:
@@ -118,8 +142,12 @@ def main() -> None:
         print(f"{row['config']:36s} {status:8s} peak {row['peak_rss_gb']} GB  {row['seconds']} s", flush=True)
         if status != "ok":
             print("   " + "\n   ".join(row["log_tail"]), flush=True)
-    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-              "steps": args.steps, "max_new_tokens": args.max_new_tokens, "runs": rows}
+    result = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "steps": args.steps,
+        "max_new_tokens": args.max_new_tokens,
+        "runs": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

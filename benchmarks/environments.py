@@ -63,19 +63,31 @@ EMBEDDED = "smollm2-135m-instruct"
 EVAL_SEED = 1234  # every evaluation samples with this seed (in a forked RNG)
 TINY_TOKENS = 8  # --tiny: new tokens per completion unless --max-new-tokens says otherwise
 
-CODING_CREDIT = [("gate + defs (L1 reward)", "avg_level_1_reward"), ("L2: main defined, compiles", "syntax_rate"),
-                 ("test pass ratio", "pass_rate"), ("all tests pass", "all_passed_rate"),
-                 ("main calls aux", "aux_usage_rate")]
-CODING_NEVER = [("earns level-1 credit (format gate passed, aux or entry point defined)", "avg_level_1_reward"),
-                ("reaches level 2 (entry point defined, the program compiles)", "syntax_rate"),
-                ("passes a single test", "pass_rate")]
-CODING_READING = ("coding_reward, shifted by -4: a format gate (each agent one `def` with a `return`, else 0 → -4), "
-                  "L1 +0.4/+0.6 for aux/main defined, L2 +0.5 when everything compiles, L3 + the share of the "
-                  "item's asserts passed, L4 up to +2 for a main that calls aux and does more; penalties down to "
-                  "-0.7. A team that writes nothing usable scores -4; compiling code with no passing test -2.5.")
-WRITING_CREDIT = [("L1 length gate", "level_1_pass_rate"), ("L2 length ratio", "level_2_pass_rate"),
-                  ("L3 unique words", "level_3_pass_rate"), ("L4 style", "level_4_pass_rate"),
-                  ("ungated total", "avg_ungated_total_reward")]
+CODING_CREDIT = [
+    ("gate + defs (L1 reward)", "avg_level_1_reward"),
+    ("L2: main defined, compiles", "syntax_rate"),
+    ("test pass ratio", "pass_rate"),
+    ("all tests pass", "all_passed_rate"),
+    ("main calls aux", "aux_usage_rate"),
+]
+CODING_NEVER = [
+    ("earns level-1 credit (format gate passed, aux or entry point defined)", "avg_level_1_reward"),
+    ("reaches level 2 (entry point defined, the program compiles)", "syntax_rate"),
+    ("passes a single test", "pass_rate"),
+]
+CODING_READING = (
+    "coding_reward, shifted by -4: a format gate (each agent one `def` with a `return`, else 0 → -4), "
+    "L1 +0.4/+0.6 for aux/main defined, L2 +0.5 when everything compiles, L3 + the share of the "
+    "item's asserts passed, L4 up to +2 for a main that calls aux and does more; penalties down to "
+    "-0.7. A team that writes nothing usable scores -4; compiling code with no passing test -2.5."
+)
+WRITING_CREDIT = [
+    ("L1 length gate", "level_1_pass_rate"),
+    ("L2 length ratio", "level_2_pass_rate"),
+    ("L3 unique words", "level_3_pass_rate"),
+    ("L4 style", "level_4_pass_rate"),
+    ("ungated total", "avg_ungated_total_reward"),
+]
 WRITING_NEVER = [("passes the length gate (level 1)", "level_1_pass_rate")]
 
 
@@ -93,60 +105,113 @@ class Env:
 
 
 ENVS: dict[str, Env] = {
-    "tldr": Env("writing_tldr_magrpo.yaml", 64, WRITING_CREDIT, WRITING_NEVER,
-                "tldr_reward 0-3, gated levels: both summaries 8-256 tokens, detailed/concise length ratio 1.6-3.2, "
-                "unique-word ratio >= 2, style (transition words). `ungated` scores every level as if the gates "
-                "before it passed.", "96 in the config; a concise and a detailed TL;DR fit in 64"),
-    "arxiv": Env("writing_arxiv_magrpo.yaml", 192, WRITING_CREDIT, WRITING_NEVER,
-                 "arxiv_reward 0-3, gated levels: both sections 128-256 whitespace tokens, length ratio 1.0-1.3, "
-                 "unique-word ratio 0.7-1.3, style. Level 1 needs >= 128 words per agent.",
-                 "256 in the config; level 1 needs >= 128 words (~170 tokens), so not below 192"),
+    "tldr": Env(
+        "writing_tldr_magrpo.yaml",
+        64,
+        WRITING_CREDIT,
+        WRITING_NEVER,
+        "tldr_reward 0-3, gated levels: both summaries 8-256 tokens, detailed/concise length ratio 1.6-3.2, "
+        "unique-word ratio >= 2, style (transition words). `ungated` scores every level as if the gates "
+        "before it passed.",
+        "96 in the config; a concise and a detailed TL;DR fit in 64",
+    ),
+    "arxiv": Env(
+        "writing_arxiv_magrpo.yaml",
+        192,
+        WRITING_CREDIT,
+        WRITING_NEVER,
+        "arxiv_reward 0-3, gated levels: both sections 128-256 whitespace tokens, length ratio 1.0-1.3, "
+        "unique-word ratio 0.7-1.3, style. Level 1 needs >= 128 words per agent.",
+        "256 in the config; level 1 needs >= 128 words (~170 tokens), so not below 192",
+    ),
     "mbpp": Env("coding_mbpp_magrpo.yaml", 128, CODING_CREDIT, CODING_NEVER, CODING_READING, "the config's"),
     "che": Env("coding_che_magrpo.yaml", 128, CODING_CREDIT, CODING_NEVER, CODING_READING, "the config's"),
-    "che-2turn": Env("coding_che_magrpo_2turn.yaml", 128, CODING_CREDIT, CODING_NEVER,
-                     CODING_READING + " Turn 2 rewrites after the sandbox's level feedback; the headline is turn 2.",
-                     "the config's"),
+    "che-2turn": Env(
+        "coding_che_magrpo_2turn.yaml",
+        128,
+        CODING_CREDIT,
+        CODING_NEVER,
+        CODING_READING + " Turn 2 rewrites after the sandbox's level feedback; the headline is turn 2.",
+        "the config's",
+    ),
     "humaneval": Env("humaneval_magrpo.yaml", 128, CODING_CREDIT, CODING_NEVER, CODING_READING, "the config's"),
-    "classeval": Env("classeval_magrpo.yaml", 192,
-                     [("compiles", "syntax_rate"), ("test pass ratio", "pass_rate"),
-                      ("all tests pass", "all_passed_rate"), ("both agents contribute", "cooperation_rate")],
-                     [("earns the syntax level (the merged class compiles)", "syntax_rate"),
-                      ("passes a single test", "pass_rate")],
-                     "classeval_reward 0-6 shifted by -6: syntax, each agent's methods present, the share of the "
-                     "class's tests passed; turn 2 rewrites after test feedback (headline: turn 2).",
-                     "256 in the config; 192 still fits the methods of one agent's share"),
-    "travel": Env("travel_magrpo.yaml", 192,
-                  [("parses (JSON)", "avg_parse_rate"), ("valid slots", "avg_validity"), ("coverage", "avg_coverage"),
-                   ("slot quality", "avg_slot_quality"), ("exact plan", "avg_exact_match")],
-                  [("writes a parsable slot JSON", "avg_parse_rate"),
-                   ("matches the annotated plan", "avg_exact_match")],
-                  "travel_reward v3 in [-0.5, 1.2]: parse (A), validity (V), contribution (C), coverage and slot "
-                  "quality against the annotated plan, an exact-match bonus; penalties for overlap, conflicts, "
-                  "invalid or duplicate slots. 5 held-out items.",
-                  "256 in the config; a slot JSON for a 3-day plan fits in 192"),
-    "bfcl": Env("bfcl_magrpo.yaml", 96,
-                [("parses", "avg_parse"), ("function-name F1", "avg_name_f1"), ("argument match", "avg_arg_match"),
-                 ("exact call set", "avg_exact"), ("cross-agent overlap", "avg_overlap_rate")],
-                [("names a right function", "avg_name_f1"), ("answers the exact call set", "avg_exact")],
-                "bfcl_reward in [-0.4, 1.2]: parse, function-name F1, argument match, call count, balance between "
-                "the agents, exact bonus; minus overlap, lazy agents, extra and duplicate calls.",
-                "128 in the config; a few Python-style calls fit in 96"),
-    "strbuild": Env("strbuild_magrpo.yaml", 128,
-                    [("coverage", "avg_coverage"), ("IoU", "avg_iou"), ("blocks off the letters", "avg_extra_ratio"),
-                     ("accepted commands", "avg_accepted_commands")],
-                    [("covers a letter cell", "avg_coverage")],
-                    "strbuild_reward in [-3, 2] shifted by -2: 2 x coverage of the letters - 1.5 x blocks off them "
-                    "- same-texture neighbours - 0.25 per palette not fully used; turn 2 after position feedback "
-                    "(headline: turn 2). 2 held-out words.",
-                    "160 in the config; ~10 /setblock commands fit in 128"),
-    "housebuild": Env("housebuild_magrpo.yaml", 128,
-                      [("cells matched", "avg_match"), ("IoU", "avg_iou"), ("spider penalty", "avg_spider_penalty"),
-                       ("answered /kill", "avg_killed"), ("accepted commands", "avg_accepted_commands")],
-                      [("places a block of the house", "avg_iou")],
-                      "housebuild_reward in [-0.1, 1] shifted by -1: the share of the box's cells holding the right "
-                      "block (air included, so an empty build already matches the air cells) - a spider penalty "
-                      "unless someone answered /kill; turn 2 after score feedback (headline: turn 2). 2 held-out "
-                      "houses.", "192 in the config; ~8 /fill commands fit in 128"),
+    "classeval": Env(
+        "classeval_magrpo.yaml",
+        192,
+        [
+            ("compiles", "syntax_rate"),
+            ("test pass ratio", "pass_rate"),
+            ("all tests pass", "all_passed_rate"),
+            ("both agents contribute", "cooperation_rate"),
+        ],
+        [("earns the syntax level (the merged class compiles)", "syntax_rate"), ("passes a single test", "pass_rate")],
+        "classeval_reward 0-6 shifted by -6: syntax, each agent's methods present, the share of the "
+        "class's tests passed; turn 2 rewrites after test feedback (headline: turn 2).",
+        "256 in the config; 192 still fits the methods of one agent's share",
+    ),
+    "travel": Env(
+        "travel_magrpo.yaml",
+        192,
+        [
+            ("parses (JSON)", "avg_parse_rate"),
+            ("valid slots", "avg_validity"),
+            ("coverage", "avg_coverage"),
+            ("slot quality", "avg_slot_quality"),
+            ("exact plan", "avg_exact_match"),
+        ],
+        [("writes a parsable slot JSON", "avg_parse_rate"), ("matches the annotated plan", "avg_exact_match")],
+        "travel_reward v3 in [-0.5, 1.2]: parse (A), validity (V), contribution (C), coverage and slot "
+        "quality against the annotated plan, an exact-match bonus; penalties for overlap, conflicts, "
+        "invalid or duplicate slots. 5 held-out items.",
+        "256 in the config; a slot JSON for a 3-day plan fits in 192",
+    ),
+    "bfcl": Env(
+        "bfcl_magrpo.yaml",
+        96,
+        [
+            ("parses", "avg_parse"),
+            ("function-name F1", "avg_name_f1"),
+            ("argument match", "avg_arg_match"),
+            ("exact call set", "avg_exact"),
+            ("cross-agent overlap", "avg_overlap_rate"),
+        ],
+        [("names a right function", "avg_name_f1"), ("answers the exact call set", "avg_exact")],
+        "bfcl_reward in [-0.4, 1.2]: parse, function-name F1, argument match, call count, balance between "
+        "the agents, exact bonus; minus overlap, lazy agents, extra and duplicate calls.",
+        "128 in the config; a few Python-style calls fit in 96",
+    ),
+    "strbuild": Env(
+        "strbuild_magrpo.yaml",
+        128,
+        [
+            ("coverage", "avg_coverage"),
+            ("IoU", "avg_iou"),
+            ("blocks off the letters", "avg_extra_ratio"),
+            ("accepted commands", "avg_accepted_commands"),
+        ],
+        [("covers a letter cell", "avg_coverage")],
+        "strbuild_reward in [-3, 2] shifted by -2: 2 x coverage of the letters - 1.5 x blocks off them "
+        "- same-texture neighbours - 0.25 per palette not fully used; turn 2 after position feedback "
+        "(headline: turn 2). 2 held-out words.",
+        "160 in the config; ~10 /setblock commands fit in 128",
+    ),
+    "housebuild": Env(
+        "housebuild_magrpo.yaml",
+        128,
+        [
+            ("cells matched", "avg_match"),
+            ("IoU", "avg_iou"),
+            ("spider penalty", "avg_spider_penalty"),
+            ("answered /kill", "avg_killed"),
+            ("accepted commands", "avg_accepted_commands"),
+        ],
+        [("places a block of the house", "avg_iou")],
+        "housebuild_reward in [-0.1, 1] shifted by -1: the share of the box's cells holding the right "
+        "block (air included, so an empty build already matches the air cells) - a spider penalty "
+        "unless someone answered /kill; turn 2 after score feedback (headline: turn 2). 2 held-out "
+        "houses.",
+        "192 in the config; ~8 /fill commands fit in 128",
+    ),
 }
 
 
@@ -154,19 +219,30 @@ ENVS: dict[str, Env] = {
 def cli_args(env: Env, seed: int, settings: dict[str, Any], root: str) -> list[str]:
     """The flags on top of the env's config: only the budget (module docstring)."""
     config = REPO / "configs" / env.config
-    args = ["--config", str(config), f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
-            f"--trainer.max_steps={settings['updates']}", "--trainer.max_epochs=-1",
-            f"--trainer.default_root_dir={root}", "--trainer.enable_checkpointing=false",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-            f"--model.init_args.agents={settings['model']}", f"--model.init_args.max_new_tokens={settings['tokens']}",
-            "--model.init_args.eval_interval=0"]
+    args = [
+        "--config",
+        str(config),
+        f"--seed_everything={seed}",
+        f"--data.init_args.seed={seed}",
+        f"--trainer.max_steps={settings['updates']}",
+        "--trainer.max_epochs=-1",
+        f"--trainer.default_root_dir={root}",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--model.init_args.agents={settings['model']}",
+        f"--model.init_args.max_new_tokens={settings['tokens']}",
+        "--model.init_args.eval_interval=0",
+    ]
     if settings["tiny"]:  # random tiny models: no chat template; a different initialisation per seed
         import yaml
 
         model_config = yaml.safe_load(config.read_text())["model"]["init_args"].get("model_config") or {}
         model_config = {**model_config, "model_kwargs": {**model_config.get("model_kwargs", {}), "seed": seed}}
-        args += ["--model.init_args.use_chat_template=false",
-                 f"--model.init_args.model_config={json.dumps(model_config)}"]
+        args += [
+            "--model.init_args.use_chat_template=false",
+            f"--model.init_args.model_config={json.dumps(model_config)}",
+        ]
     return args + list(settings["cli_args"])
 
 
@@ -215,8 +291,11 @@ def run_one(name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
                 metrics = module.evaluate(self.items, batch_size=self.batch_size)
             eval_seconds[0] += time.perf_counter() - t0
             module_curve.append((trainer.global_step, {k: float(v) for k, v in metrics.items()}))
-            print(f"    {name} seed {seed}: update {trainer.global_step:3d}, held-out reward "
-                  f"{metrics[headline_key(module)]:+.3f} ({time.perf_counter() - start:.0f} s)", flush=True)
+            print(
+                f"    {name} seed {seed}: update {trainer.global_step:3d}, held-out reward "
+                f"{metrics[headline_key(module)]:+.3f} ({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
 
         def on_train_start(self, trainer, module) -> None:
             marks["loaded"] = time.perf_counter()  # the models are loaded (configure_model) by now
@@ -255,16 +334,30 @@ def run_one(name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
     # Training time: from after the first evaluation to before the last, less the evaluations in between.
     train_seconds = marks["train_end"] - marks["train_start"] - marks["intermediate_eval"]
     key = f"eval/turn_{turns}/reward_mean"
-    return {"env": name, "seed": seed, "updates": updates, "turns": turns, "seconds": fit_end - start,
-            "setup_seconds": marks["loaded"] - start, "train_seconds": train_seconds,
-            "eval_seconds": fit_end - start - train_seconds - (marks["loaded"] - start),
-            "seconds_per_update": train_seconds / max(updates, 1), "held_out_items": distinct,
-            "held_out_draws": repeats, "before": module_curve[0][1][key], "after": module_curve[-1][1][key],
-            "before_turn_1": module_curve[0][1]["eval/turn_1/reward_mean"],
-            "after_turn_1": module_curve[-1][1]["eval/turn_1/reward_mean"],
-            "curve": [(step, m[key]) for step, m in module_curve], "evaluations": module_curve,
-            "train_curve": train_curve, "zero_advantage_ratio": zero_adv, "examples": examples,
-            "reward_range": reward_range(module), "settings": settings}
+    return {
+        "env": name,
+        "seed": seed,
+        "updates": updates,
+        "turns": turns,
+        "seconds": fit_end - start,
+        "setup_seconds": marks["loaded"] - start,
+        "train_seconds": train_seconds,
+        "eval_seconds": fit_end - start - train_seconds - (marks["loaded"] - start),
+        "seconds_per_update": train_seconds / max(updates, 1),
+        "held_out_items": distinct,
+        "held_out_draws": repeats,
+        "before": module_curve[0][1][key],
+        "after": module_curve[-1][1][key],
+        "before_turn_1": module_curve[0][1]["eval/turn_1/reward_mean"],
+        "after_turn_1": module_curve[-1][1]["eval/turn_1/reward_mean"],
+        "curve": [(step, m[key]) for step, m in module_curve],
+        "evaluations": module_curve,
+        "train_curve": train_curve,
+        "zero_advantage_ratio": zero_adv,
+        "examples": examples,
+        "reward_range": reward_range(module),
+        "settings": settings,
+    }
 
 
 def headline_key(module) -> str:
@@ -313,9 +406,15 @@ def read_examples(log_dir: Path | None, chars: int = 400) -> list[dict[str, Any]
         return []
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     picked = [rows[0], rows[-1]] if len(rows) > 1 else rows
-    return [{"step": r.get("step"), "turn": r.get("turn"), "rewards": r.get("rewards", [])[:1],
-             "completions": [(c[0] if isinstance(c, list) and c else str(c))[:chars] for c in r.get("completions", [])]}
-            for r in picked]
+    return [
+        {
+            "step": r.get("step"),
+            "turn": r.get("turn"),
+            "rewards": r.get("rewards", [])[:1],
+            "completions": [(c[0] if isinstance(c, list) and c else str(c))[:chars] for c in r.get("completions", [])],
+        }
+        for r in picked
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -339,19 +438,35 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
             b = [r["evaluations"][0][1].get(key) for r in ok]
             a = [r["evaluations"][-1][1].get(key) for r in ok]
             if all(v is not None for v in b + a):
-                credit[f"turn_{t}/{suffix}"] = {"label": label, "before": statistics.mean(b),
-                                                "after": statistics.mean(a), "before_all": b, "after_all": a}
+                credit[f"turn_{t}/{suffix}"] = {
+                    "label": label,
+                    "before": statistics.mean(b),
+                    "after": statistics.mean(a),
+                    "before_all": b,
+                    "after_all": a,
+                }
     zero = [r["zero_advantage_ratio"] for r in ok if r.get("zero_advantage_ratio") is not None]
-    row.update(turns=turns, reward_range=ok[0]["reward_range"], before_mean=before, before_std=before_sd,
-               after_mean=after, after_std=after_sd, delta=after - before,
-               deltas=[r["after"] - r["before"] for r in ok], seeds=[r["seed"] for r in ok],
-               before_turn_1_mean=statistics.mean(r["before_turn_1"] for r in ok),
-               after_turn_1_mean=statistics.mean(r["after_turn_1"] for r in ok),
-               failed_seeds=[r["seed"] for r in runs if "error" in r],
-               updates=span([r["updates"] for r in ok]), seconds_mean=statistics.mean(r["seconds"] for r in ok),
-               seconds_per_update=statistics.mean(r["seconds_per_update"] for r in ok),
-               held_out=f"{ok[0]['held_out_items']}×{ok[0]['held_out_draws']}", tokens=ok[0]["settings"]["tokens"],
-               zero_advantage_ratio=statistics.mean(zero) if zero else None, credit=credit)
+    row.update(
+        turns=turns,
+        reward_range=ok[0]["reward_range"],
+        before_mean=before,
+        before_std=before_sd,
+        after_mean=after,
+        after_std=after_sd,
+        delta=after - before,
+        deltas=[r["after"] - r["before"] for r in ok],
+        seeds=[r["seed"] for r in ok],
+        before_turn_1_mean=statistics.mean(r["before_turn_1"] for r in ok),
+        after_turn_1_mean=statistics.mean(r["after_turn_1"] for r in ok),
+        failed_seeds=[r["seed"] for r in runs if "error" in r],
+        updates=span([r["updates"] for r in ok]),
+        seconds_mean=statistics.mean(r["seconds"] for r in ok),
+        seconds_per_update=statistics.mean(r["seconds_per_update"] for r in ok),
+        held_out=f"{ok[0]['held_out_items']}×{ok[0]['held_out_draws']}",
+        tokens=ok[0]["settings"]["tokens"],
+        zero_advantage_ratio=statistics.mean(zero) if zero else None,
+        credit=credit,
+    )
     row["note"] = note(env, row)
     return row
 
@@ -370,8 +485,9 @@ def note(env: Env, row: dict[str, Any]) -> str:
     else:
         up = sum(d > 0 for d in deltas)
         spread = statistics.stdev(deltas)
-        trend = (f"up in all {n} seeds" if up == n else f"down in all {n} seeds" if up == 0
-                 else f"up in {up} of {n} seeds")
+        trend = (
+            f"up in all {n} seeds" if up == n else f"down in all {n} seeds" if up == 0 else f"up in {up} of {n} seeds"
+        )
         if abs(row["delta"]) < spread:
             trend += ", within the seed spread"
         parts.append(trend)
@@ -386,14 +502,20 @@ def note(env: Env, row: dict[str, Any]) -> str:
             moves.append(f"{c['label']} {c['before']:.2f}→{c['after']:.2f}")
     if moves:
         parts.append(", ".join(moves))
-    never = [phrase for phrase, suffix in env.never
-             if (c := row["credit"].get(f"turn_{turn}/{suffix}")) is not None
-             and not any(c["before_all"]) and not any(c["after_all"])]
+    never = [
+        phrase
+        for phrase, suffix in env.never
+        if (c := row["credit"].get(f"turn_{turn}/{suffix}")) is not None
+        and not any(c["before_all"])
+        and not any(c["after_all"])
+    ]
     if never:
         parts.append("never " + " or ".join(never) + " (0 before and after)")
     if row["zero_advantage_ratio"] is not None and row["zero_advantage_ratio"] >= 0.5:
-        parts.append(f"{100 * row['zero_advantage_ratio']:.0f}% of training samples had a zero advantage "
-                     "(their group tied): little signal")
+        parts.append(
+            f"{100 * row['zero_advantage_ratio']:.0f}% of training samples had a zero advantage "
+            "(their group tied): little signal"
+        )
     if row["failed_seeds"]:
         parts.append(f"seed(s) {row['failed_seeds']} failed")
     return "; ".join(parts)
@@ -408,16 +530,23 @@ def fmt_range(r: list[float] | None) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [("| env | reward range | before | after | Δ | updates | new tokens | held-out | wall s / run | "
-              "s / update | note |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| env | reward range | before | after | Δ | updates | new tokens | held-out | wall s / run | "
+            "s / update | note |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "before_mean" not in r:
             lines.append(f"| {r['env']} | | | | | | | | | | {r['note']} |")
             continue
-        lines.append(f"| {r['env']} | {fmt_range(r['reward_range'])} | {r['before_mean']:+.3f} ± {r['before_std']:.3f} "
-                     f"| {r['after_mean']:+.3f} ± {r['after_std']:.3f} | {r['delta']:+.3f} | {r['updates']} | "
-                     f"{r['tokens']} | {r['held_out']} | {r['seconds_mean']:.0f} | {r['seconds_per_update']:.1f} | "
-                     f"{r['note']} |")
+        lines.append(
+            f"| {r['env']} | {fmt_range(r['reward_range'])} | {r['before_mean']:+.3f} ± {r['before_std']:.3f} "
+            f"| {r['after_mean']:+.3f} ± {r['after_std']:.3f} | {r['delta']:+.3f} | {r['updates']} | "
+            f"{r['tokens']} | {r['held_out']} | {r['seconds_mean']:.0f} | {r['seconds_per_update']:.1f} | "
+            f"{r['note']} |"
+        )
     return "\n".join(lines)
 
 
@@ -425,8 +554,10 @@ def credit_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| env | turn | metric | before | after |", "|---|---|---|---|---|"]
     for r in rows:
         for key, c in (r.get("credit") or {}).items():
-            lines.append(f"| {r['env']} | {key.split('/')[0][5:]} | {c['label']} (`{key.split('/')[1]}`) | "
-                         f"{c['before']:.3f} | {c['after']:.3f} |")
+            lines.append(
+                f"| {r['env']} | {key.split('/')[0][5:]} | {c['label']} (`{key.split('/')[1]}`) | "
+                f"{c['before']:.3f} | {c['after']:.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -439,8 +570,10 @@ def examples_text(rows: list[dict[str, Any]], chars: int = 240) -> str:
             continue
         ex = run["examples"][-1]
         reward = f"{ex['rewards'][0]:+.3f}" if ex.get("rewards") else "?"
-        out.append(f"<details><summary>{r['env']}: seed {run['seed']}, update {ex['step']}, turn {ex['turn']}, team "
-                   f"reward {reward}</summary>\n")
+        out.append(
+            f"<details><summary>{r['env']}: seed {run['seed']}, update {ex['step']}, turn {ex['turn']}, team "
+            f"reward {reward}</summary>\n"
+        )
         for i, text in enumerate(ex["completions"]):
             out.append(f"agent {i}:\n\n````text\n{text[:chars]}\n````\n")  # 4 backticks: completions hold fences
         out.append("</details>\n")
@@ -459,23 +592,33 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     for ax, row in zip(axes.flat, rows):
         ok = [r for r in row["runs"] if "error" not in r]
         if not ok:
-            ax.text(0.5, 0.5, row["note"][:120], ha="center", va="center", wrap=True, fontsize=8,
-                    transform=ax.transAxes)
+            ax.text(
+                0.5, 0.5, row["note"][:120], ha="center", va="center", wrap=True, fontsize=8, transform=ax.transAxes
+            )
             ax.set_title(row["env"], fontsize=10)
             ax.set_xticks([]), ax.set_yticks([])
             continue
         per_seed = [dict(r["curve"]) for r in ok]
         xs = [s for s in sorted({s for c in per_seed for s in c}) if all(s in c for c in per_seed)]
         values = [[c[s] for c in per_seed] for s in xs]
-        ax.plot(xs, [statistics.mean(v) for v in values], "o-", color="C0", ms=3,
-                label=f"held-out, turn {row['turns']}")
+        ax.plot(
+            xs, [statistics.mean(v) for v in values], "o-", color="C0", ms=3, label=f"held-out, turn {row['turns']}"
+        )
         ax.fill_between(xs, [min(v) for v in values], [max(v) for v in values], color="C0", alpha=0.25)
         for turn, color in (("turn_1", "C7"), (f"turn_{row['turns']}", "C1")):
             curves = [dict(r["train_curve"].get(turn, [])) for r in ok]
             steps = sorted(set.intersection(*(set(c) for c in curves))) if all(curves) else []
             if steps:
-                ax.plot(steps, [statistics.mean(c[s] for c in curves) for s in steps], ".-", color=color, ms=2,
-                        lw=0.8, alpha=0.8, label=f"training rollouts, {turn.replace('_', ' ')}")
+                ax.plot(
+                    steps,
+                    [statistics.mean(c[s] for c in curves) for s in steps],
+                    ".-",
+                    color=color,
+                    ms=2,
+                    lw=0.8,
+                    alpha=0.8,
+                    label=f"training rollouts, {turn.replace('_', ' ')}",
+                )
             if row["turns"] == 1:
                 break
         ax.set_title(f"{row['env']}  {fmt_range(row['reward_range'])}", fontsize=10)
@@ -484,7 +627,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         ax.legend(fontsize=6, loc="best")
     for ax in axes[:, 0]:
         ax.set_ylabel("team reward")
-    for ax in list(axes.flat)[len(rows):]:
+    for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -496,10 +639,19 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def env_settings(name: str, args: argparse.Namespace) -> dict[str, Any]:
     env = ENVS[name]
     tokens = (TINY_TOKENS if args.tiny else env.tokens) if args.max_new_tokens is None else args.max_new_tokens
-    return {"updates": args.updates, "tokens": min(tokens, config_tokens(env)), "held_out": args.held_out,
-            "eval_batch": args.eval_batch, "every": args.every, "tiny": args.tiny,
-            "model": "tiny" if args.tiny else EMBEDDED, "cli_args": list(args.cli_arg), "eval_seed": EVAL_SEED,
-            "threads": args.threads, "keep_logs": args.keep_logs}
+    return {
+        "updates": args.updates,
+        "tokens": min(tokens, config_tokens(env)),
+        "held_out": args.held_out,
+        "eval_batch": args.eval_batch,
+        "every": args.every,
+        "tiny": args.tiny,
+        "model": "tiny" if args.tiny else EMBEDDED,
+        "cli_args": list(args.cli_arg),
+        "eval_seed": EVAL_SEED,
+        "threads": args.threads,
+        "keep_logs": args.keep_logs,
+    }
 
 
 def same_settings(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -508,9 +660,24 @@ def same_settings(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def worker_argv(name: str, seed: int, result: Path, args: argparse.Namespace) -> list[str]:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--seed", str(seed), "--result",
-            str(result), "--updates", str(args.updates), "--held-out", str(args.held_out), "--eval-batch",
-            str(args.eval_batch), "--every", str(args.every)]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        name,
+        "--seed",
+        str(seed),
+        "--result",
+        str(result),
+        "--updates",
+        str(args.updates),
+        "--held-out",
+        str(args.held_out),
+        "--eval-batch",
+        str(args.eval_batch),
+        "--every",
+        str(args.every),
+    ]
     if args.max_new_tokens is not None:
         argv += ["--max-new-tokens", str(args.max_new_tokens)]
     if args.tiny:
@@ -525,9 +692,15 @@ def worker_argv(name: str, seed: int, result: Path, args: argparse.Namespace) ->
 def run_isolated(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        done = subprocess.run(worker_argv(name, seed, result, args), cwd=REPO, check=False,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                  p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)})
+        done = subprocess.run(
+            worker_argv(name, seed, result, args),
+            cwd=REPO,
+            check=False,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+            },
+        )
         if result.is_file():
             return json.loads(result.read_text())
         return {"env": name, "seed": seed, "error": f"worker exited with status {done.returncode} (its output above)"}
@@ -547,25 +720,44 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     parser.add_argument("--only", default=None, help=f"comma-separated envs (default all: {', '.join(ENVS)})")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--updates", type=int, default=30, help="optimizer updates per run (trainer.max_steps)")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="new tokens per completion for every env (never more than its config's); default: "
-                             f"each env's budget (SmolLM2) or {TINY_TOKENS} (--tiny)")
-    parser.add_argument("--held-out", type=int, default=16,
-                        help="held-out evaluation draws: the first N items of the eval set (a smaller set repeated)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="new tokens per completion for every env (never more than its config's); default: "
+        f"each env's budget (SmolLM2) or {TINY_TOKENS} (--tiny)",
+    )
+    parser.add_argument(
+        "--held-out",
+        type=int,
+        default=16,
+        help="held-out evaluation draws: the first N items of the eval set (a smaller set repeated)",
+    )
     parser.add_argument("--eval-batch", type=int, default=8, help="items per evaluation batch")
     parser.add_argument("--every", type=int, default=15, help="also evaluate every N updates (0: before/after only)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="random tiny models instead of SmolLM2 (a smoke run of the script, not a result)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="random tiny models instead of SmolLM2 (a smoke run of the script, not a result)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--cli-arg", action="append", default=[],
-                        help="an extra CLI flag for every run, e.g. "
-                             "--cli-arg=--model.init_args.agent_learning_rate=1e-4")
+    parser.add_argument(
+        "--cli-arg",
+        action="append",
+        default=[],
+        help="an extra CLI flag for every run, e.g. --cli-arg=--model.init_args.agent_learning_rate=1e-4",
+    )
     parser.add_argument("--out", default=str(RESULTS), help="directory for environments.md/.png (and .json)")
     parser.add_argument("--json", default=None, help="the JSON's path (default <out>/environments.json)")
-    parser.add_argument("--resume", action="store_true",
-                        help="reuse the runs of an existing JSON made with the same settings")
-    parser.add_argument("--no-isolate", dest="isolate", action="store_false",
-                        help="run every (env, seed) in this process instead of a fresh worker process each")
+    parser.add_argument(
+        "--resume", action="store_true", help="reuse the runs of an existing JSON made with the same settings"
+    )
+    parser.add_argument(
+        "--no-isolate",
+        dest="isolate",
+        action="store_false",
+        help="run every (env, seed) in this process instead of a fresh worker process each",
+    )
     parser.add_argument("--keep-logs", default=None, help="keep each run's CSV logs and completions under this folder")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -610,8 +802,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             rows.append({"env": name, "config": f"configs/{env.config}", "runs": [], "note": reason, "skipped": True})
             continue
         settings = env_settings(name, args)
-        print(f"[{time.perf_counter() - total:6.0f}s] {name}: configs/{env.config}, {settings['model']}, "
-              f"{args.updates} updates, {settings['tokens']} new tokens, seeds {seeds}", flush=True)
+        print(
+            f"[{time.perf_counter() - total:6.0f}s] {name}: configs/{env.config}, {settings['model']}, "
+            f"{args.updates} updates, {settings['tokens']} new tokens, seeds {seeds}",
+            flush=True,
+        )
         runs = []
         for seed in seeds:
             old = previous.get((name, seed))
@@ -622,12 +817,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 result = run_isolated(name, seed, args) if args.isolate else run_here(name, seed, args)
             runs.append(result)
             if "error" in result:
-                print(f"[{time.perf_counter() - total:6.0f}s] {name} seed {seed}: FAILED "
-                      f"({result['error'].strip().splitlines()[-1][:200]})", flush=True)
+                print(
+                    f"[{time.perf_counter() - total:6.0f}s] {name} seed {seed}: FAILED "
+                    f"({result['error'].strip().splitlines()[-1][:200]})",
+                    flush=True,
+                )
             else:
-                print(f"[{time.perf_counter() - total:6.0f}s] {name} seed {seed}: held-out reward "
-                      f"{result['before']:+.3f} -> {result['after']:+.3f} in {result['updates']} updates "
-                      f"({result['seconds']:.0f} s, {result['seconds_per_update']:.1f} s/update)", flush=True)
+                print(
+                    f"[{time.perf_counter() - total:6.0f}s] {name} seed {seed}: held-out reward "
+                    f"{result['before']:+.3f} -> {result['after']:+.3f} in {result['updates']} updates "
+                    f"({result['seconds']:.0f} s, {result['seconds_per_update']:.1f} s/update)",
+                    flush=True,
+                )
             write(rows + [summarize(name, runs)], out, json_path, command, seeds, args, total, final=False)
         rows.append(summarize(name, runs))
     write(rows, out, json_path, command, seeds, args, total, final=True)
@@ -644,28 +845,53 @@ def write(rows, out: Path, json_path: Path, command: str, seeds, args, total: fl
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {threads} torch thread(s)"
     model = "random `tiny` models (a smoke run, not a result)" if args.tiny else f"two `{EMBEDDED}` agents"
     text = table(rows)
-    header = (f"`{command}`\n\nMAGRPO, each env's shipped config as it is, {model}, {args.updates} updates "
-              f"(trainer.max_steps), seeds "
-              f"{seeds}; only the budget is overridden (benchmarks/environments.py). Reward = the module's "
-              f"evaluation (task reward after the config's reward_processor, one sampled trajectory per draw, the "
-              f"config's sampling, fixed evaluation seed {EVAL_SEED}) on held-out items (items × draws each) before "
-              f"the first and after the last update; for two-turn envs the reward of turn 2. Mean ± std over seeds; "
-              f"Δ = after − before. wall s / run includes loading the models and the evaluations; s / update "
-              f"excludes both. "
-              f"{'Total' if final else 'So far'} {time.perf_counter() - total:.0f} s on {machine}. "
-              f"Curves: environments.png; every number: {json_path.name}.\n\n")
+    header = (
+        f"`{command}`\n\nMAGRPO, each env's shipped config as it is, {model}, {args.updates} updates "
+        f"(trainer.max_steps), seeds "
+        f"{seeds}; only the budget is overridden (benchmarks/environments.py). Reward = the module's "
+        f"evaluation (task reward after the config's reward_processor, one sampled trajectory per draw, the "
+        f"config's sampling, fixed evaluation seed {EVAL_SEED}) on held-out items (items × draws each) before "
+        f"the first and after the last update; for two-turn envs the reward of turn 2. Mean ± std over seeds; "
+        f"Δ = after − before. wall s / run includes loading the models and the evaluations; s / update "
+        f"excludes both. "
+        f"{'Total' if final else 'So far'} {time.perf_counter() - total:.0f} s on {machine}. "
+        f"Curves: environments.png; every number: {json_path.name}.\n\n"
+    )
     reading = "\n".join(f"- **{r['env']}** (`{r['config']}`): {ENVS[r['env']].reading}" for r in rows)
-    body = (header + text + "\n\n## Partial credit (held-out, mean over seeds)\n\n" + credit_table(rows) +
-            "\n\n## What each reward credits\n\n" + reading + "\n\n## What the agents write\n\n" +
-            examples_text(rows) + "\n")
+    body = (
+        header
+        + text
+        + "\n\n## Partial credit (held-out, mean over seeds)\n\n"
+        + credit_table(rows)
+        + "\n\n## What each reward credits\n\n"
+        + reading
+        + "\n\n## What the agents write\n\n"
+        + examples_text(rows)
+        + "\n"
+    )
     (out / "environments.md").write_text(body, encoding="utf-8")
-    json_path.write_text(json.dumps({"command": command, "seeds": seeds, "updates": args.updates,
-                                     "tiny": args.tiny, "eval_seed": EVAL_SEED, "machine": machine,
-                                     "total_seconds": time.perf_counter() - total, "complete": final,
-                                     "rows": rows}, indent=1), encoding="utf-8")
-    title = (f"MAGRPO on each shipped env config, {'tiny random models' if args.tiny else 'SmolLM2-135M-Instruct'}, "
-             f"{args.updates} update(s)\nheld-out team reward (mean over seeds {seeds}, band = min..max); the training "
-             "rollouts' reward (mean over seeds) at the update that sampled them")
+    json_path.write_text(
+        json.dumps(
+            {
+                "command": command,
+                "seeds": seeds,
+                "updates": args.updates,
+                "tiny": args.tiny,
+                "eval_seed": EVAL_SEED,
+                "machine": machine,
+                "total_seconds": time.perf_counter() - total,
+                "complete": final,
+                "rows": rows,
+            },
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
+    title = (
+        f"MAGRPO on each shipped env config, {'tiny random models' if args.tiny else 'SmolLM2-135M-Instruct'}, "
+        f"{args.updates} update(s)\nheld-out team reward (mean over seeds {seeds}, band = min..max); the training "
+        "rollouts' reward (mean over seeds) at the update that sampled them"
+    )
     plot(rows, out / "environments.png", title)
     if final:
         print(text)

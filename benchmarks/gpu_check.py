@@ -38,14 +38,31 @@ warnings.filterwarnings("ignore")
 logging.getLogger("lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
-BODY = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
-            max_position_embeddings=1024)
-SMOKE = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,  # heads of 32: vLLM's CPU minimum
-             max_position_embeddings=512)
+BODY = dict(
+    hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, max_position_embeddings=1024
+)
+SMOKE = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=128,  # heads of 32: vLLM's CPU minimum
+    max_position_embeddings=512,
+)
 
 
-def module(args, num_agents=2, lora=None, dtype="float32", k=4, tokens=16, reference=False, lr=1e-5, backend="hf",
-           generation_kwargs=None):
+def module(
+    args,
+    num_agents=2,
+    lora=None,
+    dtype="float32",
+    k=4,
+    tokens=16,
+    reference=False,
+    lr=1e-5,
+    backend="hf",
+    generation_kwargs=None,
+):
     from comlrl_lightning import MAGRPO
     from comlrl_lightning.envs import toy
 
@@ -54,11 +71,23 @@ def module(args, num_agents=2, lora=None, dtype="float32", k=4, tokens=16, refer
         extra["generation_backend"] = backend
     if reference:
         extra.update(reference_kl_enabled=True, reference_kl_coef=0.05)
-    return MAGRPO(agents="tiny", num_agents=num_agents, reward_func=toy.letter_reward, num_generations=k,
-                  max_new_tokens=tokens, generation_kwargs={"min_new_tokens": tokens, **(generation_kwargs or {})},
-                  temperature=1.0, top_p=1.0,
-                  top_k=None, rollout_buffer_size=args.prompts, agent_learning_rate=lr, eval_interval=0,
-                  log_completions=False, model_config={"model_kwargs": args.body, "dtype": dtype}, **extra)
+    return MAGRPO(
+        agents="tiny",
+        num_agents=num_agents,
+        reward_func=toy.letter_reward,
+        num_generations=k,
+        max_new_tokens=tokens,
+        generation_kwargs={"min_new_tokens": tokens, **(generation_kwargs or {})},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        rollout_buffer_size=args.prompts,
+        agent_learning_rate=lr,
+        eval_interval=0,
+        log_completions=False,
+        model_config={"model_kwargs": args.body, "dtype": dtype},
+        **extra,
+    )
 
 
 def fit(args, mod, steps, callbacks=(), strategy="auto"):
@@ -68,9 +97,17 @@ def fit(args, mod, steps, callbacks=(), strategy="auto"):
     from comlrl_lightning.envs import toy
 
     seed_everything(0)
-    trainer = Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator=args.accelerator, devices=1,
-                      callbacks=list(callbacks), strategy=strategy)
+    trainer = Trainer(
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator=args.accelerator,
+        devices=1,
+        callbacks=list(callbacks),
+        strategy=strategy,
+    )
     trainer.fit(mod, datamodule=TaskDataModule(dataset=toy.story_tasks, prompts_per_step=args.prompts))
     return trainer
 
@@ -97,11 +134,21 @@ def check_magrpo(args, report):
     trainer = fit(args, mod, steps=2, callbacks=[where])
     finite = all(torch.isfinite(p).all() for p in mod.parameters())
     on_device = where.device.startswith("cuda" if args.accelerator == "gpu" else "cpu")
-    ok = trainer.global_step == 2 and finite and all(changed(b, a.parameters()) for b, a in zip(before, agents)) \
-        and mod.env_step == 2 * args.prompts * 4 and on_device
-    report["magrpo"] = {"pass": bool(ok), "global_step": trainer.global_step, "env_step": mod.env_step,
-                        "finite": bool(finite), "params_per_agent": sum(p.numel() for p in agents[0].parameters()),
-                        "trained_on": where.device}
+    ok = (
+        trainer.global_step == 2
+        and finite
+        and all(changed(b, a.parameters()) for b, a in zip(before, agents))
+        and mod.env_step == 2 * args.prompts * 4
+        and on_device
+    )
+    report["magrpo"] = {
+        "pass": bool(ok),
+        "global_step": trainer.global_step,
+        "env_step": mod.env_step,
+        "finite": bool(finite),
+        "params_per_agent": sum(p.numel() for p in agents[0].parameters()),
+        "trained_on": where.device,
+    }
 
 
 def check_lora(args, report):
@@ -110,19 +157,27 @@ def check_lora(args, report):
     base_before = snapshot(p for n, p in team.base.named_parameters() if "lora_" not in n)
     adapters_before = [snapshot(mod.agents[i].trainable_parameters()) for i in range(2)]
     trainer = fit(args, mod, steps=2)
-    base_same = all(torch.equal(b, p.detach().float()) for b, p in
-                    zip(base_before, (p for n, p in team.base.named_parameters() if "lora_" not in n)))
-    trained = [any(not torch.equal(b, p.detach().float()) for b, p in zip(before, mod.agents[i].trainable_parameters()))
-               for i, before in enumerate(adapters_before)]
+    base_same = all(
+        torch.equal(b, p.detach().float())
+        for b, p in zip(base_before, (p for n, p in team.base.named_parameters() if "lora_" not in n))
+    )
+    trained = [
+        any(not torch.equal(b, p.detach().float()) for b, p in zip(before, mod.agents[i].trainable_parameters()))
+        for i, before in enumerate(adapters_before)
+    ]
     ids = torch.tensor([[5, 17, 42, 9, 3]], device=mod.agent_device(0))
     with torch.no_grad():
         with team.peft.disable_adapter():
             plain = team.peft(input_ids=ids).logits
         reference = mod.reference.models[0](input_ids=ids).logits
     ok = trainer.global_step == 2 and base_same and all(trained) and torch.equal(plain, reference)
-    report["lora"] = {"pass": bool(ok), "base_unchanged": base_same, "adapters_trained": trained,
-                      "reference_is_base": bool(torch.equal(plain, reference)),
-                      "adapter_params_per_agent": sum(p.numel() for p in mod.agents[0].trainable_parameters())}
+    report["lora"] = {
+        "pass": bool(ok),
+        "base_unchanged": base_same,
+        "adapters_trained": trained,
+        "reference_is_base": bool(torch.equal(plain, reference)),
+        "adapter_params_per_agent": sum(p.numel() for p in mod.agents[0].trainable_parameters()),
+    }
 
 
 def check_fsdp(args, report):
@@ -132,8 +187,12 @@ def check_fsdp(args, report):
     mod = module(args)
     before = snapshot(mod.agents[0].parameters())
     gpus = max(torch.cuda.device_count(), 1)
-    trainer = fit(args, mod, steps=2, strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
-                  if gpus == 1 else "auto")
+    trainer = fit(
+        args,
+        mod,
+        steps=2,
+        strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1) if gpus == 1 else "auto",
+    )
     after = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in mod.agents[0].parameters()]
     ok = trainer.global_step == 2 and all(torch.isfinite(p).all() for p in after) and changed(before, after)
     report["fsdp"] = {"pass": bool(ok), "global_step": trainer.global_step, "sharded": type(mod.agents[0]).__name__}
@@ -149,8 +208,9 @@ def check_shared_prefix(args, report):
 
     device = "cuda" if args.accelerator == "gpu" else "cpu"
     prompts = [" ".join(["the quick brown fox jumps"] * n) for n in (2, 8, 20, 40)][: args.prompts]
-    cfg = sampling.SamplingConfig(max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None,
-                                  keep_logprobs=True)
+    cfg = sampling.SamplingConfig(
+        max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None, keep_logprobs=True
+    )
     share = sampling.can_share
     rows = {}
     for dtype in ("float32", "bfloat16"):
@@ -176,14 +236,19 @@ def check_shared_prefix(args, report):
         # up to each row's first differing token, both forms condition on the same tokens
         same_so_far = (differ.long().cumsum(dim=1) == 0) & shared.completion_mask & repeated.completion_mask
         gap = (shared.logprobs - repeated.logprobs).abs()[same_so_far]
-        rows[dtype] = {"rows_identical": float((~differ).all(dim=1).float().mean()),
-                       "max_logprob_gap": float(gap.max()) if gap.numel() else 0.0,
-                       "shared_seconds": seconds["shared"], "repeated_seconds": seconds["repeated"],
-                       "shared_over_repeated": seconds["shared"] / seconds["repeated"]}
-        print(f"  {dtype}: rows identical {rows[dtype]['rows_identical']:.2f}, max log-prob gap "
-              f"{rows[dtype]['max_logprob_gap']:.2e}, sampling shared / repeated "
-              f"{rows[dtype]['shared_over_repeated']:.2f} ({seconds['shared']:.2f} / {seconds['repeated']:.2f} s)",
-              flush=True)
+        rows[dtype] = {
+            "rows_identical": float((~differ).all(dim=1).float().mean()),
+            "max_logprob_gap": float(gap.max()) if gap.numel() else 0.0,
+            "shared_seconds": seconds["shared"],
+            "repeated_seconds": seconds["repeated"],
+            "shared_over_repeated": seconds["shared"] / seconds["repeated"],
+        }
+        print(
+            f"  {dtype}: rows identical {rows[dtype]['rows_identical']:.2f}, max log-prob gap "
+            f"{rows[dtype]['max_logprob_gap']:.2e}, sampling shared / repeated "
+            f"{rows[dtype]['shared_over_repeated']:.2f} ({seconds['shared']:.2f} / {seconds['repeated']:.2f} s)",
+            flush=True,
+        )
         del model
     fp32 = rows["float32"]
     report["shared_prefix"] = {"pass": fp32["rows_identical"] >= 0.9 and fp32["max_logprob_gap"] <= 1e-3, **rows}
@@ -222,8 +287,16 @@ def throughput(args, lora, dtype, report, backend="hf", generation_kwargs=None, 
             self.marks.append((time.perf_counter(), pl_module.env_step, dict(pl_module.phase_seconds)))
 
     clock = Clock()
-    mod = module(args, lora=lora, dtype=dtype, k=args.k, tokens=args.tokens, lr=1e-5 if not lora else 1e-4,
-                 backend=backend, generation_kwargs=generation_kwargs)
+    mod = module(
+        args,
+        lora=lora,
+        dtype=dtype,
+        k=args.k,
+        tokens=args.tokens,
+        lr=1e-5 if not lora else 1e-4,
+        backend=backend,
+        generation_kwargs=generation_kwargs,
+    )
     fit(args, mod, steps=args.steps, callbacks=[clock])
     (t0, e0, _), (t1, e1, _) = clock.marks[0], clock.marks[-1]
     steps = len(clock.marks) - 1
@@ -232,17 +305,26 @@ def throughput(args, lora, dtype, report, backend="hf", generation_kwargs=None, 
     for _, _, step in clock.marks[1:]:  # each step's own phase times (PhaseTimer resets them after our callback)
         for phase, seconds in step.items():
             phases[phase] = phases.get(phase, 0.0) + seconds
-    row = {"engine": label or backend, "lora": bool(lora), "dtype": dtype, "steps_timed": steps,
-           "seconds_per_step": (t1 - t0) / steps,
-           "phase_seconds_per_step": {k: v / steps for k, v in phases.items()},
-           "generate_tokens_per_s": samples * 2 * args.tokens / phases["generate"] if phases.get("generate") else None,
-           "updates_per_s": steps / (t1 - t0), "samples_per_s": samples / (t1 - t0),
-           "generated_tokens_per_s_overall": samples * 2 * args.tokens / (t1 - t0)}
+    row = {
+        "engine": label or backend,
+        "lora": bool(lora),
+        "dtype": dtype,
+        "steps_timed": steps,
+        "seconds_per_step": (t1 - t0) / steps,
+        "phase_seconds_per_step": {k: v / steps for k, v in phases.items()},
+        "generate_tokens_per_s": samples * 2 * args.tokens / phases["generate"] if phases.get("generate") else None,
+        "updates_per_s": steps / (t1 - t0),
+        "samples_per_s": samples / (t1 - t0),
+        "generated_tokens_per_s_overall": samples * 2 * args.tokens / (t1 - t0),
+    }
     report.setdefault("throughput", []).append(row)
-    print(f"  {row['engine']} {'lora' if lora else 'full'} {dtype}: {row['seconds_per_step']:.2f} s/step, "
-          f"{row['generated_tokens_per_s_overall']:.0f} generated tokens/s (whole step), "
-          f"{row['generate_tokens_per_s'] or 0:.0f} in generation, "
-          f"{row['updates_per_s']:.2f} updates/s", flush=True)
+    print(
+        f"  {row['engine']} {'lora' if lora else 'full'} {dtype}: {row['seconds_per_step']:.2f} s/step, "
+        f"{row['generated_tokens_per_s_overall']:.0f} generated tokens/s (whole step), "
+        f"{row['generate_tokens_per_s'] or 0:.0f} in generation, "
+        f"{row['updates_per_s']:.2f} updates/s",
+        flush=True,
+    )
 
 
 def run_check(name, function, report, *args):
@@ -276,11 +358,17 @@ def main() -> None:
     args.body = SMOKE if args.smoke else BODY
     if args.smoke:
         args.k, args.tokens, args.steps = 2, 8, 2
-    report = {"machine": {"platform": platform.platform(), "torch": torch.__version__,
-                          "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-                          "gpus": torch.cuda.device_count()},
-              "config": {k: v for k, v in vars(args).items()}}
+    report = {
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "gpus": torch.cuda.device_count(),
+        },
+        "config": {k: v for k, v in vars(args).items()},
+    }
     print(json.dumps(report["machine"]), flush=True)
+
     def engines():
         """The generation engines on the throughput workload (full copies, bf16): transformers' continuous
         batching and a static KV cache with compiled decoding against plain hf, and vLLM where it is installed (the
@@ -288,9 +376,11 @@ def main() -> None:
         import importlib.util
 
         plain = dict(backend="hf", label="hf")
-        points = [plain, dict(backend="transformers_cb", label="transformers_cb"),
-                  dict(backend="hf", label="hf static cache, compiled",
-                       generation_kwargs={"cache_implementation": "static"})]
+        points = [
+            plain,
+            dict(backend="transformers_cb", label="transformers_cb"),
+            dict(backend="hf", label="hf static cache, compiled", generation_kwargs={"cache_implementation": "static"}),
+        ]
         if importlib.util.find_spec("vllm") is not None:
             points.append(dict(backend="vllm", label="vllm"))
         else:
@@ -327,16 +417,22 @@ def main() -> None:
     if torch.cuda.device_count() > 1:
         report["ddp"] = {"pass": None, "note": "run benchmarks/bench_scaling.py --device cuda --processes 1,2"}
     else:
-        report["ddp"] = {"pass": None, "note": f"{torch.cuda.device_count()} GPU(s): DDP needs one GPU per rank; "
-                                               "skipped (CPU gloo tests cover it)"}
+        report["ddp"] = {
+            "pass": None,
+            "note": f"{torch.cuda.device_count()} GPU(s): DDP needs one GPU per rank; "
+            "skipped (CPU gloo tests cover it)",
+        }
     print("[SKIP] ddp:", report["ddp"]["note"], flush=True)
 
     def memory():
         report["memory"] = [peak_memory(args, n, lora) for n in (2, 4) for lora in (None, 16)]
         for row in report["memory"]:
             if row:
-                print(f"  {row['agents']} agents {'LoRA' if row['lora'] else 'full'}: weights "
-                      f"{row['weights_gib']:.2f} GiB, peak {row['peak_gib']:.2f} GiB", flush=True)
+                print(
+                    f"  {row['agents']} agents {'LoRA' if row['lora'] else 'full'}: weights "
+                    f"{row['weights_gib']:.2f} GiB, peak {row['peak_gib']:.2f} GiB",
+                    flush=True,
+                )
 
     run_check("memory", memory, report)
 

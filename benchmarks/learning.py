@@ -47,23 +47,44 @@ TRAIN_ITEMS = [{"prompt": f"topic {i}", "topic": f"topic {i}"} for i in range(32
 HELD_OUT = [{"prompt": f"held-out topic {i}", "topic": f"held-out topic {i}"} for i in range(64)]
 EVAL_SEED = 1234  # every evaluation samples with this seed (in a forked RNG: training's stream is untouched)
 
-COMMON = dict(agents="tiny", num_agents=2, reward_func=toy.letter_reward, max_new_tokens=8, temperature=1.0,
-              top_p=1.0, top_k=None, eval_interval=0, log_completions=False)
+COMMON = dict(
+    agents="tiny",
+    num_agents=2,
+    reward_func=toy.letter_reward,
+    max_new_tokens=8,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=None,
+    eval_interval=0,
+    log_completions=False,
+)
 GROUP = dict(num_generations=8, rollout_buffer_size=4, agent_learning_rate=1e-2)  # the MAGRPO family
 # With advantage_normalization on (the default) the four baselines give the same advantages (docs/algorithms.md,
 # baselines and advantages); off, each baseline acts. MAGRPO and MARLOO then still differ only by the factor K/(K-1),
 # which AdamW's update does not see.
 RAW_ADVANTAGES = dict(GROUP, advantage_normalization=False)
 CRITICS = dict(GROUP, rollout_buffer_size=32, critic_learning_rate=1e-2)
-DPO = dict(preference_num_candidates=16, preference_pairs_per_sample=16, train_batch_size=16, agent_learning_rate=1e-2,
-           dpo_beta=0.1)
+DPO = dict(
+    preference_num_candidates=16,
+    preference_pairs_per_sample=16,
+    train_batch_size=16,
+    agent_learning_rate=1e-2,
+    dpo_beta=0.1,
+)
 # The reward model must generalise from pairs of random text to the agents' later completions: many pairs with wide
 # reward gaps (32 candidates, the 16 widest gaps per task) and a moderate learning rate (at 1e-2 it memorises its
 # pairs and the policy exploits it). The RL stage uses a lower agent learning rate than plain MAGRPO: the policy
 # leaves the reward model's training distribution more slowly.
-REWARD_MODEL = dict(reward_model_name="tiny", preference_num_candidates=32, preference_pairs_per_sample=16,
-                    pair_selection="reward_gap", reward_learning_rate=2e-3, reward_train_batch_size=16,
-                    reward_num_train_epochs=2, agent_learning_rate=5e-3)
+REWARD_MODEL = dict(
+    reward_model_name="tiny",
+    preference_num_candidates=32,
+    preference_pairs_per_sample=16,
+    pair_selection="reward_gap",
+    reward_learning_rate=2e-3,
+    reward_train_batch_size=16,
+    reward_num_train_epochs=2,
+    agent_learning_rate=5e-3,
+)
 
 
 class EqualParts:
@@ -94,26 +115,62 @@ class Spec:
 SPECS: dict[str, Spec] = {
     "MAGRPO": Spec(cl.MAGRPO, GROUP, 40, note="default config (normalized advantages)"),
     "MAGRPO-raw": Spec(cl.MAGRPO, RAW_ADVANTAGES, 40, note="advantage_normalization off"),
-    "MARLOO-raw": Spec(cl.MARLOO, RAW_ADVANTAGES, 40,
-                       note="advantage_normalization off; MAGRPO-raw's advantages × K/(K-1), which AdamW barely sees"),
+    "MARLOO-raw": Spec(
+        cl.MARLOO,
+        RAW_ADVANTAGES,
+        40,
+        note="advantage_normalization off; MAGRPO-raw's advantages × K/(K-1), which AdamW barely sees",
+    ),
     "MAReMax-raw": Spec(cl.MAReMax, RAW_ADVANTAGES, 40, note="advantage_normalization off"),
     "MAREINFORCE-raw": Spec(cl.MAREINFORCE, RAW_ADVANTAGES, 40, note="advantage_normalization off (no baseline)"),
-    "CentralizedMAGRPO": Spec(cl.CentralizedMAGRPO, dict(GROUP, max_new_tokens=16, centralized_adapter=EqualParts()),
-                              40, note="one actor writes both roles: 16 tokens cut into two equal parts"),
+    "CentralizedMAGRPO": Spec(
+        cl.CentralizedMAGRPO,
+        dict(GROUP, max_new_tokens=16, centralized_adapter=EqualParts()),
+        40,
+        note="one actor writes both roles: 16 tokens cut into two equal parts",
+    ),
     "IAC-critic": Spec(cl.IAC, dict(CRITICS, critic_model="tiny"), 40, note="a separate critic LM per agent"),
     "IAC-head": Spec(cl.IAC, dict(CRITICS, use_separate_critic=False), 40, note="a value head on each actor"),
     "MAAC": Spec(cl.MAAC, dict(CRITICS, critic_model="tiny", critic_type="v"), 40, note="one centralized critic"),
-    "MADPO": Spec(cl.MADPO, DPO, 80, preference=True, prompts_per_step=8,
-                  note="pairs collected once from the initial team"),
-    "MARLHF-magrpo": Spec(cl.MARLHF, dict(GROUP, **REWARD_MODEL, rl_algorithm="magrpo"), 112, preference=True,
-                          note="reward model, then MAGRPO on its scores"),
-    "MARLHF-iac": Spec(cl.MARLHF, dict(CRITICS, **REWARD_MODEL, rl_algorithm="iac", use_separate_critic=False), 112,
-                       preference=True, note="reward model, then IAC (value heads) on its scores"),
-    "MADPOIter": Spec(cl.MADPOIter, dict(DPO, num_iterations=20), 80, preference=True, prompts_per_step=8,
-                      note="rounds against an independent sample of the current team"),
-    "MARLHFIter": Spec(cl.MARLHFIter, {**GROUP, **REWARD_MODEL, "num_iterations": 20, "num_train_epochs": 4,
-                                            "preference_pairs_per_sample": 8, "reward_train_batch_size": 32}, 192,
-                       preference=True, note="rounds: a fresh reward model, then 4 MAGRPO epochs on it"),
+    "MADPO": Spec(
+        cl.MADPO, DPO, 80, preference=True, prompts_per_step=8, note="pairs collected once from the initial team"
+    ),
+    "MARLHF-magrpo": Spec(
+        cl.MARLHF,
+        dict(GROUP, **REWARD_MODEL, rl_algorithm="magrpo"),
+        112,
+        preference=True,
+        note="reward model, then MAGRPO on its scores",
+    ),
+    "MARLHF-iac": Spec(
+        cl.MARLHF,
+        dict(CRITICS, **REWARD_MODEL, rl_algorithm="iac", use_separate_critic=False),
+        112,
+        preference=True,
+        note="reward model, then IAC (value heads) on its scores",
+    ),
+    "MADPOIter": Spec(
+        cl.MADPOIter,
+        dict(DPO, num_iterations=20),
+        80,
+        preference=True,
+        prompts_per_step=8,
+        note="rounds against an independent sample of the current team",
+    ),
+    "MARLHFIter": Spec(
+        cl.MARLHFIter,
+        {
+            **GROUP,
+            **REWARD_MODEL,
+            "num_iterations": 20,
+            "num_train_epochs": 4,
+            "preference_pairs_per_sample": 8,
+            "reward_train_batch_size": 32,
+        },
+        192,
+        preference=True,
+        note="rounds: a fresh reward model, then 4 MAGRPO epochs on it",
+    ),
 }
 
 
@@ -162,15 +219,31 @@ def run(name: str, spec: Spec, seed: int, every: int) -> dict[str, Any]:
     data = data_cls(dataset=TRAIN_ITEMS, prompts_per_step=spec.prompts_per_step, **extra)
     curve = HeldOutCurve(HELD_OUT, every)
     with tempfile.TemporaryDirectory() as logs:  # iterative variants write their replay shards into the run dir
-        trainer = Trainer(max_steps=spec.steps, logger=CSVLogger(logs, name=name), enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                          log_every_n_steps=1, callbacks=[curve], accelerator="cpu", devices=1)
+        trainer = Trainer(
+            max_steps=spec.steps,
+            logger=CSVLogger(logs, name=name),
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            log_every_n_steps=1,
+            callbacks=[curve],
+            accelerator="cpu",
+            devices=1,
+        )
         seed_everything(seed, verbose=False)
         start = time.perf_counter()
         trainer.fit(module, datamodule=data)
         seconds = time.perf_counter() - start
-    return {"seed": seed, "steps": trainer.global_step, "seconds": seconds, "before": curve.points[0][1],
-            "after": curve.points[-1][1], "curve": curve.points, "reward_model_updates": curve.reward_model_updates}
+    return {
+        "seed": seed,
+        "steps": trainer.global_step,
+        "seconds": seconds,
+        "before": curve.points[0][1],
+        "after": curve.points[-1][1],
+        "curve": curve.points,
+        "reward_model_updates": curve.reward_model_updates,
+    }
 
 
 def summarize(name: str, spec: Spec, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -183,10 +256,19 @@ def summarize(name: str, spec: Spec, runs: list[dict[str, Any]]) -> dict[str, An
     rm_updates = [len(r["reward_model_updates"]) for r in runs]
     if any(rm_updates):
         note += f"; {span(rm_updates)} of the updates train the reward model"
-    return {"algorithm": name, "class": spec.cls.__name__, "note": note, "before_mean": before,
-            "before_std": before_sd, "after_mean": after, "after_std": after_sd, "delta": after - before,
-            "steps": span([r["steps"] for r in runs]),
-            "seconds_mean": statistics.mean(r["seconds"] for r in runs), "runs": runs}
+    return {
+        "algorithm": name,
+        "class": spec.cls.__name__,
+        "note": note,
+        "before_mean": before,
+        "before_std": before_sd,
+        "after_mean": after,
+        "after_std": after_sd,
+        "delta": after - before,
+        "steps": span([r["steps"] for r in runs]),
+        "seconds_mean": statistics.mean(r["seconds"] for r in runs),
+        "runs": runs,
+    }
 
 
 def span(values: list[int]) -> str:
@@ -195,12 +277,16 @@ def span(values: list[int]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| algorithm | reward before | reward after | Δ | steps | wall s / run | notes |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | reward before | reward after | Δ | steps | wall s / run | notes |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['algorithm']} | {r['before_mean']:.3f} ± {r['before_std']:.3f} | "
-                     f"{r['after_mean']:.3f} ± {r['after_std']:.3f} | {r['delta']:+.3f} | {r['steps']} | "
-                     f"{r['seconds_mean']:.1f} | {r['note']} |")
+        lines.append(
+            f"| {r['algorithm']} | {r['before_mean']:.3f} ± {r['before_std']:.3f} | "
+            f"{r['after_mean']:.3f} ± {r['after_std']:.3f} | {r['delta']:+.3f} | {r['steps']} | "
+            f"{r['seconds_mean']:.1f} | {r['note']} |"
+        )
     return "\n".join(lines)
 
 
@@ -211,8 +297,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     cols = 4
-    fig, axes = plt.subplots(-(-len(rows) // cols), cols, figsize=(4 * cols, 2.8 * -(-len(rows) // cols)),
-                             sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        -(-len(rows) // cols), cols, figsize=(4 * cols, 2.8 * -(-len(rows) // cols)), sharey=True, squeeze=False
+    )
     for ax, row in zip(axes.flat, rows):
         steps = sorted({s for r in row["runs"] for s, _ in r["curve"]})
         per_seed = [dict(r["curve"]) for r in row["runs"]]
@@ -228,10 +315,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("held-out task reward")
-    for ax in list(axes.flat)[len(rows):]:
+    for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
-    fig.suptitle("letter task, tiny models from random init: held-out task reward, mean over seeds, band = min..max "
-                 "(orange: reward-model updates)", fontsize=11)
+    fig.suptitle(
+        "letter task, tiny models from random init: held-out task reward, mean over seeds, band = min..max "
+        "(orange: reward-model updates)",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -262,9 +352,12 @@ def main(argv: list[str] | None = None) -> None:
         for seed in seeds:
             result = run(name, SPECS[name], seed, args.every)
             runs.append(result)
-            print(f"[{time.perf_counter() - total:6.0f}s] {name:18s} seed {seed}: held-out reward "
-                  f"{result['before']:.3f} -> {result['after']:.3f} in {result['steps']} updates "
-                  f"({result['seconds']:.1f} s)", flush=True)
+            print(
+                f"[{time.perf_counter() - total:6.0f}s] {name:18s} seed {seed}: held-out reward "
+                f"{result['before']:.3f} -> {result['after']:.3f} in {result['steps']} updates "
+                f"({result['seconds']:.1f} s)",
+                flush=True,
+            )
         rows.append(summarize(name, SPECS[name], runs))
     text = table(rows)
     print(text)
@@ -272,15 +365,22 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} torch thread(s)"
-    header = (f"`{command}`\n\nLetter task (share of 'e' in both agents' completions, chance ~0.12), two `tiny` "
-              f"agents from random init, seeds {seeds}. Reward = the module's evaluation (task reward, one sampled "
-              f"completion per agent, temperature 1.0, fixed evaluation seed) on {len(HELD_OUT)} held-out items, "
-              f"before and after the update budget (steps = optimizer updates, reward-model updates included). "
-              f"Mean ± std over seeds; Δ = after − before. Total {time.perf_counter() - total:.0f} s on {machine}. "
-              f"Curves: learning.png.\n\n")
+    header = (
+        f"`{command}`\n\nLetter task (share of 'e' in both agents' completions, chance ~0.12), two `tiny` "
+        f"agents from random init, seeds {seeds}. Reward = the module's evaluation (task reward, one sampled "
+        f"completion per agent, temperature 1.0, fixed evaluation seed) on {len(HELD_OUT)} held-out items, "
+        f"before and after the update budget (steps = optimizer updates, reward-model updates included). "
+        f"Mean ± std over seeds; Δ = after − before. Total {time.perf_counter() - total:.0f} s on {machine}. "
+        f"Curves: learning.png.\n\n"
+    )
     (out / "learning.md").write_text(header + text + "\n", encoding="utf-8")
-    (out / "learning.json").write_text(json.dumps({"command": command, "seeds": seeds, "held_out_items": len(HELD_OUT),
-                                                   "eval_seed": EVAL_SEED, "rows": rows}, indent=1), encoding="utf-8")
+    (out / "learning.json").write_text(
+        json.dumps(
+            {"command": command, "seeds": seeds, "held_out_items": len(HELD_OUT), "eval_seed": EVAL_SEED, "rows": rows},
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
     plot(rows, out / "learning.png")
     print(f"wrote {out / 'learning.md'}, learning.json, learning.png")
 

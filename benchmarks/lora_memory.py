@@ -32,20 +32,40 @@ def one(agents: int, lora: int | None, model: str) -> dict:
     from comlrl_lightning.envs import toy
 
     seed_everything(0)
-    module = MAGRPO(agents=model, num_agents=agents, reward_func=toy.letter_reward, num_generations=2,
-                    max_new_tokens=16, rollout_buffer_size=1, eval_interval=0, log_completions=False,
-                    lora_rank=lora, lora_alpha=2.0 * lora if lora else 16.0)
+    module = MAGRPO(
+        agents=model,
+        num_agents=agents,
+        reward_func=toy.letter_reward,
+        num_generations=2,
+        max_new_tokens=16,
+        rollout_buffer_size=1,
+        eval_interval=0,
+        log_completions=False,
+        lora_rank=lora,
+        lora_alpha=2.0 * lora if lora else 16.0,
+    )
     module.agents  # noqa: B018  (loads the team)
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     params = list(module.parameters())
-    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=TaskDataModule(dataset=toy.story_tasks, prompts_per_step=1))
-    return {"agents": agents, "lora_rank": lora, "parameters": sum(p.numel() for p in params),
-            "trainable": sum(p.numel() for p in params if p.requires_grad),
-            "weights_gib": sum(p.numel() * p.element_size() for p in params) / 2**30,
-            "peak_rss_after_loading_gib": loaded, "peak_rss_after_one_update_gib":
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {
+        "agents": agents,
+        "lora_rank": lora,
+        "parameters": sum(p.numel() for p in params),
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+        "weights_gib": sum(p.numel() * p.element_size() for p in params) / 2**30,
+        "peak_rss_after_loading_gib": loaded,
+        "peak_rss_after_one_update_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
 
 
 def main() -> None:
@@ -61,18 +81,30 @@ def main() -> None:
         print(json.dumps(one(int(n), int(rank) or None, args.model)))
         return
     rows = []
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
     for n in (int(a) for a in args.agents.split(",")):
         for rank in (0, args.rank):
-            out = subprocess.run([sys.executable, __file__, "--model", args.model, "--one", f"{n},{rank}"],
-                                 capture_output=True, text=True, env=env, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--model", args.model, "--one", f"{n},{rank}"],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             r = rows[-1]
-            print(f"{n} agents, {'LoRA r=' + str(rank) if rank else 'full copies':>12}: {r['parameters'] / 1e6:7.1f}M "
-                  f"parameters ({r['trainable'] / 1e6:6.2f}M trainable), weights {r['weights_gib']:.2f} GiB, peak RSS "
-                  f"{r['peak_rss_after_loading_gib']:.2f} GiB loaded, {r['peak_rss_after_one_update_gib']:.2f} GiB "
-                  "after one update", flush=True)
+            print(
+                f"{n} agents, {'LoRA r=' + str(rank) if rank else 'full copies':>12}: {r['parameters'] / 1e6:7.1f}M "
+                f"parameters ({r['trainable'] / 1e6:6.2f}M trainable), weights {r['weights_gib']:.2f} GiB, peak RSS "
+                f"{r['peak_rss_after_loading_gib']:.2f} GiB loaded, {r['peak_rss_after_one_update_gib']:.2f} GiB "
+                "after one update",
+                flush=True,
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "rows": rows}, indent=2) + "\n")
 

@@ -52,8 +52,7 @@ def _best(fn, repeats: int, sync) -> float:
     return best
 
 
-def measure(device: str = "cpu", threads: int | None = None, n: int = 2048, mib: int = 256,
-            repeats: int = 5) -> Limits:
+def measure(device: str = "cpu", threads: int | None = None, n: int = 2048, mib: int = 256, repeats: int = 5) -> Limits:
     """Achieved matmul GFLOP/s and copy bandwidth on ``device`` (CPU: with ``threads`` torch threads)."""
     previous = torch.get_num_threads()
     if device == "cpu" and threads:
@@ -65,10 +64,12 @@ def measure(device: str = "cpu", threads: int | None = None, n: int = 2048, mib:
         src, other = torch.ones(mib * 2**20 // 4, device=device), torch.ones(mib * 2**20 // 4, device=device)
         dst = torch.empty_like(src)
         size = src.numel() * 4
-        bandwidth = max(2 * size / _best(lambda: dst.copy_(src), repeats, sync),  # read + write
-                        size / _best(lambda: src.sum(), repeats, sync),  # read only
-                        3 * size / _best(lambda: torch.add(src, other, out=dst), repeats, sync),  # 2 reads + write
-                        4 * size / _best(lambda: torch.addcmul(src, other, src, out=dst), repeats, sync))
+        bandwidth = max(
+            2 * size / _best(lambda: dst.copy_(src), repeats, sync),  # read + write
+            size / _best(lambda: src.sum(), repeats, sync),  # read only
+            3 * size / _best(lambda: torch.add(src, other, out=dst), repeats, sync),  # 2 reads + write
+            4 * size / _best(lambda: torch.addcmul(src, other, src, out=dst), repeats, sync),
+        )
         return Limits(device, torch.get_num_threads() if device == "cpu" else 0, 2 * n**3 / mm / 1e9, bandwidth / 1e9)
     finally:
         torch.set_num_threads(previous)
@@ -100,8 +101,17 @@ class ModelCosts:
         return 2.0 * rows * (width * self.body + scored * self.vocab_hidden)
 
 
-def lower_bounds(costs: ModelCosts, limits: Limits, *, agents: int, prompts: int, k: int, prompt: int, tokens: int,
-                 trainable: int | None = None) -> dict[str, float]:
+def lower_bounds(
+    costs: ModelCosts,
+    limits: Limits,
+    *,
+    agents: int,
+    prompts: int,
+    k: int,
+    prompt: int,
+    tokens: int,
+    trainable: int | None = None,
+) -> dict[str, float]:
     """Seconds each phase of one team step needs at the limit: ``agents`` models, ``prompts`` prompts of ``prompt``
     tokens, ``k`` samples per prompt of ``tokens`` generated tokens each (each prompt prefilled once)."""
     flops, bandwidth = limits.matmul_gflops * 1e9, limits.bandwidth_gbs * 1e9
@@ -120,8 +130,12 @@ def lower_bounds(costs: ModelCosts, limits: Limits, *, agents: int, prompts: int
 
 
 def describe(limits: list[Limits]) -> str:
-    parts = [f"{lim.device}" + (f" x{lim.threads} threads" if lim.threads else "") +
-             f": matmul {lim.matmul_gflops:.1f} GFLOP/s, memory {lim.bandwidth_gbs:.1f} GB/s" for lim in limits]
+    parts = [
+        f"{lim.device}"
+        + (f" x{lim.threads} threads" if lim.threads else "")
+        + f": matmul {lim.matmul_gflops:.1f} GFLOP/s, memory {lim.bandwidth_gbs:.1f} GB/s"
+        for lim in limits
+    ]
     return "roofline: " + "; ".join(parts)
 
 

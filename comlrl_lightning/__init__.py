@@ -1,6 +1,6 @@
 """comlrl_lightning: cooperative multi-LLM reinforcement learning on PyTorch Lightning.
 
-    python -m comlrl_lightning fit --config configs/magrpo.yaml
+python -m comlrl_lightning fit --config configs/magrpo.yaml
 """
 
 __version__ = "0.1.0"
@@ -10,19 +10,35 @@ from comlrl_lightning.quiet import quiet_known_noise  # noqa: E402
 quiet_known_noise()
 
 from comlrl_lightning.algorithms import (  # noqa: E402
-    CentralizedMAGRPO,
     IAC,
     MAAC,
     MADPO,
-    MADPOIter,
     MAGRPO,
-    MARLHF,
-    MARLHFIter,
     MAREINFORCE,
+    MARLHF,
     MARLOO,
+    CentralizedMAGRPO,
+    MADPOIter,
     MAReMax,
+    MARLHFIter,
     MultiAgentModule,
 )
 from comlrl_lightning.data import PreferenceDataModule, TaskDataModule  # noqa: E402
 
-__all__ = ["CentralizedMAGRPO", "IAC", "MAAC", "MADPO", "MADPOIter", "MAGRPO", "MARLHF", "MARLHFIter", "MAREINFORCE", "MARLOO", "MAReMax", "MultiAgentModule", "PreferenceDataModule", "TaskDataModule", "__version__"]
+__all__ = [
+    "CentralizedMAGRPO",
+    "IAC",
+    "MAAC",
+    "MADPO",
+    "MADPOIter",
+    "MAGRPO",
+    "MARLHF",
+    "MARLHFIter",
+    "MAREINFORCE",
+    "MARLOO",
+    "MAReMax",
+    "MultiAgentModule",
+    "PreferenceDataModule",
+    "TaskDataModule",
+    "__version__",
+]

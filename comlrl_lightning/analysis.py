@@ -38,8 +38,16 @@ from comlrl_lightning.callbacks.charts import COMPARATOR_COLOR, TARGET_COLOR
 from comlrl_lightning.core.distributions import SIDES
 from comlrl_lightning.data.files import RESUMED_FROM
 
-__all__ = ["PLOT_KINDS", "RunFigure", "load_run", "load_reward_distributions", "predictions_table", "plot_run",
-           "plot_reward_distributions", "find_run_file"]
+__all__ = [
+    "PLOT_KINDS",
+    "RunFigure",
+    "load_run",
+    "load_reward_distributions",
+    "predictions_table",
+    "plot_run",
+    "plot_reward_distributions",
+    "find_run_file",
+]
 
 CSV_NAME = "metrics.csv"
 EVENTS_GLOB = "events.out.tfevents.*"
@@ -59,13 +67,15 @@ def find_run_file(path: str | Path) -> Path:
     if path.is_file():
         if path.name == CSV_NAME or path.match(EVENTS_GLOB):
             return path
-        raise ValueError(f"Run path {str(path)!r} is neither a {CSV_NAME} nor a TensorBoard event file "
-                         f"({EVENTS_GLOB}).")
+        raise ValueError(
+            f"Run path {str(path)!r} is neither a {CSV_NAME} nor a TensorBoard event file ({EVENTS_GLOB})."
+        )
     sources = list(path.rglob(CSV_NAME)) or list({e.parent for e in path.rglob(EVENTS_GLOB)})
     if not sources:
         raise FileNotFoundError(
             f"No {CSV_NAME} (CSVLogger) or TensorBoard event file ({EVENTS_GLOB}, TensorBoardLogger) under "
-            f"{str(path)!r}. A run writes them under <trainer.default_root_dir>/<name>/version_<n>/.")
+            f"{str(path)!r}. A run writes them under <trainer.default_root_dir>/<name>/version_<n>/."
+        )
     training = [s for s in sources if not _is_evaluation(s)]
     return max(training or sources, key=_written)
 
@@ -75,8 +85,11 @@ def _folder(source: Path) -> Path:
 
 
 def _written(source: Path) -> float:
-    return max((p.stat().st_mtime for p in source.glob(EVENTS_GLOB)), default=0.0) if source.is_dir() \
+    return (
+        max((p.stat().st_mtime for p in source.glob(EVENTS_GLOB)), default=0.0)
+        if source.is_dir()
         else source.stat().st_mtime
+    )
 
 
 def _is_evaluation(source: Path) -> bool:
@@ -123,8 +136,7 @@ def load_run(path: str | Path, verbose: bool = True) -> pd.DataFrame:
     """
     source = find_run_file(path)
     chain = [source]
-    while (previous := _resumed_from(_folder(chain[0]))) is not None and \
-            previous not in {_folder(s) for s in chain}:
+    while (previous := _resumed_from(_folder(chain[0]))) is not None and previous not in {_folder(s) for s in chain}:
         chain.insert(0, _source_in(previous))
     frames = [_read_csv(s) if s.name == CSV_NAME else _read_events(s) for s in chain]
     for i in range(len(frames) - 1):  # an earlier part up to where the next one started again
@@ -144,8 +156,12 @@ def load_run(path: str | Path, verbose: bool = True) -> pd.DataFrame:
     frame.attrs["sources"] = [str(s) for s in chain]
     frame.attrs["run_dirs"] = [str(_folder(s)) for s in chain]
     if verbose:
-        parts = [f"{_folder(s)} (steps {int(f['step'].min())}-{int(f['step'].max())})" if len(f) and "step" in f
-                 else str(_folder(s)) for s, f in zip(chain, frames)]
+        parts = [
+            f"{_folder(s)} (steps {int(f['step'].min())}-{int(f['step'].max())})"
+            if len(f) and "step" in f
+            else str(_folder(s))
+            for s, f in zip(chain, frames)
+        ]
         print(f"load_run: read {' + '.join(parts)}" + (" (a resumed run, joined)" if len(chain) > 1 else ""))
     return frame
 
@@ -167,16 +183,27 @@ def _read_events(folder: Path) -> pd.DataFrame:
     accumulator = event_accumulator.EventAccumulator(str(folder), size_guidance={event_accumulator.SCALARS: 0})
     accumulator.Reload()
     events = pd.DataFrame(
-        [(e.wall_time, e.step, tag, e.value) for tag in accumulator.Tags()["scalars"] for e in accumulator.Scalars(tag)],
-        columns=["wall_time", "step", "tag", "value"])
+        [
+            (e.wall_time, e.step, tag, e.value)
+            for tag in accumulator.Tags()["scalars"]
+            for e in accumulator.Scalars(tag)
+        ],
+        columns=["wall_time", "step", "tag", "value"],
+    )
     if events.empty:
         return events
     events = events.sort_values("wall_time", kind="stable").reset_index(drop=True)
     anchors = events[events["tag"] == "env_step"][["wall_time", "step"]].reset_index(drop=True)
     anchors["row"] = range(len(anchors))
     if len(anchors):
-        events = pd.merge_asof(events, anchors.rename(columns={"wall_time": "anchor_time"}), left_on="wall_time",
-                               right_on="anchor_time", by="step", direction="nearest")
+        events = pd.merge_asof(
+            events,
+            anchors.rename(columns={"wall_time": "anchor_time"}),
+            left_on="wall_time",
+            right_on="anchor_time",
+            by="step",
+            direction="nearest",
+        )
     else:
         events["row"] = float("nan")
     orphans = events["row"].isna()  # steps without any env_step: one row per step
@@ -195,12 +222,16 @@ def load_reward_distributions(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"Run path {str(path)!r} does not exist.")
-    files = sorted(path.glob("iteration_*.json")) if path.name == DISTRIBUTIONS_DIR else \
-        sorted(path.rglob(f"{DISTRIBUTIONS_DIR}/iteration_*.json"))
+    files = (
+        sorted(path.glob("iteration_*.json"))
+        if path.name == DISTRIBUTIONS_DIR
+        else sorted(path.rglob(f"{DISTRIBUTIONS_DIR}/iteration_*.json"))
+    )
     if not files:
         raise FileNotFoundError(
             f"No {DISTRIBUTIONS_DIR}/iteration_XXXX.json under {str(path)!r}: only MADPOIter/MARLHFIter runs with "
-            "log_reward_distribution=true (and a reward_func.reward_range) write them.")
+            "log_reward_distribution=true (and a reward_func.reward_range) write them."
+        )
     records = [json.loads(f.read_text(encoding="utf-8")) for f in files]
     return sorted(records, key=lambda r: r["iteration"])
 
@@ -220,8 +251,10 @@ def predictions_table(predictions: Iterable[Any] | str | Path) -> pd.DataFrame:
     rows = []
     for answer in answers:
         if not isinstance(answer, dict) or not {"item", "agents", "rewards"} <= set(answer):
-            raise ValueError("predictions must be Trainer.predict's answers: dicts with 'item', 'agents' and "
-                             f"'rewards' (got {type(answer).__name__}).")
+            raise ValueError(
+                "predictions must be Trainer.predict's answers: dicts with 'item', 'agents' and "
+                f"'rewards' (got {type(answer).__name__})."
+            )
         item = answer["item"]
         label = item.get("prompt", json.dumps(item, default=str)) if isinstance(item, dict) else str(item)
         for t, reward in enumerate(answer["rewards"]):
@@ -258,35 +291,51 @@ _TURN = r"turn_\d+"
 PLOT_KINDS: dict[str, tuple[Panel, ...]] = {
     "rewards": (Panel("team reward", rf"^(rollout/)?{_TURN}/reward_mean$", "team reward"),),
     "eval": (Panel("evaluation", r"^eval/", "value"),),
-    "lengths": (Panel("completion length", r"^completions/mean_length$", "tokens"),
-                Panel("completions cut at max_new_tokens", r"^completions/clipped_ratio$", "fraction")),
+    "lengths": (
+        Panel("completion length", r"^completions/mean_length$", "tokens"),
+        Panel("completions cut at max_new_tokens", r"^completions/clipped_ratio$", "fraction"),
+    ),
     # The quantities advantages are built from: returns (G), and for actor-critic the critic's value and target
     # (A = target − V); then the advantages' own statistics, and the share of samples without a learning signal.
-    "advantages": (Panel("returns and critic values",
-                         rf"^{_TURN}/(expected_return|value_pred_mean|value_target_mean)$", "value"),
-                   Panel("advantages", r"advantage_(mean|std)$", "advantage"),
-                   Panel("samples with advantage 0", r"zero_advantage_ratio$", "fraction")),
-    "kl": (Panel("KL to the reference", rf"^{_TURN}/reference_kl_mean$", "KL (nats)"),
-           Panel("KL penalty", rf"^{_TURN}/reference_kl_penalty_mean$", "β · KL")),
+    "advantages": (
+        Panel("returns and critic values", rf"^{_TURN}/(expected_return|value_pred_mean|value_target_mean)$", "value"),
+        Panel("advantages", r"advantage_(mean|std)$", "advantage"),
+        Panel("samples with advantage 0", r"zero_advantage_ratio$", "fraction"),
+    ),
+    "kl": (
+        Panel("KL to the reference", rf"^{_TURN}/reference_kl_mean$", "KL (nats)"),
+        Panel("KL penalty", rf"^{_TURN}/reference_kl_penalty_mean$", "β · KL"),
+    ),
     "timing": (Panel("time per phase", r"^timing_s/", "seconds per update", stacked=True),),
     "policy_lag": (Panel("policy lag (0 = on-policy)", r"^rollout/policy_lag$", "updates"),),
-    "loss": (Panel("loss", r"^(loss|agent_\d+/loss|turn_\d+/(policy|value)_loss)$", "loss"),
-             Panel("gradient norm", r"^(agent|critic)_\d+/grad_norm$", "norm")),
-    "dpo": (Panel("DPO accuracy", r"^dpo/accuracy$", "fraction of pairs"),
-            Panel("DPO margins", r"^(dpo/joint_margin_mean|agent_\d+/margin_mean)$", "log-likelihood margin"),
-            Panel("reward gap of the pairs", r"^dpo/reward_gap_mean$", "reward")),
-    "reward_model": (Panel("reward-model accuracy", r"^reward_model/accuracy$", "fraction of pairs"),
-                     Panel("reward-model loss", r"^reward_model/loss$", "Bradley–Terry loss"),
-                     Panel("reward-model margin", r"^reward_model/margin_mean$", "score margin")),
-    "iterations": tuple(Panel(title, pattern, ylabel, x="iter/current_iteration") for title, pattern, ylabel in (
-        ("reward per round", r"^iter/(target|comparator)_reward_mean$", "raw reward"),
-        ("current vs comparator", r"^iter/(current_win_rate|tie_rate)$", "rate"),
-        ("pairs per round", r"^iter/(current|train|total)_preference_pairs$", "pairs"))),
+    "loss": (
+        Panel("loss", r"^(loss|agent_\d+/loss|turn_\d+/(policy|value)_loss)$", "loss"),
+        Panel("gradient norm", r"^(agent|critic)_\d+/grad_norm$", "norm"),
+    ),
+    "dpo": (
+        Panel("DPO accuracy", r"^dpo/accuracy$", "fraction of pairs"),
+        Panel("DPO margins", r"^(dpo/joint_margin_mean|agent_\d+/margin_mean)$", "log-likelihood margin"),
+        Panel("reward gap of the pairs", r"^dpo/reward_gap_mean$", "reward"),
+    ),
+    "reward_model": (
+        Panel("reward-model accuracy", r"^reward_model/accuracy$", "fraction of pairs"),
+        Panel("reward-model loss", r"^reward_model/loss$", "Bradley–Terry loss"),
+        Panel("reward-model margin", r"^reward_model/margin_mean$", "score margin"),
+    ),
+    "iterations": tuple(
+        Panel(title, pattern, ylabel, x="iter/current_iteration")
+        for title, pattern, ylabel in (
+            ("reward per round", r"^iter/(target|comparator)_reward_mean$", "raw reward"),
+            ("current vs comparator", r"^iter/(current_win_rate|tie_rate)$", "rate"),
+            ("pairs per round", r"^iter/(current|train|total)_preference_pairs$", "pairs"),
+        )
+    ),
 }
 
 
-def plot_run(run: pd.DataFrame | str | Path, kind: str | Sequence[str] = "rewards", *,
-             title: str | None = None) -> Figure:
+def plot_run(
+    run: pd.DataFrame | str | Path, kind: str | Sequence[str] = "rewards", *, title: str | None = None
+) -> Figure:
     """A Figure of one kind of metric (or several kinds, one chart each) against the run's x-axis.
 
     ``run``: ``load_run``'s frame or anything ``load_run`` accepts. ``kind``: a key of ``PLOT_KINDS`` — ``rewards``
@@ -304,12 +353,21 @@ def plot_run(run: pd.DataFrame | str | Path, kind: str | Sequence[str] = "reward
     missing = [p for p, columns in panels if not columns]
     panels = [(p, columns) for p, columns in panels if columns]
     if missing:
-        warnings.warn(f"This run logged no metric for {', '.join(repr(p.title) for p in missing)} "
-                      f"(looked for {', '.join(p.pattern for p in missing)}); left out of the figure.", stacklevel=2)
+        warnings.warn(
+            f"This run logged no metric for {', '.join(repr(p.title) for p in missing)} "
+            f"(looked for {', '.join(p.pattern for p in missing)}); left out of the figure.",
+            stacklevel=2,
+        )
     if not panels:
         figure = RunFigure(figsize=(6, 1.5))
-        figure.text(0.5, 0.5, f"Nothing to plot for {', '.join(kinds)}: the run logged none of these metrics.",
-                    ha="center", va="center", wrap=True)
+        figure.text(
+            0.5,
+            0.5,
+            f"Nothing to plot for {', '.join(kinds)}: the run logged none of these metrics.",
+            ha="center",
+            va="center",
+            wrap=True,
+        )
         return figure
     ncols = min(len(panels), 2)
     nrows = math.ceil(len(panels) / ncols)
@@ -317,7 +375,7 @@ def plot_run(run: pd.DataFrame | str | Path, kind: str | Sequence[str] = "reward
     axes = figure.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, (panel, columns) in zip(axes, panels):
         _draw(ax, frame, panel, columns)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     if title:
         figure.suptitle(title)
@@ -348,12 +406,18 @@ def _draw(ax: Any, frame: pd.DataFrame, panel: Panel, columns: list[str]) -> Non
     else:
         for column in columns:  # one line and one legend entry per metric, even where two happen to be equal
             series = frame[column].dropna()
-            line, = ax.plot(series.index, series.to_numpy(), marker="." if len(series) < 60 else None, label=column)
+            (line,) = ax.plot(series.index, series.to_numpy(), marker="." if len(series) < 60 else None, label=column)
             spread = column.removesuffix("reward_mean") + "reward_std"  # a rollout reward's standard deviation
             if column.endswith("reward_mean") and spread in frame:
                 both = frame[[column, spread]].dropna()
-                ax.fill_between(both.index, both[column] - both[spread], both[column] + both[spread],
-                                color=line.get_color(), alpha=0.15, linewidth=0)
+                ax.fill_between(
+                    both.index,
+                    both[column] - both[spread],
+                    both[column] + both[spread],
+                    color=line.get_color(),
+                    alpha=0.15,
+                    linewidth=0,
+                )
     ax.set_title(panel.title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, joint actions and rounds are counts
     ax.set_xlabel({"iter/current_iteration": "round"}.get(frame.index.name, frame.index.name or "step"))
@@ -380,8 +444,14 @@ def plot_reward_distributions(run: str | Path | Sequence[dict[str, Any]], part: 
         for offset, side, color in zip((0.0, width), SIDES, (TARGET_COLOR, COMPARATOR_COLOR)):
             stats = record[part][side]
             mean = "" if stats["mean"] is None else f", mean {stats['mean']:.2f}"
-            ax.bar([e + offset for e in edges[:-1]], stats["counts"], width=width, align="edge", color=color,
-                   label=f"{side} (n={stats['sample_count']}{mean})")
+            ax.bar(
+                [e + offset for e in edges[:-1]],
+                stats["counts"],
+                width=width,
+                align="edge",
+                color=color,
+                label=f"{side} (n={stats['sample_count']}{mean})",
+            )
         ax.set_ylim(0, 1.45 * max(1, *(max(record[part][side]["counts"]) for side in SIDES)))
         ax.set_title(f"round {record['iteration']}")
         ax.set_xlabel("raw reward")

@@ -24,8 +24,14 @@ class Choice:
     error's template (``{field}``, ``{value}``, ``{allowed}``, ``{aliases}``), CoMLRL's wording where it has one.
     """
 
-    def __init__(self, field: str, values: Mapping[str, Sequence[str]] | Sequence[str], *,
-                 spelling: Callable[[Any], str] = _spelled, message: str | None = None):
+    def __init__(
+        self,
+        field: str,
+        values: Mapping[str, Sequence[str]] | Sequence[str],
+        *,
+        spelling: Callable[[Any], str] = _spelled,
+        message: str | None = None,
+    ):
         values = values if isinstance(values, Mapping) else {value: () for value in values}
         self.field, self.spelling = field, spelling
         self.values: tuple[str, ...] = tuple(values)
@@ -44,7 +50,12 @@ class Choice:
         key = self.spelling(value)
         if key not in self.aliases:
             others = [alias for alias in self.aliases if alias not in self.values]
-            raise ValueError(self.message.format(
-                field=self.field, value=value, allowed=", ".join(self.values),
-                aliases=f" (aliases: {', '.join(others)})" if others else ""))
+            raise ValueError(
+                self.message.format(
+                    field=self.field,
+                    value=value,
+                    allowed=", ".join(self.values),
+                    aliases=f" (aliases: {', '.join(others)})" if others else "",
+                )
+            )
         return self.aliases[key]

@@ -38,7 +38,7 @@ from comlrl_lightning.agents.loading import ModelLoadError
 from comlrl_lightning.algorithms import MultiAgentModule
 from comlrl_lightning.callbacks.checkpoints import CHECKPOINT_EVERY, RunCheckpoints
 from comlrl_lightning.callbacks.progress import progress_bar
-from comlrl_lightning.config_errors import CONFIG_ERRORS, ConfigurationError, SECRET_FIELDS, describe, redact, tidy
+from comlrl_lightning.config_errors import CONFIG_ERRORS, SECRET_FIELDS, ConfigurationError, describe, redact, tidy
 from comlrl_lightning.data import TaskDataModule
 from comlrl_lightning.data.files import run_root
 from comlrl_lightning.quiet import quiet_known_noise
@@ -71,8 +71,13 @@ class SecretSafeSaveConfig(SaveConfigCallback):
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, str(self.run_dir / self.config_filename), skip_none=False,
-                         overwrite=self.overwrite, multifile=self.multifile)
+        self.parser.save(
+            self.config,
+            str(self.run_dir / self.config_filename),
+            skip_none=False,
+            overwrite=self.overwrite,
+            multifile=self.multifile,
+        )
 
 
 class ComlrlArgumentParser(LightningArgumentParser):
@@ -86,9 +91,11 @@ class ComlrlArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(redact(message), ex)
-        sys.stderr.write(f"error: {redact(tidy(message))}\n"
-                         "  (`python -m comlrl_lightning fit --help` lists the fields; `--print_config` shows a config's "
-                         "values)\n")
+        sys.stderr.write(
+            f"error: {redact(tidy(message))}\n"
+            "  (`python -m comlrl_lightning fit --help` lists the fields; `--print_config` shows a config's "
+            "values)\n"
+        )
         sys.exit(2)
 
 
@@ -103,23 +110,35 @@ def _secrets(config: Any) -> tuple[str, ...]:
 
 class ComlrlCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--checkpoint_every_n_updates", type=int, default=CHECKPOINT_EVERY,
-                            help="save a checkpoint every N updates, with checkpoints/last.ckpt always pointing at "
-                                 "the newest (and one at the end of training); 0: only at the end. Ignored when "
-                                 "trainer.callbacks has its own ModelCheckpoint or trainer.enable_checkpointing is "
-                                 "false.")
-        parser.add_argument("--checkpoint_total_limit", type=Optional[int], default=1,
-                            help="keep the newest N of those checkpoints (null: all); last.ckpt points at the newest.")
-        parser.set_defaults({
-            # a logger without its own save_dir writes under trainer.default_root_dir (filled in before it is built)
-            "trainer.logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
-                               "init_args": {"save_dir": FOLLOW_ROOT_DIR, "name": "comlrl"}},
-            "trainer.default_root_dir": DEFAULT_ROOT_DIR,
-            "trainer.num_sanity_val_steps": 0,
-            "trainer.log_every_n_steps": 1,
-            "trainer.accelerator": "auto",
-            "trainer.devices": 1,
-        })
+        parser.add_argument(
+            "--checkpoint_every_n_updates",
+            type=int,
+            default=CHECKPOINT_EVERY,
+            help="save a checkpoint every N updates, with checkpoints/last.ckpt always pointing at "
+            "the newest (and one at the end of training); 0: only at the end. Ignored when "
+            "trainer.callbacks has its own ModelCheckpoint or trainer.enable_checkpointing is "
+            "false.",
+        )
+        parser.add_argument(
+            "--checkpoint_total_limit",
+            type=Optional[int],
+            default=1,
+            help="keep the newest N of those checkpoints (null: all); last.ckpt points at the newest.",
+        )
+        parser.set_defaults(
+            {
+                # a logger without its own save_dir writes under trainer.default_root_dir (filled in before it is built)
+                "trainer.logger": {
+                    "class_path": "lightning.pytorch.loggers.CSVLogger",
+                    "init_args": {"save_dir": FOLLOW_ROOT_DIR, "name": "comlrl"},
+                },
+                "trainer.default_root_dir": DEFAULT_ROOT_DIR,
+                "trainer.num_sanity_val_steps": 0,
+                "trainer.log_every_n_steps": 1,
+                "trainer.accelerator": "auto",
+                "trainer.devices": 1,
+            }
+        )
 
     def add_core_arguments_to_parser(self, parser) -> None:
         """Lightning's trainer/model/data sections, with ``data`` built before ``model``: a bad dataset field is
@@ -160,7 +179,8 @@ class ComlrlCLI(LightningCLI):
             self._parser(self.subcommand).error(problem)
         if config.get("checkpoint_every_n_updates", 0) < 0:
             self._parser(self.subcommand).error(
-                f"checkpoint_every_n_updates must be >= 0 (got {config.get('checkpoint_every_n_updates')}).")
+                f"checkpoint_every_n_updates must be >= 0 (got {config.get('checkpoint_every_n_updates')})."
+            )
         limit = config.get("checkpoint_total_limit", 1)
         if limit is not None and limit < 1:
             self._parser(self.subcommand).error(f"checkpoint_total_limit must be >= 1 or null (got {limit}).")
@@ -200,9 +220,11 @@ class ComlrlCLI(LightningCLI):
                 raise
             config = self.config[subcommand] if subcommand else self.config
             first = str(err).splitlines()[0].rstrip(":")
-            self._parser(subcommand).error(f"ckpt_path {config.get('ckpt_path')!r} does not fit the model this config "
-                                           f"builds ({first}: {_state_dict_problem(err)}): give a checkpoint of a run "
-                                           "with the same model fields.")
+            self._parser(subcommand).error(
+                f"ckpt_path {config.get('ckpt_path')!r} does not fit the model this config "
+                f"builds ({first}: {_state_dict_problem(err)}): give a checkpoint of a run "
+                "with the same model fields."
+            )
 
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path`` resumes the run the config describes; the checkpoint holds the state (weights, optimizer,
@@ -219,11 +241,15 @@ class ComlrlCLI(LightningCLI):
         for callback in callbacks:
             if isinstance(callback, ProgressBar):
                 callback.chosen = True  # the config's choice: the module keeps it (callbacks/conventions.py)
-        if trainer_config.get("enable_progress_bar") is not False and \
-                not any(isinstance(c, ProgressBar) for c in callbacks):
+        if trainer_config.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in callbacks
+        ):
             callbacks.append(progress_bar())
-        if self.subcommand in (None, "fit") and trainer_config.get("enable_checkpointing") is not False and \
-                not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        if (
+            self.subcommand in (None, "fit")
+            and trainer_config.get("enable_checkpointing") is not False
+            and not any(isinstance(c, ModelCheckpoint) for c in callbacks)
+        ):
             config = self.config[self.subcommand] if self.subcommand else self.config
             every = config.get("checkpoint_every_n_updates", CHECKPOINT_EVERY)
             keep = config.get("checkpoint_total_limit", 1)
@@ -237,8 +263,13 @@ def resume_wandb_run(loggers: Any, ckpt_path: str) -> None:
     recorded (Lightning's ``WandbLogger`` resumes a given id, ``resume="allow"``), as CoMLRL 1.4.3 does."""
     for logger in loggers if isinstance(loggers, list) else [loggers]:
         init_args = getattr(logger, "init_args", None)
-        if init_args is None or not str(getattr(logger, "class_path", "")).endswith("WandbLogger") or \
-                init_args.get("id") or init_args.get("version") or not Path(ckpt_path).is_file():
+        if (
+            init_args is None
+            or not str(getattr(logger, "class_path", "")).endswith("WandbLogger")
+            or init_args.get("id")
+            or init_args.get("version")
+            or not Path(ckpt_path).is_file()
+        ):
             continue
         import torch
 
@@ -258,12 +289,15 @@ def last_checkpoint(root: str, loggers: Any, given: str = "last") -> Path:
     """``--ckpt_path last``: the ``last.ckpt`` of the newest run version under ``<root>/<logger name>/`` (a resumed
     run logs into a new version directory, where Lightning's own "last" would find nothing and start over)."""
     name = run_name(loggers)
-    found = sorted(Path(root, name).glob("version_*/checkpoints/last.ckpt"),
-                   key=lambda p: int(p.parent.parent.name.split("_")[-1]) if p.parent.parent.name.split("_")[-1]
-                   .isdigit() else -1)
+    found = sorted(
+        Path(root, name).glob("version_*/checkpoints/last.ckpt"),
+        key=lambda p: int(p.parent.parent.name.split("_")[-1]) if p.parent.parent.name.split("_")[-1].isdigit() else -1,
+    )
     if not found:
-        raise FileNotFoundError(f"ckpt_path {given}: no checkpoint under {Path(root, name)}/version_*/checkpoints/ "
-                                "(pass the path of a .ckpt file, or start without --ckpt_path).")
+        raise FileNotFoundError(
+            f"ckpt_path {given}: no checkpoint under {Path(root, name)}/version_*/checkpoints/ "
+            "(pass the path of a .ckpt file, or start without --ckpt_path)."
+        )
     return found[-1]
 
 
@@ -281,8 +315,10 @@ def best_checkpoint(root: str, loggers: Any) -> Path:
             for candidate in (Path(best), last.parent / Path(best).name):  # a run moved since: beside last.ckpt
                 if candidate.is_file():
                     return candidate
-            raise FileNotFoundError(f"ckpt_path best: {last} records {best} as the best checkpoint, which no longer "
-                                    "exists (give a .ckpt file, or `last`).")
+            raise FileNotFoundError(
+                f"ckpt_path best: {last} records {best} as the best checkpoint, which no longer "
+                "exists (give a .ckpt file, or `last`)."
+            )
     raise FileNotFoundError(f"ckpt_path best: {last} records no best checkpoint (give a .ckpt file, or `last`).")
 
 
@@ -296,9 +332,11 @@ def check_checkpoint_file(path: Path, given: Any) -> None:
     except (zipfile.BadZipFile, OSError, EOFError) as err:
         problem = str(err)
     if problem:
-        raise ValueError(f"ckpt_path {str(given)!r} cannot be read as a checkpoint ({path}: {problem}): it is truncated "
-                         "(a copy or a write that did not finish) or not a checkpoint; give another .ckpt of the run "
-                         "(its checkpoints/ folder), or `last`.")
+        raise ValueError(
+            f"ckpt_path {str(given)!r} cannot be read as a checkpoint ({path}: {problem}): it is truncated "
+            "(a copy or a write that did not finish) or not a checkpoint; give another .ckpt of the run "
+            "(its checkpoints/ folder), or `last`."
+        )
 
 
 def resolve_ckpt_path(given: Any, root: str, loggers: Any) -> str | None:
@@ -316,9 +354,11 @@ def resolve_ckpt_path(given: Any, root: str, loggers: Any) -> str | None:
         if (path / ".metadata").is_file():  # a sharded (FSDP) checkpoint
             return str(path)
         if not path.is_file():
-            raise FileNotFoundError(f"ckpt_path {given!r} is not a checkpoint (give a .ckpt file or the .ckpt "
-                                    "directory of a sharded run, `last` for the newest checkpoint of this run's name "
-                                    "or `best`).")
+            raise FileNotFoundError(
+                f"ckpt_path {given!r} is not a checkpoint (give a .ckpt file or the .ckpt "
+                "directory of a sharded run, `last` for the newest checkpoint of this run's name "
+                "or `best`)."
+            )
     check_checkpoint_file(path, given)
     return str(path)
 
@@ -340,8 +380,11 @@ def share_run_folder(loggers: Any) -> None:
     groups: dict[tuple[str, str], list[Any]] = {}
     for logger in loggers if isinstance(loggers, list) else [loggers]:
         init_args = getattr(logger, "init_args", None)
-        if init_args is not None and str(getattr(logger, "class_path", "")).rsplit(".", 1)[-1] in \
-                ("CSVLogger", "TensorBoardLogger") and init_args.get("version") is None:
+        if (
+            init_args is not None
+            and str(getattr(logger, "class_path", "")).rsplit(".", 1)[-1] in ("CSVLogger", "TensorBoardLogger")
+            and init_args.get("version") is None
+        ):
             key = (str(init_args.get("save_dir")), str(init_args.get("name") or ""))
             groups.setdefault(key, []).append(init_args)
     for (save_dir, name), members in groups.items():
@@ -359,8 +402,10 @@ def accelerator_problem(accelerator: Any) -> str | None:
         import torch
 
         if not torch.cuda.is_available():
-            return (f"trainer.accelerator {accelerator!r}: no CUDA GPU is available here (torch.cuda.is_available() is "
-                    "False; a CPU build of torch has none); use cpu or auto.")
+            return (
+                f"trainer.accelerator {accelerator!r}: no CUDA GPU is available here (torch.cuda.is_available() is "
+                "False; a CPU build of torch has none); use cpu or auto."
+            )
     if name == "mps":
         import torch
 
@@ -404,7 +449,7 @@ def command() -> None:
             sys.exit(128 + signum)
     finally:
         # The command is done. Python's last garbage collections would walk every object torch, transformers and
-        # Lightning created (~2.5 s at every exit, on every rank, on a 2-core CPU); frozen objects are skipped and the
+        # Lightning created (seconds at every exit, on every rank); frozen objects are skipped and the
         # memory goes back to the system as the process ends. Exit handlers (loggers, the sandbox) still run.
         gc.freeze()
 

@@ -14,9 +14,13 @@ from typing import Any
 SECRET_FIELDS = ("comparator_api_key",)  # literal credentials: never printed, logged or saved
 _SECRET = re.compile(r"(\b(?:%s)\b['\"]?\s*[=:]\s*)('[^']*'|\"[^\"]*\"|[^\s,)}\]]+)" % "|".join(SECRET_FIELDS))
 # Lines of jsonargparse's union reports that say nothing about the mistake.
-_NOISE = (re.compile(r"^\s*-?\s*Expected a <class 'NoneType'>"), re.compile(r"^\s*Subtypes: "),
-          re.compile(r"^\s*Given value( type)?: "), re.compile(r"^\s*Errors:\s*$"),
-          re.compile(r"Does not validate against any of the Union subtypes"))
+_NOISE = (
+    re.compile(r"^\s*-?\s*Expected a <class 'NoneType'>"),
+    re.compile(r"^\s*Subtypes: "),
+    re.compile(r"^\s*Given value( type)?: "),
+    re.compile(r"^\s*Errors:\s*$"),
+    re.compile(r"Does not validate against any of the Union subtypes"),
+)
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]\.?\s*Got value:\s*(.*)$")
 _OPTIONAL_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")  # a Literal | None field: value given apart
 _GIVEN = re.compile(r"^\s*Given value:\s*(.*)$")
@@ -43,8 +47,9 @@ def tidy(message: str) -> str:
     headers folded into one dotted field name: ``model.init_args.num_iterations (comlrl_lightning.MADPOIter):
     Expected a <class 'int'>. Got value: abc``."""
     given = next((m.group(1) for line in str(message).splitlines() if (m := _GIVEN.match(line))), None)
-    lines = [line.strip() for line in str(message).splitlines()
-             if line.strip() and not any(p.search(line) for p in _NOISE)]
+    lines = [
+        line.strip() for line in str(message).splitlines() if line.strip() and not any(p.search(line) for p in _NOISE)
+    ]
     keys, classes, rest = [], [], []
     for line in lines:
         key = re.fullmatch(r'-?\s*Parser key "([^"]+)":?', line)

@@ -25,8 +25,11 @@ def quiet_known_noise() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization and every_n_train_steps")
     # Each update is one row whatever log_every_n_steps says (MultiAgentModule.log_step): the advice does not apply.
-    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging "
-                                              r"interval")
+    warnings.filterwarnings(
+        "ignore",
+        message=r"The number of training batches \(\d+\) is smaller than the logging "
+        r"interval",
+    )
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropTips) for f in logger.filters):

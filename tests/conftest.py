@@ -23,8 +23,16 @@ def pytest_configure(config):
 # most start processes: DDP ranks, CLI runs, notebook kernels). `make test` hands whole files to its workers in
 # collection order, so these go first and the short files fill in around them; a long file started last would run on
 # alone.
-LONGEST_FIRST = ("test_scale_out.py", "test_learning.py", "test_bad_configs.py", "test_notebooks.py",
-                 "test_configs.py", "test_cli.py", "test_run_record.py", "test_readme.py")  # the last two: 60, 35 s
+LONGEST_FIRST = (
+    "test_scale_out.py",
+    "test_learning.py",
+    "test_bad_configs.py",
+    "test_notebooks.py",
+    "test_configs.py",
+    "test_cli.py",
+    "test_run_record.py",
+    "test_readme.py",
+)  # the last two: 60, 35 s
 
 
 def pytest_collection_modifyitems(config, items):

@@ -34,20 +34,31 @@ class Probe(Callback):
         local = None
         if rollout is not None and len(batch) and hasattr(rollout, "levels"):
             local = float(torch.cat([n.rewards for n in rollout.levels[0]]).mean())
-        self.steps.append({
-            "epoch": trainer.current_epoch, "batch_idx": batch_idx, "global_step": trainer.global_step,
-            "env_step": pl_module.env_step, "digest": weights_digest(pl_module),
-            "local_reward_mean": local, "batch_size": len(batch),
-            "logged": {k: float(v) for k, v in trainer.logged_metrics.items() if v.numel() == 1},
-        })
+        self.steps.append(
+            {
+                "epoch": trainer.current_epoch,
+                "batch_idx": batch_idx,
+                "global_step": trainer.global_step,
+                "env_step": pl_module.env_step,
+                "digest": weights_digest(pl_module),
+                "local_reward_mean": local,
+                "batch_size": len(batch),
+                "logged": {k: float(v) for k, v in trainer.logged_metrics.items() if v.numel() == 1},
+            }
+        )
 
     def on_train_end(self, trainer, pl_module):
         if os.environ.get("EXPORT_DIR"):  # every rank calls it (sharded models are gathered); rank 0 writes
             pl_module.save_pretrained(os.environ["EXPORT_DIR"])
         out = Path(os.environ["PROBE_DIR"])
         out.mkdir(parents=True, exist_ok=True)
-        record = {"rank": trainer.global_rank, "world_size": trainer.world_size, "steps": self.steps,
-                  "items": self.items, "final_digest": weights_digest(pl_module)}
+        record = {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "steps": self.steps,
+            "items": self.items,
+            "final_digest": weights_digest(pl_module),
+        }
         (out / f"rank_{trainer.global_rank}.json").write_text(json.dumps(record))
 
 

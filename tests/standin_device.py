@@ -17,8 +17,10 @@ class _SecondDevice(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        moves = func is torch.Tensor.cpu or (func is torch.Tensor.to and any(
-            isinstance(a, (torch.device, str)) for a in (*args[1:], kwargs.get("device"))))
+        moves = func is torch.Tensor.cpu or (
+            func is torch.Tensor.to
+            and any(isinstance(a, (torch.device, str)) for a in (*args[1:], kwargs.get("device")))
+        )
         if moves:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs).as_subclass(torch.Tensor)

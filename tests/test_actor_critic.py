@@ -11,6 +11,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger
+from test_magrpo import ITEMS, column, fit, read_metrics
 
 from comlrl_lightning import IAC, MAAC, TaskDataModule
 from comlrl_lightning.agents import CausalLMWithValueHead
@@ -18,14 +19,25 @@ from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.algorithms import actor_critic
 from comlrl_lightning.algorithms.actor_critic import AgentStep, JointSample
 from comlrl_lightning.envs import toy
-from test_magrpo import ITEMS, column, fit, read_metrics
 
 
 def make_ac(cls=IAC, **overrides):
     """A tiny two-agent module; separate critics (IAC default, MAAC always) are tiny models too."""
-    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2, max_new_tokens=5,
-                  temperature=1.0, top_p=1.0, top_k=None, rollout_buffer_size=4, agent_learning_rate=1e-3,
-                  critic_learning_rate=1e-3, eval_interval=0, log_completions=False)
+    kwargs = dict(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.brevity_reward,
+        num_generations=2,
+        max_new_tokens=5,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        rollout_buffer_size=4,
+        agent_learning_rate=1e-3,
+        critic_learning_rate=1e-3,
+        eval_interval=0,
+        log_completions=False,
+    )
     kwargs.update(overrides)
     if cls is MAAC or kwargs.get("use_separate_critic", True):
         kwargs.setdefault("critic_model", "tiny")
@@ -97,9 +109,18 @@ def test_each_critic_layout_fits(variant, tmp_path, monkeypatch):
     assert clip_ranges and set(clip_ranges) == ({0.2} if variant == "iac-head" else {None})
     rows = read_metrics(trainer)
     assert column(rows, "env_step")[-1] == 8.0
-    for key in ("turn_1/value_pred_mean", "turn_1/value_target_mean", "turn_1/policy_loss", "turn_1/value_loss",
-                "turn_1/reward_mean", "turn_1/expected_return", "loss", "eval/turn_1/value_pred_mean",
-                "eval/turn_1/value_target_mean", "eval/turn_1/reward_mean"):
+    for key in (
+        "turn_1/value_pred_mean",
+        "turn_1/value_target_mean",
+        "turn_1/policy_loss",
+        "turn_1/value_loss",
+        "turn_1/reward_mean",
+        "turn_1/expected_return",
+        "loss",
+        "eval/turn_1/value_pred_mean",
+        "eval/turn_1/value_target_mean",
+        "eval/turn_1/reward_mean",
+    ):
         values = column(rows, key)
         assert values and all(v == v for v in values), key  # logged and not NaN
     assert len(column(rows, "turn_1/policy_loss")) == 2
@@ -125,9 +146,12 @@ def test_multi_turn_td_targets_returns_and_env_steps():
     for b, item in enumerate(items):
         first, second = by[(b, 0)], by[(b, 1)]
         expected_prompts = toy.revise_transition(
-            prompt=item["prompt"], agent_completions=[a.completion for a in first.agents], num_agents=2,
+            prompt=item["prompt"],
+            agent_completions=[a.completion for a in first.agents],
+            num_agents=2,
             prompt_history_per_agent=[[a.prompt] for a in first.agents],
-            response_history_per_agent=[[a.completion] for a in first.agents])
+            response_history_per_agent=[[a.completion] for a in first.agents],
+        )
         assert [a.prompt for a in second.agents] == expected_prompts
         for i in range(2):
             a1, a2 = first.agents[i], second.agents[i]
@@ -145,12 +169,18 @@ def test_multi_turn_td_targets_returns_and_env_steps():
 
 
 def test_multi_turn_early_termination_per_item():
-    module = make_ac(IAC, num_turns=2, num_generations=1, external_transition=toy.revise_transition, discount=0.5,
-                     reward_func=parity_reward, early_termination_threshold=0.5)
+    module = make_ac(
+        IAC,
+        num_turns=2,
+        num_generations=1,
+        external_transition=toy.revise_transition,
+        discount=0.5,
+        reward_func=parity_reward,
+        early_termination_threshold=0.5,
+    )
     items = ITEMS[:4]  # topics 0 and 2 stop after turn 1 (reward >= 1 > 0.5); 1 and 3 play both turns
     steps = collect(module, items)
-    assert sorted((s.metadata["item_index"], s.turn) for s in steps) == [(0, 0), (1, 0), (1, 1), (2, 0), (3, 0),
-                                                                           (3, 1)]
+    assert sorted((s.metadata["item_index"], s.turn) for s in steps) == [(0, 0), (1, 0), (1, 1), (2, 0), (3, 0), (3, 1)]
     assert module.env_step == 6
     by = {(s.metadata["item_index"], s.turn): s for s in steps}
     for b in (0, 2):  # terminated: no bootstrap
@@ -164,8 +194,13 @@ def test_multi_turn_early_termination_per_item():
 
 
 def test_multi_turn_threshold_below_every_reward_gives_only_first_turn():
-    module = make_ac(MAAC, num_turns=2, num_generations=1, external_transition=toy.revise_transition,
-                     early_termination_threshold=-1.0)
+    module = make_ac(
+        MAAC,
+        num_turns=2,
+        num_generations=1,
+        external_transition=toy.revise_transition,
+        early_termination_threshold=-1.0,
+    )
     steps = collect(module, ITEMS[:3])
     assert len(steps) == 3 and {s.turn for s in steps} == {0} and module.env_step == 3
     for s in steps:
@@ -175,8 +210,14 @@ def test_multi_turn_threshold_below_every_reward_gives_only_first_turn():
 
 
 def test_maac_multi_turn_joint_values_and_targets():
-    module = make_ac(MAAC, num_turns=2, num_generations=1, external_transition=toy.revise_transition, discount=0.8,
-                     reward_func=lambda a, b: [0.3, 0.9])  # one reward per agent
+    module = make_ac(
+        MAAC,
+        num_turns=2,
+        num_generations=1,
+        external_transition=toy.revise_transition,
+        discount=0.8,
+        reward_func=lambda a, b: [0.3, 0.9],
+    )  # one reward per agent
     steps = collect(module, ITEMS[:2])
     by = {(s.metadata["item_index"], s.turn): s for s in steps}
     for b in range(2):
@@ -219,11 +260,15 @@ def test_single_turn_advantages_are_normalised_per_agent():
 
 
 # ----------------------------------------------------------------------------------------------- reward lengths
-@pytest.mark.parametrize("returned,expected", [
-    ([0.5], [[0.5] * 3, [0.5] * 3]),  # one team reward
-    ([0.1, 0.2, 0.3], [[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]]),  # one per joint sample (K = 3)
-    ([0.7, -0.4], [[0.7] * 3, [-0.4] * 3]),  # one per agent (N = 2)
-], ids=["one", "per-sample", "per-agent"])
+@pytest.mark.parametrize(
+    "returned,expected",
+    [
+        ([0.5], [[0.5] * 3, [0.5] * 3]),  # one team reward
+        ([0.1, 0.2, 0.3], [[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]]),  # one per joint sample (K = 3)
+        ([0.7, -0.4], [[0.7] * 3, [-0.4] * 3]),  # one per agent (N = 2)
+    ],
+    ids=["one", "per-sample", "per-agent"],
+)
 def test_reward_lengths_expand_per_agent(returned, expected):
     calls = []
 
@@ -231,8 +276,9 @@ def test_reward_lengths_expand_per_agent(returned, expected):
         calls.append((len(a), len(b)))
         return list(returned)
 
-    module = make_ac(IAC, use_separate_critic=False, num_generations=3, reward_func=reward,
-                     reward_processor=lambda x: 2 * x)
+    module = make_ac(
+        IAC, use_separate_critic=False, num_generations=3, reward_func=reward, reward_processor=lambda x: 2 * x
+    )
     steps = collect(module, ITEMS[:1])
     assert calls == [(3, 3)]  # one call per item with all K completions of every agent
     got = [[s.agents[i].environment_reward for s in sorted(steps, key=lambda s: s.generation_idx)] for i in range(2)]
@@ -241,8 +287,9 @@ def test_reward_lengths_expand_per_agent(returned, expected):
 
 def test_reward_of_another_length_is_an_error():
     module = make_ac(IAC, use_separate_critic=False, num_generations=3, reward_func=lambda a, b: [0.1] * 4)
-    with pytest.raises(ValueError, match=re.escape("Reward function must return 1 value, num_generations values, "
-                                                   "or num_agents values")):
+    with pytest.raises(
+        ValueError, match=re.escape("Reward function must return 1 value, num_generations values, or num_agents values")
+    ):
         collect(module, ITEMS[:1])
 
 
@@ -252,7 +299,8 @@ def test_maac_critic_text(critic_type):
     module = make_ac(MAAC, critic_type=critic_type)
     assert module.joint_critic_text(["p0", "p1"], None) == "[Agent 0] p0\n\n[Agent 1] p1"
     assert module.joint_critic_text(["p0", "p1"], ["c0", "c1"]) == (
-        "[Agent 0] p0\n\n[Agent 1] p1\n\n[Joint Action]\n\n[Agent 0 action]\nc0\n\n[Agent 1 action]\nc1")
+        "[Agent 0] p0\n\n[Agent 1] p1\n\n[Joint Action]\n\n[Agent 0 action]\nc0\n\n[Agent 1 action]\nc1"
+    )
     steps = collect(module, ITEMS[:2])
     tok = module.tokenizers[0]
     critic = module.critics[0].eval()
@@ -306,8 +354,10 @@ def test_iac_gradient_matches_documented_objective(tmp_path):
         with torch.no_grad():
             old = torch.stack([critic.values_at(a.prompt_ids[None])[0] for a in rows]).double()
         assert old.tolist() == pytest.approx([a.old_value for a in rows], abs=1e-5)
-        targets = torch.tensor([toy.brevity_reward([s.agents[0].completion], [s.agents[1].completion])[0]
-                                for s in steps], dtype=torch.float64)
+        targets = torch.tensor(
+            [toy.brevity_reward([s.agents[0].completion], [s.agents[1].completion])[0] for s in steps],
+            dtype=torch.float64,
+        )
         raw = targets - old
         advantages = ((raw - raw.mean()) / raw.std(unbiased=False).clamp_min(1e-6)).float()
         assert advantages.tolist() == pytest.approx([a.normalized_advantage for a in rows], abs=1e-4)
@@ -319,7 +369,7 @@ def test_iac_gradient_matches_documented_objective(tmp_path):
             assert length >= 1
             ids = torch.cat([a.prompt_ids, a.completion_ids[:length]])[None]
             logits = agent(input_ids=ids).logits[0, len(a.prompt_ids) - 1 : -1].float()
-            logps.append(torch.log_softmax(logits, -1).gather(-1, ids[0, len(a.prompt_ids):, None]).sum())
+            logps.append(torch.log_softmax(logits, -1).gather(-1, ids[0, len(a.prompt_ids) :, None]).sum())
         (-(advantages * torch.stack(logps))).mean().backward()
         for expected, got in zip(grads_of(agent), captured["actor_grads"][i]):
             scale = float(expected.abs().max()) + 1e-12
@@ -370,36 +420,57 @@ def test_save_pretrained_round_trip_of_critics(variant, tmp_path):
 BASE = dict(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, critic_model="tiny")
 
 
-@pytest.mark.parametrize("cls,overrides,message", [
-    (IAC, {"num_generations": 0}, "num_generations must be >= 1."),
-    (IAC, {"num_turns": 2, "num_generations": 2, "external_transition": toy.revise_transition},
-     "Multi-turn IAC currently supports num_generations == 1."),
-    (MAAC, {"num_turns": 2, "num_generations": 2, "external_transition": toy.revise_transition},
-     "Multi-turn MAAC currently supports num_generations == 1."),
-    (IAC, {"num_turns": 2}, "Multi-turn IAC requires an external_transition."),
-    (MAAC, {"num_turns": 2}, "Multi-turn MAAC requires an external_transition."),
-    (IAC, {"critic_type": "w"}, "critic_type must be one of: v, q (got 'w')."),
-    (MAAC, {"critic_type": "w"}, "critic_type must be one of: v, q (got 'w')."),
-    (IAC, {"use_separate_critic": False, "critic_model": None, "critics": ["tiny", "tiny"]},
-     "critics can only be provided when use_separate_critic=True."),
-    (IAC, {"critic_model": None}, "Either critic_model or critics must be provided when use_separate_critic=True."),
-    (MAAC, {"critic_model": None}, "Either critic_model or critics must be provided for MAAC."),
-    (MAAC, {"critic_model": None, "critics": ["tiny", "tiny"]}, "critics length (2) must match 1 critic for MAAC."),
-    (IAC, {"critic_model": None, "critics": ["tiny"]}, "critics length (1) must match the number of agents (2)."),
-    (IAC, {"num_agents": None, "critic_model": None, "critics": ["tiny"] * 3},
-     "critics length (3) must match the number of agents (2)."),
-    (IAC, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices."),
-    (MAAC, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices."),
-    (IAC, {"value_loss_coef": 0.0}, "value_loss_coef must be > 0."),
-    (IAC, {"value_clip_range": 0.0}, "value_clip_range must be > 0 or null."),
-    (IAC, {"critic_learning_rate": 0.0}, "critic_learning_rate must be > 0 or null."),
-    (IAC, {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]},
-     "parallel_training='mp' requires explicit critic_devices."),
-    (MAAC, {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]},
-     "parallel_training='mp' requires explicit critic_devices."),
-    (IAC, {"reward_func": None}, "reward_func must be a callable"),
-    (MAAC, {"reward_func": None}, "reward_func must be a callable"),
-])
+@pytest.mark.parametrize(
+    "cls,overrides,message",
+    [
+        (IAC, {"num_generations": 0}, "num_generations must be >= 1."),
+        (
+            IAC,
+            {"num_turns": 2, "num_generations": 2, "external_transition": toy.revise_transition},
+            "Multi-turn IAC currently supports num_generations == 1.",
+        ),
+        (
+            MAAC,
+            {"num_turns": 2, "num_generations": 2, "external_transition": toy.revise_transition},
+            "Multi-turn MAAC currently supports num_generations == 1.",
+        ),
+        (IAC, {"num_turns": 2}, "Multi-turn IAC requires an external_transition."),
+        (MAAC, {"num_turns": 2}, "Multi-turn MAAC requires an external_transition."),
+        (IAC, {"critic_type": "w"}, "critic_type must be one of: v, q (got 'w')."),
+        (MAAC, {"critic_type": "w"}, "critic_type must be one of: v, q (got 'w')."),
+        (
+            IAC,
+            {"use_separate_critic": False, "critic_model": None, "critics": ["tiny", "tiny"]},
+            "critics can only be provided when use_separate_critic=True.",
+        ),
+        (IAC, {"critic_model": None}, "Either critic_model or critics must be provided when use_separate_critic=True."),
+        (MAAC, {"critic_model": None}, "Either critic_model or critics must be provided for MAAC."),
+        (MAAC, {"critic_model": None, "critics": ["tiny", "tiny"]}, "critics length (2) must match 1 critic for MAAC."),
+        (IAC, {"critic_model": None, "critics": ["tiny"]}, "critics length (1) must match the number of agents (2)."),
+        (
+            IAC,
+            {"num_agents": None, "critic_model": None, "critics": ["tiny"] * 3},
+            "critics length (3) must match the number of agents (2).",
+        ),
+        (IAC, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices."),
+        (MAAC, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices."),
+        (IAC, {"value_loss_coef": 0.0}, "value_loss_coef must be > 0."),
+        (IAC, {"value_clip_range": 0.0}, "value_clip_range must be > 0 or null."),
+        (IAC, {"critic_learning_rate": 0.0}, "critic_learning_rate must be > 0 or null."),
+        (
+            IAC,
+            {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]},
+            "parallel_training='mp' requires explicit critic_devices.",
+        ),
+        (
+            MAAC,
+            {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]},
+            "parallel_training='mp' requires explicit critic_devices.",
+        ),
+        (IAC, {"reward_func": None}, "reward_func must be a callable"),
+        (MAAC, {"reward_func": None}, "reward_func must be a callable"),
+    ],
+)
 def test_bad_config_fails_before_any_model_loads(cls, overrides, message, monkeypatch):
     def must_not_load(**_):
         raise AssertionError("a model was loaded before validation finished")
@@ -409,12 +480,18 @@ def test_bad_config_fails_before_any_model_loads(cls, overrides, message, monkey
         cls(**{**BASE, **overrides})
 
 
-@pytest.mark.parametrize("cls,overrides,message", [
-    (IAC, {"critic_model": "./no/such/critic"}, "critic_model = './no/such/critic' looks like a local path"),
-    (IAC, {"critic_model": None, "critics": ["tiny", "./no/such/critic"]},
-     "critics[1] = './no/such/critic' looks like a local path"),
-    (MAAC, {"critic_model": "./no/such/critic"}, "critic_model = './no/such/critic' looks like a local path"),
-])
+@pytest.mark.parametrize(
+    "cls,overrides,message",
+    [
+        (IAC, {"critic_model": "./no/such/critic"}, "critic_model = './no/such/critic' looks like a local path"),
+        (
+            IAC,
+            {"critic_model": None, "critics": ["tiny", "./no/such/critic"]},
+            "critics[1] = './no/such/critic' looks like a local path",
+        ),
+        (MAAC, {"critic_model": "./no/such/critic"}, "critic_model = './no/such/critic' looks like a local path"),
+    ],
+)
 def test_a_critic_that_cannot_be_loaded_is_named_by_its_field(cls, overrides, message, monkeypatch):
     def must_not_load(**_):
         raise AssertionError("a model was loaded before validation finished")
@@ -496,11 +573,20 @@ def test_resume_restores_samples_waiting_in_the_buffer(tmp_path):
         update = module.update
         module.update = lambda steps: (updates.append(sorted(s.env_step for s in steps)), update(steps))[1]
         seed_everything(0)
-        trainer = Trainer(max_steps=1, logger=CSVLogger(root, name="run"), enable_progress_bar=False,
-                          enable_model_summary=False, num_sanity_val_steps=0, enable_checkpointing=False,
-                          callbacks=callbacks, accelerator="cpu", devices=1)
-        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2, shuffle=True),
-                    ckpt_path=ckpt_path)
+        trainer = Trainer(
+            max_steps=1,
+            logger=CSVLogger(root, name="run"),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            enable_checkpointing=False,
+            callbacks=callbacks,
+            accelerator="cpu",
+            devices=1,
+        )
+        trainer.fit(
+            module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2, shuffle=True), ckpt_path=ckpt_path
+        )
         return module, updates
 
     full, full_updates = run(tmp_path / "full", [SaveWhileWaiting()])
@@ -538,8 +624,12 @@ def test_agents_on_distinct_devices_sample_concurrently(cls, tmp_path, monkeypat
         return out
 
     monkeypatch.setattr(generation, "sample_completions", slow_sample)
-    module = make_ac(cls, parallel_training="mp", agent_devices=["cpu", "cpu:0"], critic_devices=["cpu"] * 2
-                     if cls is IAC else ["cpu"])
+    module = make_ac(
+        cls,
+        parallel_training="mp",
+        agent_devices=["cpu", "cpu:0"],
+        critic_devices=["cpu"] * 2 if cls is IAC else ["cpu"],
+    )
     fit(module, tmp_path, max_steps=1)
     (t0, s0, e0), (t1, s1, e1) = calls[:2]
     assert t0 != t1 and s0 < e1 and s1 < e0  # two threads, overlapping intervals
@@ -555,11 +645,14 @@ def test_maac_rejects_a_reward_list_one_short(tmp_path):
     assert [a.environment_reward for a in steps[0].agents] == [1.0, 0.0]
 
 
-@pytest.mark.parametrize("cls,overrides", [
-    (IAC, {"agent_devices": ["cpu", "cuda:1"]}),
-    (IAC, {"critic_devices": ["cpu", "cuda:1"]}),
-    (MAAC, {"agent_devices": "cpu", "critic_devices": ["cuda:1"]}),
-])
+@pytest.mark.parametrize(
+    "cls,overrides",
+    [
+        (IAC, {"agent_devices": ["cpu", "cuda:1"]}),
+        (IAC, {"critic_devices": ["cpu", "cuda:1"]}),
+        (MAAC, {"agent_devices": "cpu", "critic_devices": ["cuda:1"]}),
+    ],
+)
 def test_devices_without_mp_place_the_whole_team_on_the_first_one_as_comlrl(cls, overrides, tmp_path):
     """Without ``parallel_training: mp``, CoMLRL puts actors and critics on ONE device: the first of agent_devices,
     else of critic_devices (these used to be refused). The team is moved there when the fit starts (the second

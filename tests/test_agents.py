@@ -77,7 +77,10 @@ def test_tiny_factory_shape_and_tokenizer(tiny):
     model, tok = tiny
     cfg = model.config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (
-        64, 2, 4, 2,
+        64,
+        2,
+        4,
+        2,
     )
     assert cfg.intermediate_size == 128 and cfg.max_position_embeddings == 512
     assert cfg.tie_word_embeddings and model.get_output_embeddings().weight is model.get_input_embeddings().weight
@@ -102,7 +105,7 @@ def test_tiny_generation_left_padding(tiny):
     with torch.no_grad():
         out = model.generate(**batch, max_new_tokens=8, do_sample=False)
         single = model.generate(**tok(prompts[1:], return_tensors="pt"), max_new_tokens=8, do_sample=False)
-    new = out[:, batch["input_ids"].shape[1]:]
+    new = out[:, batch["input_ids"].shape[1] :]
     assert new.shape == (2, 8)
     # The padded row continues exactly as the same prompt without padding.
     torch.testing.assert_close(new[1], single[0, -8:])
@@ -128,8 +131,15 @@ def test_tiny_tokenizer_deterministic_fresh_copies():
 
 
 def test_tiny_overrides_and_5m_preset():
-    model, tok = MODEL_FACTORIES["tiny"](hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                                         vocab_size=600, dtype="bfloat16", attn_implementation="eager")
+    model, tok = MODEL_FACTORIES["tiny"](
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        vocab_size=600,
+        dtype="bfloat16",
+        attn_implementation="eager",
+    )
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
     assert len(tok) == model.config.vocab_size == 600
     assert model.dtype == torch.bfloat16 and model.config._attn_implementation == "eager"
@@ -450,8 +460,9 @@ def test_smollm2_loads_and_generates():
     assert 134_000_000 < n_params(model) < 135_000_000
     assert tok.padding_side == "left" and tok.pad_token_id is not None
     assert infer_model_name(model) == "smollm2-135m-instruct"
-    enc = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+    enc = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=12, do_sample=False)
-    assert "4" in tok.decode(out[0, enc["input_ids"].shape[1]:])
+    assert "4" in tok.decode(out[0, enc["input_ids"].shape[1] :])

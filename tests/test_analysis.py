@@ -13,12 +13,19 @@ import pandas as pd
 import pytest
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from test_magrpo import ITEMS, make_module
 
 from comlrl_lightning import TaskDataModule
-from comlrl_lightning.analysis import (PLOT_KINDS, find_run_file, load_reward_distributions, load_run, plot_run,
-                                       plot_reward_distributions, predictions_table)
+from comlrl_lightning.analysis import (
+    PLOT_KINDS,
+    find_run_file,
+    load_reward_distributions,
+    load_run,
+    plot_reward_distributions,
+    plot_run,
+    predictions_table,
+)
 from comlrl_lightning.core.distributions import distribution_record
-from test_magrpo import ITEMS, make_module
 
 # A CSVLogger file as a MAGRPO run writes it: an evaluation row before the first update, one row per update, and
 # an evaluation row that shares its env_step with the update before it.
@@ -127,14 +134,22 @@ def test_one_legend_entry_per_metric_beside_the_chart(tmp_path):
     """Metrics whose values happen to be equal keep their own entries (notebook 04's advantages figure merged
     ``agent_0/zero_advantage_ratio = agent_1/advantage_mean``); the legend sits right of the axes, off the data;
     advantage statistics and the zero-advantage share get their own charts, apart from the returns."""
-    write_run(tmp_path, text="env_step,agent_0/advantage_mean,agent_1/advantage_mean,agent_0/zero_advantage_ratio,"
-                             "turn_1/expected_return,step\n4.0,0.0,0.0,0.0,1.0,0\n8.0,0.0,0.0,0.0,2.5,1\n")
+    write_run(
+        tmp_path,
+        text="env_step,agent_0/advantage_mean,agent_1/advantage_mean,agent_0/zero_advantage_ratio,"
+        "turn_1/expected_return,step\n4.0,0.0,0.0,0.0,1.0,0\n8.0,0.0,0.0,0.0,2.5,1\n",
+    )
     figure = plot_run(tmp_path, "advantages")
     assert [ax.get_title() for ax in figure.axes if ax.get_visible()] == [
-        "returns and critic values", "advantages", "samples with advantage 0"]
+        "returns and critic values",
+        "advantages",
+        "samples with advantage 0",
+    ]
     advantages = axis_by_title(figure, "advantages")
-    assert [t.get_text() for t in advantages.get_legend().get_texts()] == ["agent_0/advantage_mean",
-                                                                           "agent_1/advantage_mean"]
+    assert [t.get_text() for t in advantages.get_legend().get_texts()] == [
+        "agent_0/advantage_mean",
+        "agent_1/advantage_mean",
+    ]
     figure.canvas.draw()
     for ax in figure.axes:
         if ax.get_visible():
@@ -166,8 +181,11 @@ def test_absent_metrics_are_skipped_with_a_message_and_bad_kinds_named(tmp_path)
 
 def test_updates_without_new_joint_actions_go_against_step_and_rounds_against_round(tmp_path):
     # MARLHF's reward-model updates evaluate no joint action (env_step stays 0); iterative runs log once per round.
-    write_run(tmp_path, text="env_step,iter/current_iteration,iter/current_win_rate,reward_model/accuracy,step\n"
-                             "0.0,1,0.25,,0\n0.0,,,0.5,0\n0.0,,,1.0,1\n6.0,2,0.75,,2\n")
+    write_run(
+        tmp_path,
+        text="env_step,iter/current_iteration,iter/current_win_rate,reward_model/accuracy,step\n"
+        "0.0,1,0.25,,0\n0.0,,,0.5,0\n0.0,,,1.0,1\n6.0,2,0.75,,2\n",
+    )
     with pytest.warns(UserWarning, match="'reward-model loss', 'reward-model margin'"):
         accuracy = axis_by_title(plot_run(tmp_path, "reward_model"), "reward-model accuracy")
     assert accuracy.get_xlabel() == "step" and accuracy.get_lines()[0].get_xdata().tolist() == [0, 1]
@@ -175,7 +193,9 @@ def test_updates_without_new_joint_actions_go_against_step_and_rounds_against_ro
         rounds = axis_by_title(plot_run(tmp_path, "iterations"), "current vs comparator")
     assert rounds.get_xlabel() == "round"
     assert rounds.get_lines()[0].get_xdata().tolist() == [1, 2] and rounds.get_lines()[0].get_ydata().tolist() == [
-        0.25, 0.75]
+        0.25,
+        0.75,
+    ]
 
 
 def test_the_readme_picture_script(tmp_path):
@@ -189,9 +209,16 @@ def test_a_real_fit_reads_back_the_same_from_csv_and_tensorboard(tmp_path):
     """One tiny MAGRPO fit logs to both loggers; both files load to the same rows and values."""
     seed_everything(0)
     module = make_module(eval_interval=2, eval_num_samples=1, reference_kl_enabled=True, reference_kl_coef=0.1)
-    trainer = Trainer(max_steps=3, logger=[CSVLogger(tmp_path, name="csv"), TensorBoardLogger(tmp_path, name="tb")],
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      log_every_n_steps=1, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_steps=3,
+        logger=[CSVLogger(tmp_path, name="csv"), TensorBoardLogger(tmp_path, name="tb")],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:2], prompts_per_step=2))
     csv, events = load_run(tmp_path / "csv"), load_run(tmp_path / "tb")
     assert events.attrs["source"].endswith("version_0") and csv.attrs["source"].endswith("metrics.csv")
@@ -200,21 +227,40 @@ def test_a_real_fit_reads_back_the_same_from_csv_and_tensorboard(tmp_path):
     assert csv["step"].tolist() == [0, 0, 1, 2, 2, 3]
     assert events.index.tolist() == csv.index.tolist()
     shared = sorted(set(csv.columns) & set(events.columns))
-    assert {"loss", "rollout/turn_1/reward_mean", "turn_1/reference_kl_mean", "timing_s/generate",
-            "eval/turn_1/reward_mean", "completions/mean_length", "rollout/policy_lag", "step"} <= set(shared)
+    assert {
+        "loss",
+        "rollout/turn_1/reward_mean",
+        "turn_1/reference_kl_mean",
+        "timing_s/generate",
+        "eval/turn_1/reward_mean",
+        "completions/mean_length",
+        "rollout/policy_lag",
+        "step",
+    } <= set(shared)
     np.testing.assert_allclose(events[shared].to_numpy(float), csv[shared].to_numpy(float), rtol=1e-6)
     (event_file,) = (tmp_path / "tb" / "version_0").glob("events.out.tfevents.*")
     pd.testing.assert_frame_equal(load_run(event_file), events, check_like=True)
     figure = plot_run(events, ["rewards", "lengths", "advantages", "kl", "timing", "policy_lag", "eval", "loss"])
     titles = [ax.get_title() for ax in figure.axes if ax.get_visible()]
-    assert titles == ["team reward", "completion length", "completions cut at max_new_tokens",
-                      "returns and critic values", "advantages", "samples with advantage 0", "KL to the reference",
-                      "KL penalty", "time per phase",
-                      "policy lag (0 = on-policy)", "evaluation", "loss", "gradient norm"]
+    assert titles == [
+        "team reward",
+        "completion length",
+        "completions cut at max_new_tokens",
+        "returns and critic values",
+        "advantages",
+        "samples with advantage 0",
+        "KL to the reference",
+        "KL penalty",
+        "time per phase",
+        "policy lag (0 = on-policy)",
+        "evaluation",
+        "loss",
+        "gradient norm",
+    ]
 
-    answers = Trainer(logger=False, default_root_dir=tmp_path, enable_progress_bar=False, accelerator="cpu",
-                      devices=1).predict(
-        module, datamodule=TaskDataModule(dataset=ITEMS, predict_dataset=ITEMS[:2], eval_batch_size=2))
+    answers = Trainer(
+        logger=False, default_root_dir=tmp_path, enable_progress_bar=False, accelerator="cpu", devices=1
+    ).predict(module, datamodule=TaskDataModule(dataset=ITEMS, predict_dataset=ITEMS[:2], eval_batch_size=2))
     table = predictions_table(answers)
     assert table.columns.tolist() == ["prompt", "turn", "agent_0", "agent_1", "reward"]
     assert table["prompt"].tolist() == [item["prompt"] for item in ITEMS[:2]] and set(table["turn"]) == {1}
@@ -233,8 +279,15 @@ def test_reward_distributions_per_round(tmp_path):
     folder.mkdir(parents=True)
     rounds = {1: ([0.0, 0.1, 2.9], [1.5]), 2: ([3.0, 3.0], [0.0, 1.4])}
     for number, (target, comparator) in rounds.items():
-        record = distribution_record(number, 0.0, 3.0, target=target, comparator=comparator, selected_target=target,
-                                     selected_comparator=comparator)
+        record = distribution_record(
+            number,
+            0.0,
+            3.0,
+            target=target,
+            comparator=comparator,
+            selected_target=target,
+            selected_comparator=comparator,
+        )
         (folder / f"iteration_{number:04d}.json").write_text(json.dumps(record))
     records = load_reward_distributions(tmp_path)
     assert [r["iteration"] for r in records] == [1, 2]
@@ -251,4 +304,3 @@ def test_reward_distributions_per_round(tmp_path):
         load_reward_distributions(write_run(tmp_path / "other"))
     with pytest.raises(ValueError, match="part must be one of"):
         plot_reward_distributions(records, part="pairs")
-

@@ -40,8 +40,9 @@ def test_layers_import_one_way(layer):
 def test_core_is_pure_tensor_maths():
     impure = {"os", "io", "json", "tempfile", "pathlib", "shutil", "xml", "csv", "pickle", "subprocess"}
     for path in modules("core"):
-        roots = {name.split(".")[0] for name in imports_of(path)} | {name.split(".")[0] + "." + name.split(".")[1]
-                                                                     for name in imports_of(path) if "." in name}
+        roots = {name.split(".")[0] for name in imports_of(path)} | {
+            name.split(".")[0] + "." + name.split(".")[1] for name in imports_of(path) if "." in name
+        }
         assert not roots & impure, f"core/{path.name} imports {sorted(roots & impure)}"
         tree = ast.parse(path.read_text())
         calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
@@ -58,8 +59,14 @@ def test_algorithm_functions_read_in_one_screen():
 
 def test_the_package_cites_what_its_users_have():
     private = ("REFERENCE §", "DESIGN §", "REFERENCE.md", "DESIGN.md")
-    files = [*PACKAGE.rglob("*.py"), *(REPO / "docs").glob("*.md"), *(REPO / "configs").rglob("*.yaml"),
-             REPO / "README.md", *(REPO / "benchmarks").glob("*.py"), *(REPO / "benchmarks").glob("*.md")]
+    files = [
+        *PACKAGE.rglob("*.py"),
+        *(REPO / "docs").glob("*.md"),
+        *(REPO / "configs").rglob("*.yaml"),
+        REPO / "README.md",
+        *(REPO / "benchmarks").glob("*.py"),
+        *(REPO / "benchmarks").glob("*.md"),
+    ]
     for path in files:
         text = path.read_text(encoding="utf-8")
         for marker in private:
@@ -76,10 +83,14 @@ def test_a_choice_is_declared_once():
     from comlrl_lightning.core.replay import REPLAY_MODE
     from comlrl_lightning.rollout.tree import JOINT_MODE
 
-    for choice, annotation in ((JOINT_MODE, fields.JointMode), (REPLAY_MODE, fields.ReplayMode),
-                               (COMPARATOR_POLICY, fields.ComparatorPolicy),
-                               (COMPARATOR_GENERATION_MODE, fields.GenerationMode), (API_FORMAT, fields.ApiFormat),
-                               (PARALLEL_TRAINING, fields.ParallelTraining)):
+    for choice, annotation in (
+        (JOINT_MODE, fields.JointMode),
+        (REPLAY_MODE, fields.ReplayMode),
+        (COMPARATOR_POLICY, fields.ComparatorPolicy),
+        (COMPARATOR_GENERATION_MODE, fields.GenerationMode),
+        (API_FORMAT, fields.ApiFormat),
+        (PARALLEL_TRAINING, fields.ParallelTraining),
+    ):
         assert fields.choices_of(annotation) == tuple(choice.aliases)
         assert all(choice(spelling.upper()) == value for spelling, value in choice.aliases.items())
     for path in PACKAGE.rglob("*.py"):

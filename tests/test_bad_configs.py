@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import torch
 
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
@@ -45,11 +44,16 @@ CASES = [
     ("magrpo", [M + "eval_logger=comlrl_lightning.envs.toy.story_reward"], "eval_logger and eval_aggregator"),
     ("magrpo", [M + "reward_func=null"], "reward_func must be a callable"),
     ("magrpo", [M + "reward_func=comlrl_lightning.envs.toy.no_such_reward"], "reward_func"),
-    ("magrpo", [M + "reward_func=comlrl_lightning.envs.toy.opening_prompt"],
-     "cannot take the completions of 2 agents"),
+    ("magrpo", [M + "reward_func=comlrl_lightning.envs.toy.opening_prompt"], "cannot take the completions of 2 agents"),
     ("magrpo", [M + "reward_processor=42"], "reward_processor"),
-    ("magrpo", [M + "formatters=[comlrl_lightning.envs.toy.opening_prompt,comlrl_lightning.envs.toy.opening_prompt,"
-                    "comlrl_lightning.envs.toy.closing_prompt]"], "number of formatters (3) must match num_agents (2)"),
+    (
+        "magrpo",
+        [
+            M + "formatters=[comlrl_lightning.envs.toy.opening_prompt,comlrl_lightning.envs.toy.opening_prompt,"
+            "comlrl_lightning.envs.toy.closing_prompt]"
+        ],
+        "number of formatters (3) must match num_agents (2)",
+    ),
     ("magrpo", [M + "max_new_tokens=0"], "max_new_tokens must be >= 1"),
     ("magrpo", [M + "temperature=0"], "temperature must be > 0"),
     ("magrpo", [M + "top_p=1.5"], "top_p must be in (0, 1]"),
@@ -70,8 +74,11 @@ CASES = [
     ("magrpo", [M + "max_grad_norm=0"], "max_grad_norm must be > 0"),
     ("magrpo", [M + "parallel_training=ddp"], "parallel_training must be one of: none, mp"),
     ("magrpo", [M + "parallel_training=mp"], "parallel_training='mp' requires explicit agent_devices"),
-    ("magrpo", [M + "parallel_training=mp", M + "agent_devices=[]"],
-     "agent_devices must be a non-empty list or 'auto'"),
+    (
+        "magrpo",
+        [M + "parallel_training=mp", M + "agent_devices=[]"],
+        "agent_devices must be a non-empty list or 'auto'",
+    ),
     ("magrpo", [M + "agent_devices=[gpu0,cpu]"], "agent_devices has an invalid device 'gpu0'"),  # without mp too
     ("magrpo", [M + "parallel_training=mp", M + "agent_devices=[gpu0,gpu1]"], "agent_devices"),
     ("magrpo", [M + "model_config={flash: true}"], "model_config has unknown keys ['flash']"),
@@ -119,23 +126,48 @@ CASES = [
     ("predict:magrpo", [D + "predict_dataset={tmp}/other_keys.jsonl"], "failed on the first item of the predict items"),
     # ------------------------------------------------------------------ IAC / MAAC
     ("iac", [M + "num_generations=0"], "num_generations must be >= 1"),
-    ("iac", [M + "num_turns=2", M + "num_generations=2", M + "external_transition=comlrl_lightning.envs.toy.revise_transition"],
-     "Multi-turn IAC currently supports num_generations == 1"),
+    (
+        "iac",
+        [
+            M + "num_turns=2",
+            M + "num_generations=2",
+            M + "external_transition=comlrl_lightning.envs.toy.revise_transition",
+        ],
+        "Multi-turn IAC currently supports num_generations == 1",
+    ),
     ("iac", [M + "num_turns=2", M + "num_generations=1"], "Multi-turn IAC requires an external_transition"),
     ("iac", [M + "critic_type=w"], "critic_type must be one of"),
     ("iac", [M + "value_loss_coef=0"], "value_loss_coef must be > 0"),
     ("iac", [M + "value_clip_range=0"], "value_clip_range must be > 0"),
     ("iac", [M + "critic_learning_rate=0"], "critic_learning_rate must be > 0"),
     ("iac", [M + "discount=2"], "discount must be in [0, 1]"),
-    ("iac", [M + "use_separate_critic=true", M + "critic_model=null"], "Either critic_model or critics must be provided"),
+    (
+        "iac",
+        [M + "use_separate_critic=true", M + "critic_model=null"],
+        "Either critic_model or critics must be provided",
+    ),
     ("iac", [M + "use_separate_critic=true", M + "critic_model=./no/such/critic"], "critic_model = './no/such/critic'"),
-    ("iac", [M + "use_separate_critic=true", M + "critics=[tiny,tiny,tiny]"],
-     "critics length (3) must match the number of agents (2)"),
-    ("iac", [M + "use_separate_critic=false", M + "critics=[tiny,tiny]"],
-     "critics can only be provided when use_separate_critic=True"),
+    (
+        "iac",
+        [M + "use_separate_critic=true", M + "critics=[tiny,tiny,tiny]"],
+        "critics length (3) must match the number of agents (2)",
+    ),
+    (
+        "iac",
+        [M + "use_separate_critic=false", M + "critics=[tiny,tiny]"],
+        "critics can only be provided when use_separate_critic=True",
+    ),
     ("iac", [M + "critic_devices=[gpu0,cpu]"], "critic_devices has an invalid device 'gpu0'"),
-    ("iac", [M + "use_separate_critic=true", M + "critic_model=tiny", M + "parallel_training=mp",
-             M + "agent_devices=[cpu,cpu]"], "parallel_training='mp' requires explicit critic_devices"),
+    (
+        "iac",
+        [
+            M + "use_separate_critic=true",
+            M + "critic_model=tiny",
+            M + "parallel_training=mp",
+            M + "agent_devices=[cpu,cpu]",
+        ],
+        "parallel_training='mp' requires explicit critic_devices",
+    ),
     ("iac", [M + "critic_value_head_hidden_dim=-1"], "critic_value_head_hidden_dim must be >= 0"),
     ("iac", [M + "reward_timeout=-5"], "reward_timeout must be > 0"),
     ("maac", [M + "critics=[tiny,tiny]", M + "critic_model=null"], "critics length (2) must match 1 critic for MAAC"),
@@ -146,8 +178,11 @@ CASES = [
     ("madpo", [M + "preference_num_candidates=1"], "preference_num_candidates must be >= 2"),
     ("madpo", [M + "preference_pairs_per_sample=0"], "preference_pairs_per_sample must be >= 1"),
     ("madpo", [M + "pair_selection=best"], "pair_selection must be one of"),
-    ("madpo", [M + "pair_selection=all", M + "preference_pairs_per_sample=2"],
-     "preference_pairs_per_sample must be null when pair_selection='all'"),
+    (
+        "madpo",
+        [M + "pair_selection=all", M + "preference_pairs_per_sample=2"],
+        "preference_pairs_per_sample must be null when pair_selection='all'",
+    ),
     ("madpo", [M + "environment_steps_per_pair=0"], "environment_steps_per_pair must be >= 1"),
     ("madpo", [M + "train_batch_size=0"], "train_batch_size must be >= 1"),
     ("madpo", [M + "num_turns=2"], "MADPO currently supports num_turns=1 only"),
@@ -160,35 +195,65 @@ CASES = [
     ("marlhf", [M + "reward_max_length=0"], "reward_max_length must be >= 1"),
     ("marlhf", [M + "reward_model_name=./no/such/rm"], "reward_model_name = './no/such/rm'"),
     ("marlhf", [M + "rl_algorithm=maac", M + "critic_model_name=./no/such/critic"], "critic_model_name = "),
-    ("marlhf", [M + "rl_algorithm=iac", M + "collaboration_mode=centralized", M + "agents=smollm2-135m-instruct",
-                M + "num_agents=2"], "with collaboration_mode='centralized' is not supported"),
+    (
+        "marlhf",
+        [
+            M + "rl_algorithm=iac",
+            M + "collaboration_mode=centralized",
+            M + "agents=smollm2-135m-instruct",
+            M + "num_agents=2",
+        ],
+        "with collaboration_mode='centralized' is not supported",
+    ),
     ("marlhf", [M + "num_generations=1"], "num_generations must be >= 2 for MAGRPO-family MARLHF backends"),
     # ------------------------------------------------------------------ iterative variants
     ("madpo_iter", [M + "num_iterations=0"], "num_iterations must be >= 1"),
     ("madpo_iter", [M + "num_train_epochs=0"], "num_train_epochs must be >= 1"),
     ("madpo_iter", [M + "preference_replay_mode=forever"], "preference_replay_mode"),
-    ("madpo_iter", [M + "preference_replay_mode=nearest_k", M + "preference_replay_lambda=null"],
-     "preference_replay_k is required when preference_replay_mode='nearest_k'"),
+    (
+        "madpo_iter",
+        [M + "preference_replay_mode=nearest_k", M + "preference_replay_lambda=null"],
+        "preference_replay_k is required when preference_replay_mode='nearest_k'",
+    ),
     ("madpo_iter", [M + "preference_replay_lambda=2"], "preference_replay_lambda must be in [0, 1]"),
-    ("madpo_iter", [M + "preference_replay_mode=current", M + "preference_replay_lambda=null",
-                    M + "preference_replay_k=3"], "preference_replay_k is only valid"),
+    (
+        "madpo_iter",
+        [M + "preference_replay_mode=current", M + "preference_replay_lambda=null", M + "preference_replay_k=3"],
+        "preference_replay_k is only valid",
+    ),
     ("madpo_iter", [M + "preference_replay_sample_size=0"], "preference_replay_sample_size must be >= 1"),
     ("madpo_iter", [M + "comparator_policy=nope"], "comparator_policy must be one of"),
     ("madpo_iter", [M + "comparator_generation_mode=nope"], "comparator_generation_mode"),
-    ("madpo_iter", [M + "comparator_generation_mode=centralized", M + "comparator_centralized_agent_index=5"],
-     "comparator_centralized_agent_index must be smaller than num_agents"),
+    (
+        "madpo_iter",
+        [M + "comparator_generation_mode=centralized", M + "comparator_centralized_agent_index=5"],
+        "comparator_centralized_agent_index must be smaller than num_agents",
+    ),
     ("madpo_iter", [M + "comparator_num_candidates=0"], "comparator_num_candidates must be >= 1"),
     ("madpo_iter", [M + "comparator_history_k=0"], "comparator_history_k must be >= 1"),
     ("madpo_iter", [M + "comparator_model_name=tiny"], "comparator_model_name and comparator_agents are only valid"),
-    ("madpo_iter", [M + "comparator_policy=model", M + "comparator_history_k=null"],
-     "comparator_model_name or comparator_agents is required when comparator_policy='model'"),
+    (
+        "madpo_iter",
+        [M + "comparator_policy=model", M + "comparator_history_k=null"],
+        "comparator_model_name or comparator_agents is required when comparator_policy='model'",
+    ),
     ("madpo_iter", [M + "comparator_tokenizers=tiny"], "comparator_tokenizers is only valid"),
-    ("madpo_iter", [M + "comparator_policy=model", M + "comparator_history_k=null",
-                    M + "comparator_model_name=./no/such/comparator"], "comparator_model_name = './no/such/comparator'"),
+    (
+        "madpo_iter",
+        [
+            M + "comparator_policy=model",
+            M + "comparator_history_k=null",
+            M + "comparator_model_name=./no/such/comparator",
+        ],
+        "comparator_model_name = './no/such/comparator'",
+    ),
     ("madpo_iter", [M + "preference_replay_dir={tmp}/items.txt"], "preference_replay_dir must be a directory"),
     ("madpo_iter", [M + "policy_checkpoint_dir={tmp}/items.txt"], "policy_checkpoint_dir must be a directory"),
-    ("madpo_iter", [M + "log_reward_distribution=true", M + "reward_func=cli_fixtures.story_reward_without_range"],
-     "reward_func"),
+    (
+        "madpo_iter",
+        [M + "log_reward_distribution=true", M + "reward_func=cli_fixtures.story_reward_without_range"],
+        "reward_func",
+    ),
     ("madpo_iter_api", [M + "comparator_api_url=ftp://example.com/v1"], "comparator_api_url must start with http"),
     ("madpo_iter_api", [M + "comparator_api_key_env=COMLRL_TEST_UNSET_KEY"], "which is not set"),
     ("madpo_iter_api", [M + "comparator_api_timeout=0"], "comparator_api_timeout must be > 0"),
@@ -203,8 +268,11 @@ CASES = [
     ("madpo_iter_api", [M + f"comparator_api_key={SECRET}", M + "num_iterations=lots"], "num_iterations"),
     ("marlhf_iter", [M + "preference_scoring_reward=vibes"], "preference_scoring_reward must be one of"),
     ("centralized_magrpo", [M + "agents=[tiny,tiny]"], "requires exactly one actor"),
-    ("centralized_magrpo", [M + "num_turns=2", M + "external_transition=comlrl_lightning.envs.toy.revise_transition"],
-     "num_turns=1"),
+    (
+        "centralized_magrpo",
+        [M + "num_turns=2", M + "external_transition=comlrl_lightning.envs.toy.revise_transition"],
+        "num_turns=1",
+    ),
 ]
 
 
@@ -233,6 +301,7 @@ def no_models(monkeypatch):
         @functools.wraps(factory)  # keeps the factory's signature, which the model_kwargs check reads
         def trap(**_):
             raise AssertionError("a model was loaded before the configuration was checked")
+
         return trap
 
     for name, factory in list(MODEL_FACTORIES.items()):
@@ -243,8 +312,11 @@ def test_the_catalogue_is_large():
     assert len(CASES) >= 100
 
 
-@pytest.mark.parametrize("config,overrides,fragment", CASES,
-                         ids=[f"{c}-{'-'.join(o.split('.')[-1].split('=')[0] for o in ov)}" for c, ov, _ in CASES])
+@pytest.mark.parametrize(
+    "config,overrides,fragment",
+    CASES,
+    ids=[f"{c}-{'-'.join(o.split('.')[-1].split('=')[0] for o in ov)}" for c, ov, _ in CASES],
+)
 def test_a_bad_configuration_is_one_clear_message(config, overrides, fragment, files, no_models, capsys, monkeypatch):
     from comlrl_lightning.cli import main
 
@@ -255,8 +327,16 @@ def test_a_bad_configuration_is_one_clear_message(config, overrides, fragment, f
     args = [a.replace("{tmp}", str(files)) for a in overrides]
     subcommand, _, config = config.rpartition(":")
     with pytest.raises(SystemExit) as exit_info:
-        main([subcommand or "fit", "--config", str(REPO / "configs" / f"{config}.yaml"), "--trainer.default_root_dir",
-              str(run_dir), *args])
+        main(
+            [
+                subcommand or "fit",
+                "--config",
+                str(REPO / "configs" / f"{config}.yaml"),
+                "--trainer.default_root_dir",
+                str(run_dir),
+                *args,
+            ]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
     assert fragment in err, err
@@ -267,24 +347,43 @@ def test_a_bad_configuration_is_one_clear_message(config, overrides, fragment, f
 
 # Mistakes only a loaded model reveals (the tiny models load; still one message, no traceback).
 LATE_CASES = [
-    ("fit", [M + "lora_rank=4", M + "lora_target_modules=[no_such_proj]"],
-     "lora_target_modules ['no_such_proj'] does not fit this model"),
+    (
+        "fit",
+        [M + "lora_rank=4", M + "lora_target_modules=[no_such_proj]"],
+        "lora_target_modules ['no_such_proj'] does not fit this model",
+    ),
     ("validate", ["--ckpt_path={tmp}/other_team.ckpt"], "does not fit the model this config builds"),
 ]
 
 
 @pytest.mark.parametrize("subcommand,overrides,fragment", LATE_CASES, ids=["lora_target_modules", "other_team"])
-def test_a_mistake_found_when_the_models_load_is_one_clear_message(subcommand, overrides, fragment, files, capsys,
-                                                                   monkeypatch):
+def test_a_mistake_found_when_the_models_load_is_one_clear_message(
+    subcommand, overrides, fragment, files, capsys, monkeypatch
+):
     from comlrl_lightning.cli import main
 
     monkeypatch.chdir(files)
-    torch.save({"state_dict": {"agents.0.no_such.weight": torch.zeros(1)}, "global_step": 1,
-                "pytorch-lightning_version": "2.6.0"}, files / "other_team.ckpt")
+    torch.save(
+        {
+            "state_dict": {"agents.0.no_such.weight": torch.zeros(1)},
+            "global_step": 1,
+            "pytorch-lightning_version": "2.6.0",
+        },
+        files / "other_team.ckpt",
+    )
     args = [a.replace("{tmp}", str(files)) for a in overrides]
     with pytest.raises(SystemExit) as exit_info:
-        main([subcommand, "--config", str(REPO / "configs" / "quickstart.yaml"), "--trainer.default_root_dir",
-              str(files / "run"), "--trainer.enable_progress_bar=false", *args])
+        main(
+            [
+                subcommand,
+                "--config",
+                str(REPO / "configs" / "quickstart.yaml"),
+                "--trainer.default_root_dir",
+                str(files / "run"),
+                "--trainer.enable_progress_bar=false",
+                *args,
+            ]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
     assert fragment in err, err

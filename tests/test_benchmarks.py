@@ -14,9 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_the_gpu_check_passes_its_smoke_run_on_the_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     report = json.loads(out.read_text())
     for check in ("magrpo", "fsdp", "lora", "shared_prefix"):
@@ -37,8 +42,23 @@ def test_the_products_benchmark_times_every_form_it_names(tmp_path, monkeypatch,
     from comlrl_lightning.rollout.backends import hf_copies as generation
 
     out = tmp_path / "products.json"
-    monkeypatch.setattr("sys.argv", ["bench_products.py", "--model", "tiny", "--rows", "1", "4", "--repeats", "1",
-                                     "--json", str(out), "--threads", str(torch.get_num_threads())])
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "bench_products.py",
+            "--model",
+            "tiny",
+            "--rows",
+            "1",
+            "4",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+            "--threads",
+            str(torch.get_num_threads()),
+        ],
+    )
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     runpy.run_path(str(REPO / "benchmarks" / "bench_products.py"), run_name="__main__")
     assert "of the bandwidth limit" in capsys.readouterr().out
@@ -59,9 +79,12 @@ def test_the_checkpoint_benchmark_writes_the_same_checkpoint_both_ways(tmp_path,
 
     threads = torch.get_num_threads()
     try:
-        reports = [bench_checkpoint.worker(bench_checkpoint.parse_args(["--worker", way, "--model", "tiny",
-                                                                        "--dir", str(tmp_path)]))
-                   for way in bench_checkpoint.WAYS]
+        reports = [
+            bench_checkpoint.worker(
+                bench_checkpoint.parse_args(["--worker", way, "--model", "tiny", "--dir", str(tmp_path)])
+            )
+            for way in bench_checkpoint.WAYS
+        ]
     finally:
         torch.set_num_threads(threads)
     assert [r["way"] for r in reports] == ["lightning", "file"]
@@ -85,9 +108,28 @@ def test_the_environment_benchmark_writes_its_table_json_and_png(tmp_path, monke
     monkeypatch.setitem(environments.ENVS, "missing", environments.Env("no_such_config.yaml", 8, []))
     threads = torch.get_num_threads()
     try:
-        environments.main(["--tiny", "--only", "tldr,missing", "--seeds", "0", "--updates", "1", "--every", "0",
-                           "--max-new-tokens", "4", "--held-out", "2", "--eval-batch", "2", "--no-isolate",
-                           "--out", str(tmp_path)])
+        environments.main(
+            [
+                "--tiny",
+                "--only",
+                "tldr,missing",
+                "--seeds",
+                "0",
+                "--updates",
+                "1",
+                "--every",
+                "0",
+                "--max-new-tokens",
+                "4",
+                "--held-out",
+                "2",
+                "--eval-batch",
+                "2",
+                "--no-isolate",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     report = json.loads((tmp_path / "environments.json").read_text())

@@ -35,6 +35,7 @@ class FixedAdapter:
 
 # --------------------------------------------------------------------------- tagged adapter
 
+
 def test_tagged_prompt_lists_roles_and_sections():
     p = TaggedCentralizedAdapter().build_prompt(ITEM, ["write A", "write B", "write C"])
     assert "centralized coordinator" in p
@@ -74,6 +75,7 @@ def test_tagged_parse_plain_text_raises():
 
 
 # --------------------------------------------------------------------------- validation helpers
+
 
 def test_split_joint_wrong_count():
     with pytest.raises(ValueError, match="exactly 2 outputs; got 3"):
@@ -129,6 +131,7 @@ def test_joint_prompt_rejects_empty():
 
 
 # --------------------------------------------------------------------------- collaboration wrapper
+
 
 def make_reward(calls):
     def reward(a0, a1, prompts=None, batch_items=None):

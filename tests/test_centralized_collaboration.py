@@ -81,13 +81,28 @@ def recording_reward(calls):
     return reward
 
 
-COMMON = dict(agents="tiny", num_agents=2, reward_func=toy.letter_reward, max_new_tokens=8, temperature=1.0,
-              top_p=1.0, top_k=None, agent_learning_rate=1e-3, weight_decay=0.0, eval_interval=0,
-              log_completions=False)
+COMMON = dict(
+    agents="tiny",
+    num_agents=2,
+    reward_func=toy.letter_reward,
+    max_new_tokens=8,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=None,
+    agent_learning_rate=1e-3,
+    weight_decay=0.0,
+    eval_interval=0,
+    log_completions=False,
+)
 CENTRAL = dict(collaboration_mode="centralized", centralized_adapter=HalfAdapter(), formatters=ROLE_FORMATTERS)
 PREFERENCE = dict(preference_num_candidates=2, preference_pairs_per_sample=2)
-MARLHF_FIELDS = dict(reward_model_name="tiny", reward_learning_rate=1e-3, reward_train_batch_size=2,
-                     num_generations=2, rollout_buffer_size=1)
+MARLHF_FIELDS = dict(
+    reward_model_name="tiny",
+    reward_learning_rate=1e-3,
+    reward_train_batch_size=2,
+    num_generations=2,
+    rollout_buffer_size=1,
+)
 
 
 def build(cls, **overrides):
@@ -104,9 +119,18 @@ def build(cls, **overrides):
 
 
 def trainer_for(tmp_path, max_epochs=1, callbacks=()):
-    return Trainer(max_epochs=max_epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, num_sanity_val_steps=0, callbacks=list(callbacks),
-                   accelerator="cpu", devices=1, default_root_dir=tmp_path)
+    return Trainer(
+        max_epochs=max_epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=list(callbacks),
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+    )
 
 
 def params_of(module):
@@ -155,8 +179,12 @@ def test_centralized_requires_one_actor_and_one_tokenizer():
 def test_iterative_centralized_comparator_uses_actor_index_zero(cls):
     with pytest.raises(ValueError, match="actor index 0"):
         build(cls, collaboration_mode="centralized", comparator_centralized_agent_index=1)
-    module = build(cls, collaboration_mode="centralized", comparator_centralized_agent_index=0,
-                   comparator_generation_mode="decentralized")
+    module = build(
+        cls,
+        collaboration_mode="centralized",
+        comparator_centralized_agent_index=0,
+        comparator_generation_mode="decentralized",
+    )
     assert module.comparator_generation_mode == "centralized"
     assert module.comparator_centralized_agent_index == 0
 
@@ -172,8 +200,11 @@ def test_centralized_magrpo_rules():
     with pytest.raises(ValueError, match="centralized"):
         build(CentralizedMAGRPO, collaboration_mode="decentralized")
     for backend in ("iac", "maac"):  # a documented limit (docs/differences.md), said in the error
-        with pytest.raises(ValueError, match=f"rl_algorithm='{backend}' with collaboration_mode='centralized' is "
-                                             "not supported.*docs/differences.md"):
+        with pytest.raises(
+            ValueError,
+            match=f"rl_algorithm='{backend}' with collaboration_mode='centralized' is "
+            "not supported.*docs/differences.md",
+        ):
             build(MARLHF, collaboration_mode="centralized", rl_algorithm=backend)
 
 
@@ -199,8 +230,14 @@ def test_the_actor_reads_the_adapters_joint_prompt():
 def test_centralized_magrpo_fit_trains_one_actor_with_one_reference(tmp_path):
     calls = []
     reward = recording_reward(calls)
-    module = build(CentralizedMAGRPO, reward_func=reward, centralized_adapter=HalfAdapter(),
-                   formatters=ROLE_FORMATTERS, reference_kl_enabled=True, reference_kl_coef=0.1)
+    module = build(
+        CentralizedMAGRPO,
+        reward_func=reward,
+        centralized_adapter=HalfAdapter(),
+        formatters=ROLE_FORMATTERS,
+        reference_kl_enabled=True,
+        reference_kl_coef=0.1,
+    )
     assert module.engine.reward.reward_func.reward_range == toy.letter_reward.reward_range
     generated = record_sampling(module.engine)
     before = params_of(module)
@@ -235,8 +272,12 @@ def test_evaluation_hands_the_user_logger_the_split_roles(tmp_path):
     def eval_aggregator(metrics, num_turns):
         return {"turn_1/role0_len": sum(m["len0"] for m in metrics) / len(metrics)}
 
-    module = build(CentralizedMAGRPO, eval_logger=eval_logger, eval_aggregator=eval_aggregator, **{
-        k: v for k, v in CENTRAL.items() if k != "collaboration_mode"})
+    module = build(
+        CentralizedMAGRPO,
+        eval_logger=eval_logger,
+        eval_aggregator=eval_aggregator,
+        **{k: v for k, v in CENTRAL.items() if k != "collaboration_mode"},
+    )
     records = []
     original = module.evaluation_record
 
@@ -265,11 +306,18 @@ def test_evaluation_hands_the_user_logger_the_split_roles(tmp_path):
 
     # the Lightning validation loop reduces its batches the same way
     records.clear()
-    trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                      devices=1, default_root_dir=tmp_path)
+    trainer = Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+    )
     seed_everything(1)
-    (result,) = trainer.validate(module, datamodule=TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS,
-                                                                   eval_batch_size=2))
+    (result,) = trainer.validate(
+        module, datamodule=TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS, eval_batch_size=2)
+    )
     roles = logged["roles"]
     joint_texts = [text for r in records for turns in r["completions"][0] for text in turns]
     assert len(roles) == 2 and len(joint_texts) == 2
@@ -304,9 +352,14 @@ def read_shards(directory):
 
 @pytest.mark.parametrize("comparator", ["current", "history"])
 def test_madpo_iter_centralized_trains_one_actor_on_joint_pairs(comparator, tmp_path):
-    module = build(MADPOIter, num_iterations=2, comparator_policy=comparator,
-                   preference_replay_dir=str(tmp_path / "replay"), policy_checkpoint_dir=str(tmp_path / "policies"),
-                   **CENTRAL)
+    module = build(
+        MADPOIter,
+        num_iterations=2,
+        comparator_policy=comparator,
+        preference_replay_dir=str(tmp_path / "replay"),
+        policy_checkpoint_dir=str(tmp_path / "policies"),
+        **CENTRAL,
+    )
     assert module.num_agents == 1 and module.comparator_generation_mode == "centralized"
     sampled = record_sampling(module.engine)  # the current side and the comparator sample here
     before = params_of(module)
@@ -350,9 +403,16 @@ def test_marlhf_iter_centralized_reward_model_reads_joint_text(tmp_path):
     def eval_aggregator(metrics):
         return {}
 
-    module = build(MARLHFIter, num_iterations=2, num_train_epochs=1, reward_num_train_epochs=1,
-                   preference_replay_dir=str(tmp_path / "replay"), eval_logger=eval_logger,
-                   eval_aggregator=eval_aggregator, **CENTRAL)
+    module = build(
+        MARLHFIter,
+        num_iterations=2,
+        num_train_epochs=1,
+        reward_num_train_epochs=1,
+        preference_replay_dir=str(tmp_path / "replay"),
+        eval_logger=eval_logger,
+        eval_aggregator=eval_aggregator,
+        **CENTRAL,
+    )
     assert module.num_agents == 1
     learned = module.learned_reward.reward_func
     assert isinstance(learned, RewardModelReward)
@@ -430,14 +490,26 @@ def test_untagged_joint_completions_score_as_empty_roles():
 def test_parse_failure_rate_is_logged(tmp_path):
     """Tiny models never write the tags: every joint answer of the step fails to parse (rate 1.0); with an
     adapter that always parses, the rate is 0."""
+
     def rates(module, name):
-        trainer = Trainer(max_epochs=1, logger=CSVLogger(tmp_path, name=name), enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                          log_every_n_steps=1, accelerator="cpu", devices=1)
+        trainer = Trainer(
+            max_epochs=1,
+            logger=CSVLogger(tmp_path, name=name),
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            log_every_n_steps=1,
+            accelerator="cpu",
+            devices=1,
+        )
         trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS[:2], prompts_per_step=1))
         with open(Path(trainer.log_dir) / "metrics.csv") as handle:
-            return [float(r["collaboration/parse_failure_rate"]) for r in csv.DictReader(handle)
-                    if r.get("collaboration/parse_failure_rate")]
+            return [
+                float(r["collaboration/parse_failure_rate"])
+                for r in csv.DictReader(handle)
+                if r.get("collaboration/parse_failure_rate")
+            ]
 
     assert rates(build(CentralizedMAGRPO, eval_interval=0), "tagged") == [1.0, 1.0]
     assert rates(build(CentralizedMAGRPO, eval_interval=0, centralized_adapter=HalfAdapter()), "half") == [0.0, 0.0]

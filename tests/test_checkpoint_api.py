@@ -53,13 +53,26 @@ class KillInSecondEpoch(Callback):
 
 CONFIGS = {
     "MAGRPO": (compat.MAGRPOTrainer, lambda **kw: compat.MAGRPOConfig(num_turns=1, num_generations=2, **kw), {}),
-    "IAC": (compat.IACTrainer, lambda **kw: compat.IACConfig(num_turns=1, num_generations=2, rollout_buffer_size=2,
-                                                             **kw), {"critic_model": "tiny"}),
+    "IAC": (
+        compat.IACTrainer,
+        lambda **kw: compat.IACConfig(num_turns=1, num_generations=2, rollout_buffer_size=2, **kw),
+        {"critic_model": "tiny"},
+    ),
     # beyond the acceptance's two: a round per epoch, and MARLHF's reward-model epoch before its RL epochs
-    "MADPOIter": (compat.MADPOIterTrainer, lambda num_train_epochs, **kw: compat.MADPOIterConfig(
-        preference_num_candidates=3, preference_pairs_per_sample=1, num_iterations=num_train_epochs, **kw), {}),
-    "MARLHF": (compat.MARLHFTrainer, lambda **kw: compat.MARLHFConfig(
-        preference_num_candidates=3, preference_pairs_per_sample=1, num_generations=2, **kw), {}),
+    "MADPOIter": (
+        compat.MADPOIterTrainer,
+        lambda num_train_epochs, **kw: compat.MADPOIterConfig(
+            preference_num_candidates=3, preference_pairs_per_sample=1, num_iterations=num_train_epochs, **kw
+        ),
+        {},
+    ),
+    "MARLHF": (
+        compat.MARLHFTrainer,
+        lambda **kw: compat.MARLHFConfig(
+            preference_num_candidates=3, preference_pairs_per_sample=1, num_generations=2, **kw
+        ),
+        {},
+    ),
 }
 
 
@@ -68,9 +81,15 @@ def make(algorithm, tmp_path, name, epochs=2, callbacks=(), **kwargs):
     trainer_class, config, objects = CONFIGS[algorithm]
     seed_everything(0)
     reward = CountingReward()
-    trainer = trainer_class(agent_model="tiny", reward_func=reward, train_dataset=ITEMS,
-                            args=config(num_train_epochs=epochs, output_dir=str(tmp_path / name), **SMALL),
-                            trainer_options={**QUIET, "callbacks": list(callbacks)}, **objects, **kwargs)
+    trainer = trainer_class(
+        agent_model="tiny",
+        reward_func=reward,
+        train_dataset=ITEMS,
+        args=config(num_train_epochs=epochs, output_dir=str(tmp_path / name), **SMALL),
+        trainer_options={**QUIET, "callbacks": list(callbacks)},
+        **objects,
+        **kwargs,
+    )
     return trainer, reward
 
 
@@ -175,14 +194,22 @@ def test_resume_checks_the_trainer_class_and_the_config(tmp_path):
     trainer, _ = make("MAGRPO", tmp_path, "run", epochs=1)
     trainer.train(checkpoint_dir=tmp_path / "ckpt")
     checkpoint = tmp_path / "ckpt" / "checkpoint-1"
-    other = compat.MAREINFORCETrainer(agent_model="tiny", reward_func=CountingReward(), train_dataset=ITEMS,
-                                      args=compat.MAGRPOConfig(num_turns=1, num_generations=2, **SMALL),
-                                      trainer_options=QUIET)
+    other = compat.MAREINFORCETrainer(
+        agent_model="tiny",
+        reward_func=CountingReward(),
+        train_dataset=ITEMS,
+        args=compat.MAGRPOConfig(num_turns=1, num_generations=2, **SMALL),
+        trainer_options=QUIET,
+    )
     with pytest.raises(ValueError, match="Checkpoint trainer class does not match this trainer"):
         other.train(resume_from_checkpoint=checkpoint)
-    changed = compat.MAGRPOTrainer(agent_model="tiny", reward_func=CountingReward(), train_dataset=ITEMS,
-                                   args=compat.MAGRPOConfig(num_turns=1, num_generations=3, num_train_epochs=4,
-                                                            **SMALL), trainer_options=QUIET)
+    changed = compat.MAGRPOTrainer(
+        agent_model="tiny",
+        reward_func=CountingReward(),
+        train_dataset=ITEMS,
+        args=compat.MAGRPOConfig(num_turns=1, num_generations=3, num_train_epochs=4, **SMALL),
+        trainer_options=QUIET,
+    )
     with pytest.raises(ValueError, match=r"Checkpoint configuration does not match: num_generations \(2 -> 3\)"):
         changed.train(resume_from_checkpoint=checkpoint)  # num_train_epochs may change, num_generations not
 
@@ -224,8 +251,9 @@ def test_save_checkpoint_and_load_checkpoint(tmp_path):
 # ----------------------------------------------------------------------------------------------- arguments
 def test_train_arguments_are_checked_and_an_unknown_one_says_what_to_use(tmp_path):
     trainer, _ = make("MAGRPO", tmp_path, "run")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'resume_from_checkpont'. Did you mean "
-                                        "resume_from_checkpoint"):
+    with pytest.raises(
+        TypeError, match="unexpected keyword argument 'resume_from_checkpont'. Did you mean resume_from_checkpoint"
+    ):
         trainer.train(resume_from_checkpont="x")
     with pytest.raises(TypeError, match=r"'repetition_penalty'.*generation_kwargs=\{'repetition_penalty': \.\.\.\}"):
         trainer.train(repetition_penalty=1.1)
@@ -237,8 +265,11 @@ def test_train_arguments_are_checked_and_an_unknown_one_says_what_to_use(tmp_pat
     with pytest.raises(FileNotFoundError, match="No training checkpoint at"):
         trainer.train(resume_from_checkpoint=tmp_path / "nowhere")
     iac, _ = make("IAC", tmp_path, "iac")
-    with pytest.raises(TypeError, match=r"IACTrainer.train\(\) got an unexpected keyword argument "
-                                        r"'checkpoint_directory'. Did you mean checkpoint_dir"):
+    with pytest.raises(
+        TypeError,
+        match=r"IACTrainer.train\(\) got an unexpected keyword argument "
+        r"'checkpoint_directory'. Did you mean checkpoint_dir",
+    ):
         iac.train(checkpoint_directory="x")
 
 
@@ -282,11 +313,22 @@ class Stateful:
 
 
 def test_every_stateful_user_object_is_saved_and_checked_on_restore():
-    fields = {"reward_func": Stateful(1), "formatters": [print, Stateful(2)], "external_transition": Stateful(3),
-              "eval_logger": Stateful(4), "eval_aggregator": Stateful(5), "reward_processor": None}
+    fields = {
+        "reward_func": Stateful(1),
+        "formatters": [print, Stateful(2)],
+        "external_transition": Stateful(3),
+        "eval_logger": Stateful(4),
+        "eval_aggregator": Stateful(5),
+        "reward_processor": None,
+    }
     saved = save_user_states(fields)
     assert {k: v["state"]["value"] for k, v in saved.items()} == {
-        "reward_func": 1, "formatters.1": 2, "external_transition": 3, "eval_logger": 4, "eval_aggregator": 5}
+        "reward_func": 1,
+        "formatters.1": 2,
+        "external_transition": 3,
+        "eval_logger": 4,
+        "eval_aggregator": 5,
+    }
     fresh = {**fields, "reward_func": Stateful(), "formatters": [print, Stateful()], "eval_logger": Stateful()}
     load_user_states(fresh, saved)
     assert (fresh["reward_func"].value, fresh["formatters"][1].value, fresh["eval_logger"].value) == (1, 2, 4)
@@ -304,15 +346,28 @@ def test_every_stateful_user_object_is_saved_and_checked_on_restore():
 
 
 # ----------------------------------------------------------------------------------------------- the CLI
-QUICK = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--trainer.enable_progress_bar=false",
-         "--model.init_args.max_new_tokens=4"]
+QUICK = [
+    "--config",
+    str(REPO / "configs" / "quickstart.yaml"),
+    "--trainer.enable_progress_bar=false",
+    "--model.init_args.max_new_tokens=4",
+]
 
 
 def test_cli_keeps_the_newest_n_checkpoints(tmp_path):
     from comlrl_lightning.cli import main
 
-    main(["fit", *QUICK, "--trainer.max_steps=4", "--trainer.default_root_dir", str(tmp_path),
-          "--checkpoint_every_n_updates=1", "--checkpoint_total_limit=2"])
+    main(
+        [
+            "fit",
+            *QUICK,
+            "--trainer.max_steps=4",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--checkpoint_every_n_updates=1",
+            "--checkpoint_total_limit=2",
+        ]
+    )
     checkpoints = next(tmp_path.rglob("checkpoints"))
     assert folders(checkpoints) == ["epoch=0-step=3.ckpt", "epoch=0-step=4.ckpt", "last.ckpt"]
 
@@ -331,8 +386,18 @@ def test_cli_restores_a_stateful_reward_on_resume(tmp_path, monkeypatch):
     def run(root, *args, reward=None):
         reward = reward or StoryCounter()
         monkeypatch.setattr(toy, "counting_story_reward", reward, raising=False)
-        main(["fit", *QUICK, "--trainer.default_root_dir", str(root), "--checkpoint_every_n_updates=2",
-              "--model.init_args.reward_func", "comlrl_lightning.envs.toy.counting_story_reward", *args])
+        main(
+            [
+                "fit",
+                *QUICK,
+                "--trainer.default_root_dir",
+                str(root),
+                "--checkpoint_every_n_updates=2",
+                "--model.init_args.reward_func",
+                "comlrl_lightning.envs.toy.counting_story_reward",
+                *args,
+            ]
+        )
         return reward
 
     full = run(tmp_path / "full", "--trainer.max_steps=4")
@@ -342,8 +407,10 @@ def test_cli_restores_a_stateful_reward_on_resume(tmp_path, monkeypatch):
     assert state["reward_func"]["state"]["calls"] > 0
     resumed = run(tmp_path / "part", "--trainer.max_steps=4", "--ckpt_path", str(checkpoint))
     assert resumed.calls == full.calls
-    weights = [torch.load(next(root.rglob("*step=4.ckpt")), weights_only=True)["state_dict"]
-               for root in (tmp_path / "full", tmp_path / "part")]
+    weights = [
+        torch.load(next(root.rglob("*step=4.ckpt")), weights_only=True)["state_dict"]
+        for root in (tmp_path / "full", tmp_path / "part")
+    ]
     for key, value in weights[0].items():
         torch.testing.assert_close(weights[1][key], value, atol=0, rtol=0)
 
@@ -353,8 +420,13 @@ def test_cli_resume_continues_the_checkpoints_wandb_run(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    wandb = ["--trainer.logger=lightning.pytorch.loggers.WandbLogger", "--trainer.logger.init_args.offline=true",
-             "--trainer.logger.init_args.project=comlrl-test", "--trainer.default_root_dir", str(tmp_path)]
+    wandb = [
+        "--trainer.logger=lightning.pytorch.loggers.WandbLogger",
+        "--trainer.logger.init_args.offline=true",
+        "--trainer.logger.init_args.project=comlrl-test",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+    ]
     first = main(["fit", *QUICK, *wandb, "--trainer.max_steps=2"])
     run_id = first.trainer.logger.experiment.id
     first.trainer.logger.experiment.finish()

@@ -13,8 +13,13 @@ from comlrl_lightning.callbacks.progress import progress_bar, train_completed, t
 from comlrl_lightning.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--trainer.max_steps=1",
-         "--trainer.enable_progress_bar=false", "--model.init_args.max_new_tokens=4"]
+QUICK = [
+    "--config",
+    str(REPO / "configs" / "quickstart.yaml"),
+    "--trainer.max_steps=1",
+    "--trainer.enable_progress_bar=false",
+    "--model.init_args.max_new_tokens=4",
+]
 
 
 def run_files(root: Path) -> set[str]:
@@ -43,11 +48,29 @@ def test_without_default_root_dir_the_run_goes_to_outputs(tmp_path, monkeypatch)
 
 def test_a_logger_without_save_dir_follows_default_root_dir_and_an_explicit_one_is_kept(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(["fit", *QUICK, "--trainer.default_root_dir", str(tmp_path / "run"),
-          "--trainer.logger", "lightning.pytorch.loggers.TensorBoardLogger", "--trainer.logger.init_args.name", "tb"])
+    main(
+        [
+            "fit",
+            *QUICK,
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            "--trainer.logger",
+            "lightning.pytorch.loggers.TensorBoardLogger",
+            "--trainer.logger.init_args.name",
+            "tb",
+        ]
+    )
     assert any((tmp_path / "run" / "tb").rglob("events.out.tfevents.*"))
-    main(["fit", *QUICK, "--trainer.default_root_dir", str(tmp_path / "run"),
-          "--trainer.logger.init_args.save_dir", str(tmp_path / "elsewhere")])
+    main(
+        [
+            "fit",
+            *QUICK,
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "elsewhere"),
+        ]
+    )
     assert (tmp_path / "elsewhere" / "quickstart" / "version_0" / "metrics.csv").is_file()
 
 
@@ -65,8 +88,16 @@ def test_the_command_exits_0_after_a_run_and_freezes_its_objects_however_it_ends
     assert script.load() is command
     monkeypatch.chdir(tmp_path)
     try:
-        monkeypatch.setattr("sys.argv", ["comlrl-lightning", "fit", *QUICK, "--model.init_args.agents=tiny",
-                                         "--model.init_args.use_chat_template=false"])
+        monkeypatch.setattr(
+            "sys.argv",
+            [
+                "comlrl-lightning",
+                "fit",
+                *QUICK,
+                "--model.init_args.agents=tiny",
+                "--model.init_args.use_chat_template=false",
+            ],
+        )
         gc.unfreeze()
         with pytest.raises(SystemExit) as exit_info:
             sys.exit(command())
@@ -101,8 +132,16 @@ def test_iterative_configs_get_their_epochs_from_the_module(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cli = main(["--config", str(REPO / "configs" / "madpo_iter.yaml"), "--model.init_args.agents=tiny",
-                    "--model.init_args.use_chat_template=false", "--model.init_args.num_iterations=3"], run=False)
+        cli = main(
+            [
+                "--config",
+                str(REPO / "configs" / "madpo_iter.yaml"),
+                "--model.init_args.agents=tiny",
+                "--model.init_args.use_chat_template=false",
+                "--model.init_args.num_iterations=3",
+            ],
+            run=False,
+        )
     assert cli.trainer.max_epochs == 3
     assert not any("max_epochs" in str(w.message) for w in caught)
 
@@ -136,19 +175,28 @@ def test_the_cli_uses_the_counting_bar_unless_one_is_configured(tmp_path, monkey
 @pytest.mark.parametrize("bar", ["rich", "tqdm"])
 def test_the_bar_runs_through_a_fit(bar, tmp_path, monkeypatch, capsys):
     import lightning.pytorch as pl
-
-    from comlrl_lightning.callbacks import progress
     from test_magrpo import ITEMS, make_module
 
     from comlrl_lightning import TaskDataModule
+    from comlrl_lightning.callbacks import progress
 
     if bar == "rich" and not hasattr(progress, "UpdateRichProgressBar"):
         pytest.skip("rich is not installed")
     callback = progress.UpdateRichProgressBar() if bar == "rich" else progress.UpdateTQDMProgressBar()
-    trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_model_summary=False,
-                         callbacks=[callback], accelerator="cpu", devices=1, default_root_dir=tmp_path)
-    trainer.fit(make_module(eval_interval=1, eval_num_samples=1),
-                datamodule=TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:1], prompts_per_step=2))
+    trainer = pl.Trainer(
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(
+        make_module(eval_interval=1, eval_num_samples=1),
+        datamodule=TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:1], prompts_per_step=2),
+    )
     assert trainer.global_step == 2
     out = capsys.readouterr().out  # the evaluations' results, printed above the bar
     assert "evaluation at update 0 (env_step 0): eval/turn_1/reward_mean" in out, out
@@ -157,8 +205,14 @@ def test_the_bar_runs_through_a_fit(bar, tmp_path, monkeypatch, capsys):
 
 
 # ----------------------------------------------------------------------------------------------- fail and resume
-RESUMABLE = [*QUICK[:2], "--trainer.max_steps=6", "--checkpoint_every_n_updates=2", "--trainer.enable_progress_bar=false",
-             "--model.init_args.max_new_tokens=4", "--model.init_args.eval_interval=0"]
+RESUMABLE = [
+    *QUICK[:2],
+    "--trainer.max_steps=6",
+    "--checkpoint_every_n_updates=2",
+    "--trainer.enable_progress_bar=false",
+    "--model.init_args.max_new_tokens=4",
+    "--model.init_args.eval_interval=0",
+]
 
 
 def cli_process(tmp_path, *args, **env):
@@ -167,9 +221,13 @@ def cli_process(tmp_path, *args, **env):
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "comlrl_lightning", "fit", *RESUMABLE, *args], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "tests"), **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "comlrl_lightning", "fit", *RESUMABLE, *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests"), **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def checkpoint_weights(path):
@@ -189,8 +247,14 @@ def test_kill_and_resume_from_the_cli_with_last_and_with_an_explicit_path(tmp_pa
 
     root = tmp_path / "runs"
     step4 = root / "quickstart" / "version_0" / "checkpoints"
-    proc = cli_process(tmp_path, "--trainer.default_root_dir", str(root), "--model.init_args.reward_func",
-                       "cli_fixtures.story_reward_that_hangs_after_a_checkpoint", HANG_AFTER=str(step4 / "*step=4.ckpt"))
+    proc = cli_process(
+        tmp_path,
+        "--trainer.default_root_dir",
+        str(root),
+        "--model.init_args.reward_func",
+        "cli_fixtures.story_reward_that_hangs_after_a_checkpoint",
+        HANG_AFTER=str(step4 / "*step=4.ckpt"),
+    )
     monkeypatch.chdir(tmp_path)
     main(["fit", *RESUMABLE, "--trainer.default_root_dir", str(tmp_path / "full")])
     deadline = time.monotonic() + 240
@@ -229,8 +293,16 @@ def test_a_crash_mid_run_leaves_the_last_good_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(toy, "flaky_story_reward", reward_that_fails_on_its_fifth_call, raising=False)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RuntimeError, match="the reward server went away"):
-        main(["fit", *RESUMABLE, "--trainer.default_root_dir", str(tmp_path),
-              "--model.init_args.reward_func", "comlrl_lightning.envs.toy.flaky_story_reward"])
+        main(
+            [
+                "fit",
+                *RESUMABLE,
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--model.init_args.reward_func",
+                "comlrl_lightning.envs.toy.flaky_story_reward",
+            ]
+        )
     checkpoints = tmp_path / "quickstart" / "version_0" / "checkpoints"
     last = (checkpoints / "last.ckpt").resolve()  # one update per step: the 5th reward call is in step 5
     assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch=0-step=4.ckpt", "last.ckpt"]
@@ -314,11 +386,24 @@ def summing_aggregator(metrics):
 
 def test_the_test_subcommand_evaluates_the_test_items_with_the_eval_logger(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli = main(["test", *QUICK, "--trainer.default_root_dir", str(tmp_path / "run"),
-                "--data.init_args.test_dataset", "comlrl_lightning.envs.toy.story_tasks",
-                "--data.init_args.max_eval_items", "3", "--data.init_args.eval_batch_size", "2",
-                "--model.init_args.eval_logger", "test_cli.counting_logger",
-                "--model.init_args.eval_aggregator", "test_cli.summing_aggregator"])
+    cli = main(
+        [
+            "test",
+            *QUICK,
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            "--data.init_args.test_dataset",
+            "comlrl_lightning.envs.toy.story_tasks",
+            "--data.init_args.max_eval_items",
+            "3",
+            "--data.init_args.eval_batch_size",
+            "2",
+            "--model.init_args.eval_logger",
+            "test_cli.counting_logger",
+            "--model.init_args.eval_aggregator",
+            "test_cli.summing_aggregator",
+        ]
+    )
     metrics = cli.trainer.callback_metrics
     assert float(metrics["test/items"]) == 3 and float(metrics["test/agents"]) == 2  # every test item, once
     assert "test/turn_1/reward_mean" in metrics and not any(k.startswith("eval/") for k in metrics)
@@ -333,8 +418,17 @@ def test_predict_writes_each_items_joint_answer_from_a_checkpoint_or_saved_agent
     fit.model.save_pretrained(tmp_path / "team")
 
     def predict(*args):
-        main(["predict", *QUICK, "--trainer.default_root_dir", str(tmp_path / "predict"),
-              "--data.init_args.predict_dataset", "comlrl_lightning.envs.toy.story_eval_tasks", *args])
+        main(
+            [
+                "predict",
+                *QUICK,
+                "--trainer.default_root_dir",
+                str(tmp_path / "predict"),
+                "--data.init_args.predict_dataset",
+                "comlrl_lightning.envs.toy.story_eval_tasks",
+                *args,
+            ]
+        )
         path = max(tmp_path.rglob("predictions.jsonl"), key=lambda p: p.stat().st_mtime)
         return path, [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -343,7 +437,8 @@ def test_predict_writes_each_items_joint_answer_from_a_checkpoint_or_saved_agent
     # A checkpoint's predictions go into its run's folder; the saved agents' into <root>/<name>/predict/.
     (path, from_checkpoint), (path_agents, from_agents) = (
         predict("--ckpt_path", str(checkpoint)),
-        predict("--model.init_args.agents", f"[{tmp_path / 'team' / 'agent_0'}, {tmp_path / 'team' / 'agent_1'}]"))
+        predict("--model.init_args.agents", f"[{tmp_path / 'team' / 'agent_0'}, {tmp_path / 'team' / 'agent_1'}]"),
+    )
     assert path.parent == tmp_path / "fit" / "quickstart" / "version_0" / "predict" / "version_0"
     assert path_agents.parent == tmp_path / "predict" / "quickstart" / "predict" / "version_0"
     for rows in (from_checkpoint, from_agents):

@@ -115,7 +115,10 @@ def test_formats_and_aliases():
     [
         ({}, "comparator_api_url is required when comparator_policy='api'."),
         ({"url": "  "}, "comparator_api_url is required"),
-        ({"url": "http://127.0.0.1:1", "max_n_per_request": 0}, "comparator_api_max_n_per_request must be >= 1 or null."),
+        (
+            {"url": "http://127.0.0.1:1", "max_n_per_request": 0},
+            "comparator_api_max_n_per_request must be >= 1 or null.",
+        ),
         ({"url": "http://127.0.0.1:1", "timeout": 0}, "comparator_api_timeout"),
         ({"url": "http://127.0.0.1:1", "format": "soap"}, "comparator_api_format"),
         ({"url": "http://127.0.0.1:1", "max_retries": -1}, "comparator_api_max_retries"),
@@ -132,7 +135,12 @@ def test_config_validation(kwargs, message):
 def test_config_defaults_and_from_trainer_config():
     cfg = ApiComparatorConfig(url="http://127.0.0.1:1", format="responses")
     assert cfg.format == "openai_responses"
-    assert (cfg.key_header, cfg.key_prefix, cfg.timeout, cfg.response_field) == ("Authorization", "Bearer", 120.0, "completions")
+    assert (cfg.key_header, cfg.key_prefix, cfg.timeout, cfg.response_field) == (
+        "Authorization",
+        "Bearer",
+        120.0,
+        "completions",
+    )
     assert (cfg.max_retries, cfg.backoff_s, cfg.max_concurrency, cfg.max_n_per_request) == (3, 1.0, 4, None)
 
     class Trainer:
@@ -155,10 +163,18 @@ def test_config_defaults_and_from_trainer_config():
 def test_generic_request_and_extraction(server):
     server.state.script = lambda i, b: ok({"completions": ["a", {"text": "b"}, {"message": {"content": "c"}}]})
     comp = make(server, model="gen-model", key=SECRET, headers={"X-Custom": "yes"}, extra_body={"seed": 7})
-    out = comp.complete("hello", 2, agent_idx=1, batch_item={"task_id": 3, "obj": object()},
-                        max_new_tokens=16, temperature=0.5, top_p=0.9, top_k=None)
+    out = comp.complete(
+        "hello",
+        2,
+        agent_idx=1,
+        batch_item={"task_id": 3, "obj": object()},
+        max_new_tokens=16,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=None,
+    )
     assert out == ["a", "b"]  # truncated to num
-    (path, headers, body), = server.state.requests
+    ((path, headers, body),) = server.state.requests
     assert path == "/v1/endpoint"
     assert headers["authorization"] == f"Bearer {SECRET}"
     assert headers["content-type"] == "application/json"
@@ -194,11 +210,20 @@ def test_generic_missing_field_names_format_and_path(server):
 def test_openai_body_headers_and_split_by_max_n(server):
     def script(i, body):
         n = body["n"]
-        return ok({"choices": [{"index": k, "message": {"role": "assistant", "content": f"r{i}-{k}"}} for k in range(n)]})
+        return ok(
+            {"choices": [{"index": k, "message": {"role": "assistant", "content": f"r{i}-{k}"}} for k in range(n)]}
+        )
 
     server.state.script = script
-    comp = make(server, format="openai", model="gpt-x", key=SECRET, max_n_per_request=2,
-                extra_body={"presence_penalty": 0.1}, max_concurrency=1)
+    comp = make(
+        server,
+        format="openai",
+        model="gpt-x",
+        key=SECRET,
+        max_n_per_request=2,
+        extra_body={"presence_penalty": 0.1},
+        max_concurrency=1,
+    )
     out = comp.complete("hi", 5, max_new_tokens=32, temperature=0.7, top_p=None, top_k=50)
     assert len(out) == 5
     sent = bodies(server)
@@ -225,25 +250,36 @@ def test_openai_all_in_one_and_top_up_when_fewer_returned(server):
 def test_deepseek_one_per_request(server, model, path):
     server.state.script = lambda i, b: ok({"choices": [{"message": {"content": f"d{i}"}}] * b["n"]})
     url = server.url.rsplit("/v1/", 1)[0] + path
-    comp = ApiComparator(ApiComparatorConfig(url=url, format="openai", model=model, max_n_per_request=4,
-                                             max_concurrency=1))
+    comp = ApiComparator(
+        ApiComparatorConfig(url=url, format="openai", model=model, max_n_per_request=4, max_concurrency=1)
+    )
     assert comp.complete("p", 3) == ["d0", "d1", "d2"]
     assert [b["n"] for b in bodies(server)] == [1, 1, 1]
 
 
 def test_anthropic_format(server, monkeypatch):
     monkeypatch.setenv("TEST_ANTHROPIC_KEY", SECRET)
-    server.state.script = lambda i, b: ok({
-        "content": [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": f"a{i}"},
-                    {"type": "text", "text": "second"}]})
+    server.state.script = lambda i, b: ok(
+        {
+            "content": [
+                {"type": "thinking", "thinking": "hmm"},
+                {"type": "text", "text": f"a{i}"},
+                {"type": "text", "text": "second"},
+            ]
+        }
+    )
     comp = make(server, format="anthropic", model="claude-x", key_env="TEST_ANTHROPIC_KEY", max_concurrency=1)
     assert comp.complete("hey", 2, max_new_tokens=64, temperature=0.3, top_p=0.5) == ["a0", "a1"]
     assert len(server.state.requests) == 2
     _, headers, body = server.state.requests[0]
     assert headers["x-api-key"] == SECRET and "authorization" not in headers
     assert headers["anthropic-version"] == "2023-06-01"
-    assert body == {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "hey"}],
-                    "temperature": 0.3}
+    assert body == {
+        "model": "claude-x",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hey"}],
+        "temperature": 0.3,
+    }
 
 
 def test_anthropic_custom_key_header_kept(server):
@@ -260,12 +296,25 @@ def test_anthropic_missing_content(server):
 
 
 def test_openai_responses_format(server):
-    server.state.script = lambda i, b: ok({"output": [
-        {"type": "reasoning", "summary": []},
-        {"type": "message", "content": [{"type": "output_text", "text": f"o{i}"}, {"type": "output_text", "text": "x"}]},
-    ]})
-    comp = make(server, format="codex", model="gpt-5", key=SECRET, extra_body={"reasoning": {"effort": "low"}},
-                max_concurrency=1)
+    server.state.script = lambda i, b: ok(
+        {
+            "output": [
+                {"type": "reasoning", "summary": []},
+                {
+                    "type": "message",
+                    "content": [{"type": "output_text", "text": f"o{i}"}, {"type": "output_text", "text": "x"}],
+                },
+            ]
+        }
+    )
+    comp = make(
+        server,
+        format="codex",
+        model="gpt-5",
+        key=SECRET,
+        extra_body={"reasoning": {"effort": "low"}},
+        max_concurrency=1,
+    )
     assert comp.complete("q", 2, max_new_tokens=100, temperature=0.9) == ["o0", "o1"]
     _, headers, body = server.state.requests[0]
     assert headers["authorization"] == f"Bearer {SECRET}"
@@ -298,8 +347,9 @@ def test_retry_exhausted_on_5xx(server):
 
 
 def test_429_honours_retry_after(server):
-    server.state.script = lambda i, b: (429, {"Retry-After": "0"}, {"error": "rate"}, 0) if i == 0 \
-        else ok({"completions": ["fine"]})
+    server.state.script = lambda i, b: (
+        (429, {"Retry-After": "0"}, {"error": "rate"}, 0) if i == 0 else ok({"completions": ["fine"]})
+    )
     sleeps = []
     comp = ApiComparator(ApiComparatorConfig(url=server.url, backoff_s=5.0), sleep=sleeps.append)
     assert comp.complete("p", 1) == ["fine"]
@@ -318,22 +368,25 @@ def test_every_retry_is_logged_with_its_reason_and_wait(server, caplog):
 
 
 def test_a_long_retry_after_is_capped_and_said(server, caplog):
-    server.state.script = lambda i, b: (429, {"Retry-After": "3600"}, {"error": "rate"}, 0) if i == 0 \
-        else ok({"completions": ["fine"]})
+    server.state.script = lambda i, b: (
+        (429, {"Retry-After": "3600"}, {"error": "rate"}, 0) if i == 0 else ok({"completions": ["fine"]})
+    )
     sleeps = []
     comp = ApiComparator(ApiComparatorConfig(url=server.url, max_retry_after_s=2.5), sleep=sleeps.append)
     with caplog.at_level("WARNING", logger="comlrl_lightning.comparators.api"):
         assert comp.complete("p", 1) == ["fine"]
     assert sleeps == [2.5]
-    assert any("retry after 3600 s; waiting comparator_api_max_retry_after_s" in r.getMessage()
-               for r in caplog.records)
+    assert any("retry after 3600 s; waiting comparator_api_max_retry_after_s" in r.getMessage() for r in caplog.records)
 
 
 def test_the_total_deadline_ends_the_retries(server):
     server.state.script = lambda i, b: (503, None, {"error": "busy"}, 0)
     now = [0.0]
-    comp = ApiComparator(ApiComparatorConfig(url=server.url, backoff_s=4.0, max_retries=10, deadline_s=10.0),
-                         sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+    comp = ApiComparator(
+        ApiComparatorConfig(url=server.url, backoff_s=4.0, max_retries=10, deadline_s=10.0),
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+        clock=lambda: now[0],
+    )
     with pytest.raises(ComparatorAPIError, match=r"gave up after 2 attempt\(s\): comparator_api_deadline_s = 10 s"):
         comp.complete("p", 1)
     assert len(server.state.requests) == 2  # 4 s wait, then 8 s would pass the 10 s deadline
@@ -341,8 +394,10 @@ def test_the_total_deadline_ends_the_retries(server):
 
 def test_an_unset_key_env_fails_when_the_config_is_built(monkeypatch):
     monkeypatch.delenv("COMLRL_TEST_NO_SUCH_KEY", raising=False)
-    with pytest.raises(ValueError, match="comparator_api_key_env names the environment variable "
-                                         "'COMLRL_TEST_NO_SUCH_KEY', which is not set"):
+    with pytest.raises(
+        ValueError,
+        match="comparator_api_key_env names the environment variable 'COMLRL_TEST_NO_SUCH_KEY', which is not set",
+    ):
         ApiComparatorConfig(url="http://127.0.0.1:1/v1", key_env="COMLRL_TEST_NO_SUCH_KEY")
 
 
@@ -367,12 +422,15 @@ def test_non_json_response(server):
     assert len(server.state.requests) == 1
 
 
-@pytest.mark.parametrize("fmt, payload", [
-    ("generic", {"completions": []}),
-    ("openai", {"choices": []}),
-    ("anthropic", {"content": []}),
-    ("openai_responses", {"output": []}),
-])
+@pytest.mark.parametrize(
+    "fmt, payload",
+    [
+        ("generic", {"completions": []}),
+        ("openai", {"choices": []}),
+        ("anthropic", {"content": []}),
+        ("openai_responses", {"output": []}),
+    ],
+)
 def test_empty_completions(server, fmt, payload):
     server.state.script = lambda i, b: ok(payload)
     with pytest.raises(ValueError, match="Comparator API returned no completions"):
@@ -395,8 +453,9 @@ def test_connection_refused_retries_then_error():
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
     sleeps = []
-    comp = ApiComparator(ApiComparatorConfig(url=f"http://127.0.0.1:{port}/x", max_retries=2, backoff_s=0.0),
-                         sleep=sleeps.append)
+    comp = ApiComparator(
+        ApiComparatorConfig(url=f"http://127.0.0.1:{port}/x", max_retries=2, backoff_s=0.0), sleep=sleeps.append
+    )
     with pytest.raises(ComparatorAPIError, match="failed after 3 attempts: connection error"):
         comp.complete("p", 1)
     assert len(sleeps) == 2
@@ -431,8 +490,10 @@ def test_missing_env_key_is_clear_error(server, monkeypatch):
 def test_concurrency_limit_and_order(server):
     def script(i, body):  # later prompts answer faster, so completion order differs from submission order
         idx = int(body["prompt"].split("-")[1])
-        return ok({"completions": [f"{body['prompt']}:{k}" for k in range(body["num_return_sequences"])]},
-                  delay=0.1 + 0.02 * (7 - idx))  # long enough that two requests overlap even on a busy machine
+        return ok(
+            {"completions": [f"{body['prompt']}:{k}" for k in range(body["num_return_sequences"])]},
+            delay=0.1 + 0.02 * (7 - idx),
+        )  # long enough that two requests overlap even on a busy machine
 
     server.state.script = script
     comp = make(server, max_concurrency=2)
@@ -445,8 +506,9 @@ def test_concurrency_limit_and_order(server):
 
 
 def test_concurrency_limit_across_split_requests(server):
-    server.state.script = lambda i, b: ok({"content": [{"type": "text", "text": b["messages"][0]["content"]}]},
-                                          delay=0.03)
+    server.state.script = lambda i, b: ok(
+        {"content": [{"type": "text", "text": b["messages"][0]["content"]}]}, delay=0.03
+    )
     comp = make(server, format="anthropic", max_concurrency=3)
     out = comp.complete_many(["a", "b", "c"], 3)
     assert out == [["a"] * 3, ["b"] * 3, ["c"] * 3]

@@ -26,8 +26,15 @@ EXAMPLES = REPO / "examples" / "compat"
 SHARED = REPO.parent / "shared" / "data"
 ITEMS = [{"prompt": f"Tell a story about {topic}:"} for topic in ("a cat", "a kite", "rain")]
 QUIET = {"enable_progress_bar": False}
-SMALL = dict(num_train_epochs=1, max_new_tokens=3, logging_steps=1, eval_interval=0, temperature=1.0, top_p=1.0,
-             log_completions=False)
+SMALL = dict(
+    num_train_epochs=1,
+    max_new_tokens=3,
+    logging_steps=1,
+    eval_interval=0,
+    temperature=1.0,
+    top_p=1.0,
+    log_completions=False,
+)
 
 
 def length_reward(first, second):
@@ -50,8 +57,21 @@ def run_script(name: str, *argv: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- the scripts
 def test_story_script_trains_and_saves_on_tiny_models(tmp_path, capsys):
-    run_script("story_length_ratio.py", "--model", "tiny", "--epochs", "1", "--num-prompts", "2",
-               "--num-generations", "2", "--max-new-tokens", "4", "--output-dir", "run")
+    run_script(
+        "story_length_ratio.py",
+        "--model",
+        "tiny",
+        "--epochs",
+        "1",
+        "--num-prompts",
+        "2",
+        "--num-generations",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--output-dir",
+        "run",
+    )
     assert "Training complete: 4 joint actions" in capsys.readouterr().out  # 2 prompts x K = 2
     for agent in ("agent_0", "agent_1"):
         assert (tmp_path / "run" / "models" / agent / "model.safetensors").is_file()
@@ -60,15 +80,30 @@ def test_story_script_trains_and_saves_on_tiny_models(tmp_path, capsys):
 def test_story_reward_by_hand():
     script = runpy.run_path(str(EXAMPLES / "story_length_ratio.py"))
     # ratios 2.5 (in range), 1 (distance 1), 4 (distance 1), empty first answer
-    assert script["length_ratio_reward"](["ab", "ab", "ab", ""], ["abcde", "ab", "abcdefgh", "x"]) == \
-        pytest.approx([1.0, math.exp(-1), math.exp(-1), 0.0])
+    assert script["length_ratio_reward"](["ab", "ab", "ab", ""], ["abcde", "ab", "abcdefgh", "x"]) == pytest.approx(
+        [1.0, math.exp(-1), math.exp(-1), 0.0]
+    )
 
 
 @pytest.mark.skipif(not (SHARED / "tldr" / "tldr_sample.jsonl.gz").exists(), reason=f"TL;DR sample under {SHARED}")
 def test_tldr_script_trains_evaluates_and_saves(tmp_path, capsys):
-    run_script("tldr_length_ratio.py", "--model", "tiny", "--data", str(SHARED / "tldr" / "tldr_sample.jsonl.gz"),
-               "--train-items", "2", "--eval-items", "1", "--epochs", "1", "--max-new-tokens", "4",
-               "--output-dir", "run")
+    run_script(
+        "tldr_length_ratio.py",
+        "--model",
+        "tiny",
+        "--data",
+        str(SHARED / "tldr" / "tldr_sample.jsonl.gz"),
+        "--train-items",
+        "2",
+        "--eval-items",
+        "1",
+        "--epochs",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--output-dir",
+        "run",
+    )
     assert "eval/turn_1/reward_mean" in capsys.readouterr().out
     for agent in ("agent_0", "agent_1"):
         assert (tmp_path / "run" / agent / "model.safetensors").is_file()
@@ -78,9 +113,25 @@ def test_tldr_script_trains_evaluates_and_saves(tmp_path, capsys):
 
 @pytest.mark.skipif(not (SHARED / "coophumaneval" / "che_raw.json").exists(), reason=f"CoopHumanEval under {SHARED}")
 def test_two_turn_coding_script_runs_with_level_feedback(tmp_path, capsys):
-    run_script("coding_two_turn.py", "--model", "tiny", "--data", str(SHARED / "coophumaneval" / "che_raw.json"),
-               "--train-items", "1", "--eval-items", "1", "--epochs", "1", "--num-generations", "2",
-               "--max-new-tokens", "4", "--output-dir", "run")
+    run_script(
+        "coding_two_turn.py",
+        "--model",
+        "tiny",
+        "--data",
+        str(SHARED / "coophumaneval" / "che_raw.json"),
+        "--train-items",
+        "1",
+        "--eval-items",
+        "1",
+        "--epochs",
+        "1",
+        "--num-generations",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--output-dir",
+        "run",
+    )
     out = capsys.readouterr().out
     assert "eval/turn_2/reward_mean" in out and "eval/turn_2/pass_rate" in out  # two turns, the coding aggregator
     rows = metric_rows(tmp_path / "run" / "magrpo")
@@ -101,8 +152,16 @@ CASES = {
     "MADPOTrainer": ({"preference_num_candidates": 3, "preference_pairs_per_sample": 1}, {}),
     "MARLHFTrainer": ({"preference_num_candidates": 3, "preference_pairs_per_sample": 1, "num_generations": 2}, {}),
     "MADPOIterTrainer": ({"preference_num_candidates": 3, "preference_pairs_per_sample": 1, "num_iterations": 1}, {}),
-    "MARLHFIterTrainer": ({"preference_num_candidates": 3, "preference_pairs_per_sample": 1, "num_iterations": 1,
-                           "num_generations": 2, "reward_num_train_epochs": 1}, {}),
+    "MARLHFIterTrainer": (
+        {
+            "preference_num_candidates": 3,
+            "preference_pairs_per_sample": 1,
+            "num_iterations": 1,
+            "num_generations": 2,
+            "reward_num_train_epochs": 1,
+        },
+        {},
+    ),
 }
 
 
@@ -114,9 +173,14 @@ def test_every_trainer_builds_and_trains_one_step_with_its_config(trainer_class,
     config_class = type(trainer_class.default_config())
     assert config_class.__name__ == trainer_class.__name__.replace("Trainer", "Config")
     seed_everything(0)  # what is sampled (and so whether a preference pair is found) must not depend on test order
-    trainer = trainer_class(agent_model="tiny", reward_func=length_reward, train_dataset=ITEMS[:1],
-                            args=config_class(output_dir=str(tmp_path), **SMALL, **fields), trainer_options=QUIET,
-                            **objects)
+    trainer = trainer_class(
+        agent_model="tiny",
+        reward_func=length_reward,
+        train_dataset=ITEMS[:1],
+        args=config_class(output_dir=str(tmp_path), **SMALL, **fields),
+        trainer_options=QUIET,
+        **objects,
+    )
     assert isinstance(trainer.module, trainer_class.module_class)
     before = [p.detach().clone() for p in trainer.agents[0].parameters()]
     trainer.train()
@@ -141,9 +205,15 @@ def test_evaluate_returns_the_metrics_and_save_model_writes_hf_folders(tmp_path)
         return {"turn_1/samples": float(len(metrics)), "turn_1/turns": sum(m["turns"] for m in metrics) / len(metrics)}
 
     trainer = compat.MAGRPOTrainer(
-        agent_model="tiny", reward_func=lambda a, b: [0.25] * len(a), train_dataset=ITEMS[:1], eval_dataset=ITEMS,
-        eval_logger=eval_logger, eval_aggregator=eval_aggregator, trainer_options=QUIET,
-        args=compat.MAGRPOConfig(num_turns=1, num_generations=2, output_dir=str(tmp_path), save_steps=1, **SMALL))
+        agent_model="tiny",
+        reward_func=lambda a, b: [0.25] * len(a),
+        train_dataset=ITEMS[:1],
+        eval_dataset=ITEMS,
+        eval_logger=eval_logger,
+        eval_aggregator=eval_aggregator,
+        trainer_options=QUIET,
+        args=compat.MAGRPOConfig(num_turns=1, num_generations=2, output_dir=str(tmp_path), save_steps=1, **SMALL),
+    )
     trainer.train()
     assert next(tmp_path.rglob("checkpoints/last.ckpt")).exists()  # save_steps: a checkpoint every update
     trainer.train()  # again, as CoMLRL's train(): one more epoch
@@ -163,24 +233,50 @@ def test_evaluate_returns_the_metrics_and_save_model_writes_hf_folders(tmp_path)
 # ----------------------------------------------------------------------------------------------- configs
 def test_configs_are_dataclasses_with_comlrl_defaults():
     magrpo = compat.MAGRPOConfig()
-    assert (magrpo.num_train_epochs, magrpo.logging_steps, magrpo.num_turns, magrpo.early_termination_threshold,
-            magrpo.num_generations, magrpo.rollout_buffer_size, magrpo.top_k, magrpo.advantage_mode,
-            magrpo.agent_learning_rate) == (20, 50, 2, -0.2, 4, 2, 50, "mean", 5e-6)
+    assert (
+        magrpo.num_train_epochs,
+        magrpo.logging_steps,
+        magrpo.num_turns,
+        magrpo.early_termination_threshold,
+        magrpo.num_generations,
+        magrpo.rollout_buffer_size,
+        magrpo.top_k,
+        magrpo.advantage_mode,
+        magrpo.agent_learning_rate,
+    ) == (20, 50, 2, -0.2, 4, 2, 50, "mean", 5e-6)
     variants = {compat.MAREINFORCEConfig: "raw", compat.MARLOOConfig: "rloo", compat.MAReMaxConfig: "max"}
     for config, mode in variants.items():
         assert issubclass(config, compat.MAGRPOConfig) and config().advantage_mode == mode
     assert compat.CentralizedMAGRPOConfig().num_turns == 1
     iac = compat.IACConfig()
-    assert (iac.num_train_epochs, iac.logging_steps, iac.num_generations, iac.discount, iac.rollout_buffer_size,
-            iac.top_k, iac.use_separate_critic, iac.value_loss_coef) == (40, 1, 1, 0.9, 8, None, True, 0.6)
+    assert (
+        iac.num_train_epochs,
+        iac.logging_steps,
+        iac.num_generations,
+        iac.discount,
+        iac.rollout_buffer_size,
+        iac.top_k,
+        iac.use_separate_critic,
+        iac.value_loss_coef,
+    ) == (40, 1, 1, 0.9, 8, None, True, 0.6)
     assert "use_separate_critic" not in {f.name for f in dataclasses.fields(compat.MAACConfig)}
     madpo = compat.MADPOConfig()
-    assert (madpo.preference_num_candidates, madpo.preference_pairs_per_sample, madpo.dpo_beta, madpo.train_batch_size,
-            madpo.discount, madpo.advantage_mode) == (80, 16, 0.1, 2, 1.0, "mean")
+    assert (
+        madpo.preference_num_candidates,
+        madpo.preference_pairs_per_sample,
+        madpo.dpo_beta,
+        madpo.train_batch_size,
+        madpo.discount,
+        madpo.advantage_mode,
+    ) == (80, 16, 0.1, 2, 1.0, "mean")
     assert issubclass(compat.MARLHFConfig, compat.MADPOConfig) and compat.MARLHFConfig().reward_learning_rate == 1e-5
     it = compat.MADPOIterConfig()
-    assert (it.num_train_epochs, it.num_iterations, it.preference_num_candidates, it.pair_selection) == \
-        (1, 6, 20, "comparator_reward")
+    assert (it.num_train_epochs, it.num_iterations, it.preference_num_candidates, it.pair_selection) == (
+        1,
+        6,
+        20,
+        "comparator_reward",
+    )
     assert (compat.MARLHFIterConfig().num_train_epochs, compat.MARLHFIterConfig().reward_num_train_epochs) == (2, 2)
 
 
@@ -188,33 +284,49 @@ def test_configs_are_dataclasses_with_comlrl_defaults():
 def test_config_fields_are_the_modules_fields_plus_the_run_settings(config):
     names = {f.name for f in dataclasses.fields(config)}
     module = set(module_parameters(config.module_class)) - set(OBJECT_FIELDS)
-    excluded = {"use_separate_critic", "value_clip_range", "value_head_hidden_dim"} if config is compat.MAACConfig \
-        else set()
+    excluded = (
+        {"use_separate_critic", "value_clip_range", "value_head_hidden_dim"} if config is compat.MAACConfig else set()
+    )
     assert module - excluded <= names and set(RUN_FIELDS) <= names
 
 
-@pytest.mark.parametrize("config,values,message", [
-    (compat.MAGRPOConfig, {"num_generations": 1}, "num_generations must be >= 2 (group baseline"),
-    (compat.MAGRPOConfig, {"num_train_epochs": 0}, "num_train_epochs must be >= 1"),
-    (compat.MAGRPOConfig, {"logging_steps": 0}, "logging_steps must be >= 1"),
-    (compat.MAGRPOConfig, {"eval_batch_size": 0}, "eval_batch_size must be >= 1"),
-    (compat.MAGRPOConfig, {"rollout_buffer_size": 0}, "rollout_buffer_size must be >= 1"),
-    (compat.MAGRPOConfig, {"advantage_mode": "no-such-baseline"}, "advantage_mode must be one of"),  # not "median": an example registers it
-    (compat.MAGRPOConfig, {"parallel_training": "ddp"}, "parallel_training only supports: none, mp"),
-    (compat.MAGRPOConfig, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices"),
-    (compat.MAGRPOConfig, {"reference_kl_coef": -1.0}, "reference_kl_coef must be >= 0"),
-    (compat.CentralizedMAGRPOConfig, {"num_turns": 2}, "supports num_turns=1 only"),
-    (compat.CentralizedMAGRPOConfig, {"collaboration_mode": "decentralized"}, "requires centralized collaboration"),
-    (compat.IACConfig, {"critic_type": "w"}, "critic_type must be one of"),
-    (compat.IACConfig, {"num_generations": 2}, "Multi-turn IAC currently supports num_generations == 1"),
-    (compat.MADPOConfig, {"dpo_beta": 0.0}, "dpo_beta must be > 0"),
-    (compat.MADPOConfig, {"num_turns": 2}, "MADPO currently supports num_turns=1 only"),
-    (compat.MADPOConfig, {"pair_selection": "all"}, "preference_pairs_per_sample must be null when pair_selection='all'"),
-    (compat.MARLHFConfig, {"rl_algorithm": "ppo"}, "rl_algorithm must be one of"),
-    (compat.MARLHFConfig, {"reward_learning_rate": 0.0}, "reward_learning_rate must be > 0"),
-    (compat.MADPOIterConfig, {"preference_replay_mode": "lambda_decay"}, "preference_replay_lambda is required"),
-    (compat.MADPOIterConfig, {"comparator_policy": "model"}, "comparator_model_name or comparator_agents is required"),
-])
+@pytest.mark.parametrize(
+    "config,values,message",
+    [
+        (compat.MAGRPOConfig, {"num_generations": 1}, "num_generations must be >= 2 (group baseline"),
+        (compat.MAGRPOConfig, {"num_train_epochs": 0}, "num_train_epochs must be >= 1"),
+        (compat.MAGRPOConfig, {"logging_steps": 0}, "logging_steps must be >= 1"),
+        (compat.MAGRPOConfig, {"eval_batch_size": 0}, "eval_batch_size must be >= 1"),
+        (compat.MAGRPOConfig, {"rollout_buffer_size": 0}, "rollout_buffer_size must be >= 1"),
+        (
+            compat.MAGRPOConfig,
+            {"advantage_mode": "no-such-baseline"},
+            "advantage_mode must be one of",
+        ),  # not "median": an example registers it
+        (compat.MAGRPOConfig, {"parallel_training": "ddp"}, "parallel_training only supports: none, mp"),
+        (compat.MAGRPOConfig, {"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices"),
+        (compat.MAGRPOConfig, {"reference_kl_coef": -1.0}, "reference_kl_coef must be >= 0"),
+        (compat.CentralizedMAGRPOConfig, {"num_turns": 2}, "supports num_turns=1 only"),
+        (compat.CentralizedMAGRPOConfig, {"collaboration_mode": "decentralized"}, "requires centralized collaboration"),
+        (compat.IACConfig, {"critic_type": "w"}, "critic_type must be one of"),
+        (compat.IACConfig, {"num_generations": 2}, "Multi-turn IAC currently supports num_generations == 1"),
+        (compat.MADPOConfig, {"dpo_beta": 0.0}, "dpo_beta must be > 0"),
+        (compat.MADPOConfig, {"num_turns": 2}, "MADPO currently supports num_turns=1 only"),
+        (
+            compat.MADPOConfig,
+            {"pair_selection": "all"},
+            "preference_pairs_per_sample must be null when pair_selection='all'",
+        ),
+        (compat.MARLHFConfig, {"rl_algorithm": "ppo"}, "rl_algorithm must be one of"),
+        (compat.MARLHFConfig, {"reward_learning_rate": 0.0}, "reward_learning_rate must be > 0"),
+        (compat.MADPOIterConfig, {"preference_replay_mode": "lambda_decay"}, "preference_replay_lambda is required"),
+        (
+            compat.MADPOIterConfig,
+            {"comparator_policy": "model"},
+            "comparator_model_name or comparator_agents is required",
+        ),
+    ],
+)
 def test_configs_check_their_fields_when_built(config, values, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         config(**values)
@@ -244,21 +356,36 @@ def make_trainer(trainer_class=None, **kwargs):
     return (trainer_class or compat.MAGRPOTrainer)(trainer_options=QUIET, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs,error,message", [
-    ({}, ValueError, "Either agent_model or agents must be provided."),
-    ({"agent_model": torch.nn.Linear(1, 1)}, ValueError, "agent_model should be a string"),
-    ({"agent_model": "tiny", "agents": ["tiny", "tiny-5m"]}, ValueError, "conflict"),
-    ({"agent_model": "tiny", "model": "tiny"}, ValueError, "not both"),
-    ({"agent_model": "tiny", "critics": ["tiny", "tiny"]}, TypeError,
-     "MAGRPOTrainer does not take critics= .*IACTrainer, MAACTrainer, MARLHFTrainer, MARLHFIterTrainer"),
-    ({"agent_model": "tiny", "args": compat.IACConfig()}, TypeError, "takes args=MAGRPOConfig"),
-    ({"agent_model": "tiny", "model_config": {"critic_model_kwargs": {}}}, ValueError,
-     "model_config\\['critic_model_kwargs'\\] has no equivalent here: .*critics=\\[...\\]"),
-    ({"agent_model": "tiny", "args": compat.MAGRPOConfig()}, ValueError,
-     "Multi-turn MAGRPO requires an external_transition"),
-    ({"trainer_class": compat.IACTrainer, "agent_model": "tiny", "args": compat.IACConfig(num_turns=1)}, ValueError,
-     "Either critic_model or critics must be provided when use_separate_critic=True"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        ({}, ValueError, "Either agent_model or agents must be provided."),
+        ({"agent_model": torch.nn.Linear(1, 1)}, ValueError, "agent_model should be a string"),
+        ({"agent_model": "tiny", "agents": ["tiny", "tiny-5m"]}, ValueError, "conflict"),
+        ({"agent_model": "tiny", "model": "tiny"}, ValueError, "not both"),
+        (
+            {"agent_model": "tiny", "critics": ["tiny", "tiny"]},
+            TypeError,
+            "MAGRPOTrainer does not take critics= .*IACTrainer, MAACTrainer, MARLHFTrainer, MARLHFIterTrainer",
+        ),
+        ({"agent_model": "tiny", "args": compat.IACConfig()}, TypeError, "takes args=MAGRPOConfig"),
+        (
+            {"agent_model": "tiny", "model_config": {"critic_model_kwargs": {}}},
+            ValueError,
+            "model_config\\['critic_model_kwargs'\\] has no equivalent here: .*critics=\\[...\\]",
+        ),
+        (
+            {"agent_model": "tiny", "args": compat.MAGRPOConfig()},
+            ValueError,
+            "Multi-turn MAGRPO requires an external_transition",
+        ),
+        (
+            {"trainer_class": compat.IACTrainer, "agent_model": "tiny", "args": compat.IACConfig(num_turns=1)},
+            ValueError,
+            "Either critic_model or critics must be provided when use_separate_critic=True",
+        ),
+    ],
+)
 def test_trainer_arguments_without_an_equivalent_say_what_to_use(kwargs, error, message):
     with pytest.raises(error, match=message):
         make_trainer(**kwargs)
@@ -280,28 +407,48 @@ def test_trainer_methods_and_attributes_without_an_equivalent(tmp_path):
 def test_trainer_maps_comlrl_arguments_onto_the_module(caplog):
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-    maac = make_trainer(compat.MAACTrainer, agents=["tiny", "tiny"], critic_model="tiny",
-                        model_config={"critic_value_head_hidden_dim": 8},
-                        args=compat.MAACConfig(num_turns=1, output_dir="somewhere"))
+    maac = make_trainer(
+        compat.MAACTrainer,
+        agents=["tiny", "tiny"],
+        critic_model="tiny",
+        model_config={"critic_value_head_hidden_dim": 8},
+        args=compat.MAACConfig(num_turns=1, output_dir="somewhere"),
+    )
     assert maac.module.critic_value_head_hidden_dim == 8 and maac.module.num_agents == 2
     assert isinstance(maac.build_logger(), CSVLogger) and maac.output_dir == "somewhere"
     with caplog.at_level(logging.WARNING):
-        madpo = make_trainer(compat.MADPOTrainer, agent_model="tiny", args=compat.MADPOConfig(discount=0.5),
-                             wandb_config={"project": "p", "run_name": "r", "dir": "wandb_dir",
-                                           "config_sections": {"dataset": {"type": "toy"}}})
+        madpo = make_trainer(
+            compat.MADPOTrainer,
+            agent_model="tiny",
+            args=compat.MADPOConfig(discount=0.5),
+            wandb_config={
+                "project": "p",
+                "run_name": "r",
+                "dir": "wandb_dir",
+                "config_sections": {"dataset": {"type": "toy"}},
+            },
+        )
     assert "MADPOConfig.discount=0.5 has no effect on MADPO" in caplog.text
     assert madpo.dataset_type == "toy" and madpo.datamodule is None
     logger = madpo.build_logger()
-    assert isinstance(logger, WandbLogger) and logger._wandb_init["project"] == "p" and \
-        logger._wandb_init["name"] == "r" and logger._wandb_init["config"]["dataset_type"] == "toy"
+    assert (
+        isinstance(logger, WandbLogger)
+        and logger._wandb_init["project"] == "p"
+        and logger._wandb_init["name"] == "r"
+        and logger._wandb_init["config"]["dataset_type"] == "toy"
+    )
     from comlrl_lightning.agents import load_agents
 
     models, tokenizers = load_agents("tiny", num_agents=2)  # CoMLRL's quick start passes loaded models
     team = make_trainer(agents=list(models), tokenizer=tokenizers[0])
     assert team.module.num_agents == 2 and team.agents[1] is models[1] and team.tokenizer is tokenizers[0]
     with pytest.raises(ValueError, match="num_agents must match args.num_agents"):
-        make_trainer(compat.CentralizedMAGRPOTrainer, agent_model="tiny", num_agents=3,
-                     args=compat.CentralizedMAGRPOConfig(num_generations=2))
+        make_trainer(
+            compat.CentralizedMAGRPOTrainer,
+            agent_model="tiny",
+            num_agents=3,
+            args=compat.CentralizedMAGRPOConfig(num_generations=2),
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -358,14 +505,17 @@ def test_parallel_training_null_and_none_mean_none(value):
     assert MAGRPO(reward_func=length_reward, parallel_training=value).parallel_training == "none"
 
 
-@pytest.mark.parametrize("config,values", [
-    (compat.MAGRPOConfig, {"num_turns": 1, "agent_devices": "cpu"}),
-    (compat.MAGRPOConfig, {"num_turns": 1, "agent_devices": ["cpu", "cuda:1"]}),
-    (compat.IACConfig, {"num_turns": 1, "agent_devices": ["cpu"], "critic_devices": ["cpu"]}),
-    (compat.IACConfig, {"num_turns": 1, "critic_devices": "cpu"}),
-    (compat.MAACConfig, {"num_turns": 1, "agent_devices": "cpu", "critic_devices": "cpu"}),
-    (compat.MADPOConfig, {"agent_devices": "cpu"}),
-])
+@pytest.mark.parametrize(
+    "config,values",
+    [
+        (compat.MAGRPOConfig, {"num_turns": 1, "agent_devices": "cpu"}),
+        (compat.MAGRPOConfig, {"num_turns": 1, "agent_devices": ["cpu", "cuda:1"]}),
+        (compat.IACConfig, {"num_turns": 1, "agent_devices": ["cpu"], "critic_devices": ["cpu"]}),
+        (compat.IACConfig, {"num_turns": 1, "critic_devices": "cpu"}),
+        (compat.MAACConfig, {"num_turns": 1, "agent_devices": "cpu", "critic_devices": "cpu"}),
+        (compat.MADPOConfig, {"agent_devices": "cpu"}),
+    ],
+)
 def test_devices_without_mp_are_accepted_as_comlrl_does(config, values):
     config(**values)  # CoMLRL places the whole team on the first device; so does the module (test_actor_critic.py)
 
@@ -390,19 +540,35 @@ def test_iterative_configs_log_reward_distributions():
     make_trainer(compat.MADPOIterTrainer, agent_model="tiny", reward_func=ranged, args=args)
 
 
-@pytest.mark.parametrize("build,message", [
-    (lambda: compat.MADPOConfig(collaboration_mode="hybrid"),
-     "collaboration_mode must be decentralized or centralized (got 'hybrid')."),
-    (lambda: compat.MAGRPOConfig(num_turns=1, joint_mode="diagonal"),
-     "Unsupported joint_mode: diagonal (joint_mode must be one of: aligned, cross, align, crossed)."),
-    (lambda: compat.CentralizedMAGRPOConfig(num_turns=2), "Centralized MAGRPO currently supports num_turns=1 only."),
-    (lambda: compat.MADPOConfig(pair_selection="best"),
-     "pair_selection must be one of: reward_gap, random, all (got 'best')."),
-    (lambda: compat.MADPOConfig(pair_selection="comparator_reward"),
-     "pair_selection must be one of: reward_gap, random, all (got 'comparator_reward')."),
-    (lambda: compat.MADPOIterConfig(pair_selection="best"),
-     "pair_selection must be one of: reward_gap, random, all, comparator_reward (got 'best')."),
-])
+@pytest.mark.parametrize(
+    "build,message",
+    [
+        (
+            lambda: compat.MADPOConfig(collaboration_mode="hybrid"),
+            "collaboration_mode must be decentralized or centralized (got 'hybrid').",
+        ),
+        (
+            lambda: compat.MAGRPOConfig(num_turns=1, joint_mode="diagonal"),
+            "Unsupported joint_mode: diagonal (joint_mode must be one of: aligned, cross, align, crossed).",
+        ),
+        (
+            lambda: compat.CentralizedMAGRPOConfig(num_turns=2),
+            "Centralized MAGRPO currently supports num_turns=1 only.",
+        ),
+        (
+            lambda: compat.MADPOConfig(pair_selection="best"),
+            "pair_selection must be one of: reward_gap, random, all (got 'best').",
+        ),
+        (
+            lambda: compat.MADPOConfig(pair_selection="comparator_reward"),
+            "pair_selection must be one of: reward_gap, random, all (got 'comparator_reward').",
+        ),
+        (
+            lambda: compat.MADPOIterConfig(pair_selection="best"),
+            "pair_selection must be one of: reward_gap, random, all, comparator_reward (got 'best').",
+        ),
+    ],
+)
 def test_messages_keep_comlrl_wording(build, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         build()
@@ -422,19 +588,29 @@ def test_a_trainer_without_models_or_reward_says_what_comlrl_says(trainer_class)
     args = config(num_turns=1) if "num_turns" in {f.name for f in dataclasses.fields(config)} else config()
     with pytest.raises(ValueError, match="Either agent_model or agents must be provided."):
         trainer_class(reward_func=length_reward, args=args)
-    first = "reward_func must be a callable." if trainer_class in (compat.IACTrainer, compat.MAACTrainer) else \
-        "Either agent_model or agents must be provided."
+    first = (
+        "reward_func must be a callable."
+        if trainer_class in (compat.IACTrainer, compat.MAACTrainer)
+        else "Either agent_model or agents must be provided."
+    )
     with pytest.raises(ValueError, match=re.escape(first)):
         trainer_class(args=args)
 
 
 def test_centralized_wandb_run_config_names_magrpo_and_its_roles(caplog):
-    trainer = make_trainer(compat.CentralizedMAGRPOTrainer, agent_model="tiny",
-                           args=compat.CentralizedMAGRPOConfig(num_generations=2),
-                           wandb_config={"project": "p", "config_sections": {"dataset": {"name": "d", "type": "t"}}})
+    trainer = make_trainer(
+        compat.CentralizedMAGRPOTrainer,
+        agent_model="tiny",
+        args=compat.CentralizedMAGRPOConfig(num_generations=2),
+        wandb_config={"project": "p", "config_sections": {"dataset": {"name": "d", "type": "t"}}},
+    )
     config = trainer.build_logger()._wandb_init["config"]
-    assert (config["algorithm"], config["num_roles"], config["num_actor_models"], config["collaboration_mode"]) == \
-        ("MAGRPO", 2, 1, "centralized")
+    assert (config["algorithm"], config["num_roles"], config["num_actor_models"], config["collaboration_mode"]) == (
+        "MAGRPO",
+        2,
+        1,
+        "centralized",
+    )
     assert (config["dataset_name"], config["dataset_type"], config["num_agents"]) == ("d", "t", 2)
     assert make_trainer(agent_model="tiny", wandb_config={}).wandb_run_config()["algorithm"] == "MAGRPO"
     with caplog.at_level(logging.WARNING):
@@ -457,5 +633,9 @@ def test_parallel_training_null_from_yaml(tmp_path):
     cli = main(["--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(extra)], run=False)
     assert cli.model.parallel_training == "none"
     extra.write_text("model:\n  init_args:\n    parallel_training: null\n")
-    assert main(["--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(extra)],
-                run=False).model.parallel_training == "none"
+    assert (
+        main(
+            ["--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(extra)], run=False
+        ).model.parallel_training
+        == "none"
+    )

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_iterative_api import server  # noqa: F401  (the loopback comparator API, for madpo_iter_api.yaml)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,9 +21,16 @@ SHARED = REPO.parent / "shared" / "data"
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 EMBEDDED = "smollm2-135m-instruct"
 # Fields that set the size of a run, and the small values a test uses (only where the algorithm has the field).
-SMALL = {"max_new_tokens": 4, "use_chat_template": False, "preference_num_candidates": 2,
-         "comparator_num_candidates": 2, "eval_interval": 1, "eval_num_samples": 1, "num_iterations": 2,
-         "reward_num_train_epochs": 1}
+SMALL = {
+    "max_new_tokens": 4,
+    "use_chat_template": False,
+    "preference_num_candidates": 2,
+    "comparator_num_candidates": 2,
+    "eval_interval": 1,
+    "eval_num_samples": 1,
+    "num_iterations": 2,
+    "reward_num_train_epochs": 1,
+}
 
 
 def tiny(value, models=(EMBEDDED,)):
@@ -43,8 +49,9 @@ def small_config(config: Path, root: Path, api_url: str | None = None, models=(E
     model = cfg["model"]
     module, _, name = model["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    accepted = {p for klass in cls.__mro__ if "__init__" in vars(klass)
-                for p in inspect.signature(klass.__init__).parameters}
+    accepted = {
+        p for klass in cls.__mro__ if "__init__" in vars(klass) for p in inspect.signature(klass.__init__).parameters
+    }
     args = tiny(model.get("init_args", {}), models)
     args.update({k: v for k, v in sizes.items() if k in accepted})
     if "comparator_api_url" in args:  # a loopback stand-in for the remote comparator
@@ -89,11 +96,23 @@ def test_every_config_runs_two_updates(config, tmp_path, monkeypatch, request):
 PLAIN = (type(None), str, int, float, bool)
 
 
-@pytest.mark.parametrize("name, extra", [
-    ("MAGRPO", {}), ("MAREINFORCE", {}), ("MAReMax", {}), ("MARLOO", {}), ("CentralizedMAGRPO", {}),
-    ("IAC", {"use_separate_critic": False}), ("IAC", {"critic_model": "tiny"}), ("MAAC", {"critic_model": "tiny"}),
-    ("MADPO", {}), ("MADPOIter", {}), ("MARLHF", {}), ("MARLHFIter", {}),
-])
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("MAGRPO", {}),
+        ("MAREINFORCE", {}),
+        ("MAReMax", {}),
+        ("MARLOO", {}),
+        ("CentralizedMAGRPO", {}),
+        ("IAC", {"use_separate_critic": False}),
+        ("IAC", {"critic_model": "tiny"}),
+        ("MAAC", {"critic_model": "tiny"}),
+        ("MADPO", {}),
+        ("MADPOIter", {}),
+        ("MARLHF", {}),
+        ("MARLHFIter", {}),
+    ],
+)
 def test_the_saved_hyper_parameters_are_what_the_run_uses(name, extra):
     """``hparams.yaml`` and a checkpoint's hyper-parameters record the values the run uses: a field a rule derives
     (``num_agents`` from the team, ``train_batch_size`` from ``rollout_buffer_size``, IAC's ``value_clip_range``

@@ -134,8 +134,11 @@ def test_critic_advantages_std_floor():
     # A = [1e-8, 0]: mean 5e-9, std 5e-9 < eps = 1e-6 -> divided by 1e-6: [5e-3, -5e-3]
     got = critic_advantages(torch.tensor([1e-8, 0.0], dtype=torch.float64), torch.zeros(2, dtype=torch.float64))
     close(got, [5e-3, -5e-3], atol=1e-12)
-    close(critic_advantages(torch.tensor([1e-8, 0.0], dtype=torch.float64), torch.zeros(2), eps=1e-9),
-          [1.0, -1.0], atol=1e-9)
+    close(
+        critic_advantages(torch.tensor([1e-8, 0.0], dtype=torch.float64), torch.zeros(2), eps=1e-9),
+        [1.0, -1.0],
+        atol=1e-9,
+    )
 
 
 def test_critic_advantages_groups_are_the_last_dim():
@@ -182,8 +185,10 @@ def test_expand_tensor_input():
 
 
 def test_expand_error_message():
-    msg = (r"Reward function must return 1 value, num_generations values, or num_agents values; "
-           r"got 4 \(num_agents=2, num_generations=3\)\.")
+    msg = (
+        r"Reward function must return 1 value, num_generations values, or num_agents values; "
+        r"got 4 \(num_agents=2, num_generations=3\)\."
+    )
     with pytest.raises(ValueError, match=msg):
         expand_rewards([1.0, 2.0, 3.0, 4.0], 2, 3)
     with pytest.raises(ValueError, match=r"got 2 \(num_agents=1, num_generations=3\)"):

@@ -93,7 +93,9 @@ def test_std_floor_small_spread_divides_by_eps():
 
 
 def test_bad_mode_names_the_field():
-    with pytest.raises(ValueError, match=r"advantage_mode must be one of: mean, raw, max, rloo(, \w+)* \(got 'greedy'\)"):
+    with pytest.raises(
+        ValueError, match=r"advantage_mode must be one of: mean, raw, max, rloo(, \w+)* \(got 'greedy'\)"
+    ):
         compute_advantages(G, "greedy")
 
 

@@ -50,8 +50,9 @@ def test_order_of_the_vocabulary_does_not_matter():
     assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0]]))
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 50, 0.9), (1.0, 20, 1.0), (0.6, None, 0.6),
-                                                     (1.3, 5, 0.3), (0.9, None, 1.0)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(0.7, 50, 0.9), (1.0, 20, 1.0), (0.6, None, 0.6), (1.3, 5, 0.3), (0.9, None, 1.0)]
+)
 def test_same_distribution_as_transformers_warpers(temperature, top_k, top_p):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 1000, generator=g) * 3
@@ -93,9 +94,14 @@ def test_sample_tokens_returns_vocabulary_ids_and_follows_the_seed():
     assert torch.equal(tokens, again)
 
 
-@pytest.mark.parametrize("kwargs,message", [({"temperature": 0.0}, "temperature must be > 0"),
-                                            ({"top_p": 0.0}, "top_p must be in (0, 1]"),
-                                            ({"top_k": 0}, "top_k must be >= 1")])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"top_k": 0}, "top_k must be >= 1"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, message):
     args = {"temperature": 1.0, **kwargs}
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):

@@ -14,12 +14,14 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CE_FILE = SHARED / "classeval" / "ClassEval_data.json.gz"
 needs_data = pytest.mark.skipif(not CE_FILE.exists(), reason=f"shared ClassEval data not found under {SHARED}")
 
-TOY = {"skeleton": "class Acc:\n    def __init__(self):\n        self.v = 0\n\n    def add(self, x):\n        '''add'''\n\n"
-                   "    def get(self):\n        '''get'''\n\n    def spin(self):\n        '''loop'''\n",
-       "class_constructor": "class Acc:\n    def __init__(self):\n        self.v = 0\n",
-       "test": "import unittest\n\nclass AccTest(unittest.TestCase):\n    def test_add(self):\n        a = Acc()\n"
-               "        a.add(2)\n        self.assertEqual(a.get(), 2)\n\n    def test_spin(self):\n"
-               "        self.assertEqual(Acc().spin(), 1)\n\nif __name__ == '__main__':\n    unittest.main()\n"}
+TOY = {
+    "skeleton": "class Acc:\n    def __init__(self):\n        self.v = 0\n\n    def add(self, x):\n        '''add'''\n\n"
+    "    def get(self):\n        '''get'''\n\n    def spin(self):\n        '''loop'''\n",
+    "class_constructor": "class Acc:\n    def __init__(self):\n        self.v = 0\n",
+    "test": "import unittest\n\nclass AccTest(unittest.TestCase):\n    def test_add(self):\n        a = Acc()\n"
+    "        a.add(2)\n        self.assertEqual(a.get(), 2)\n\n    def test_spin(self):\n"
+    "        self.assertEqual(Acc().spin(), 1)\n\nif __name__ == '__main__':\n    unittest.main()\n",
+}
 FAST = ce.ClassEvalReward(timeout_per_test=0.5, workers=2, timeout_total=20)
 
 
@@ -39,10 +41,14 @@ def test_split_methods_rule():
 
 def test_merger_edge_cases():
     item = ce._normalise(TOY)
-    assert item["agent_methods"] == [["add", "get"], ["spin"]] and item["test_cases"] == [("AccTest", "test_add"),
-                                                                                           ("AccTest", "test_spin")]
-    a0 = "```python\nimport math\nclass Acc:\n    def add(self, x):\n        self.v += x\n    def spin(self):\n" \
-         "        return 99\n```"
+    assert item["agent_methods"] == [["add", "get"], ["spin"]] and item["test_cases"] == [
+        ("AccTest", "test_add"),
+        ("AccTest", "test_spin"),
+    ]
+    a0 = (
+        "```python\nimport math\nclass Acc:\n    def add(self, x):\n        self.v += x\n    def spin(self):\n"
+        "        return 99\n```"
+    )
     a1 = "def spin(self):\n    return 1\ndef broken(:\n"  # malformed: salvaged def by def
     m = ce.merge_class([a0, a1], item)
     assert m["implemented"] == [["add"], ["spin"]] and m["parsed"] == [True, False]
@@ -55,10 +61,13 @@ def test_merger_edge_cases():
 
 def test_reward_levels_on_toy_item_and_timeout():
     good = ["def add(self, x):\n    self.v += x\n\ndef get(self):\n    return self.v", "def spin(self):\n    return 1"]
-    loop = ["def add(self, x):\n    self.v += x\n\ndef get(self):\n    return self.v",
-            "def spin(self):\n    while True:\n        pass"]
-    rows = FAST.breakdown([good[0], loop[0], "", "def add(self, x) self.v"], [good[1], loop[1], "nonsense", ""],
-                          batch_items=[TOY] * 4)
+    loop = [
+        "def add(self, x):\n    self.v += x\n\ndef get(self):\n    return self.v",
+        "def spin(self):\n    while True:\n        pass",
+    ]
+    rows = FAST.breakdown(
+        [good[0], loop[0], "", "def add(self, x) self.v"], [good[1], loop[1], "nonsense", ""], batch_items=[TOY] * 4
+    )
     assert [r["total"] for r in rows][0] == 6.0  # 0.5 + 1.0 * 5 + 0.5
     assert rows[1]["passed"] == 1 and rows[1]["timeouts"] == 1
     assert rows[1]["total"] == pytest.approx(0.5 + 2.5 + 0.5 - 0.2)
@@ -68,8 +77,11 @@ def test_reward_levels_on_toy_item_and_timeout():
 
 
 def test_syntax_error_in_one_agent_loses_syntax_level():
-    rows = FAST.breakdown(["def add(self, x):\n    self.v += x\ndef get(self):\n    return self.v\nx = (\n"],
-                          ["def spin(self):\n    return 1"], batch_items=[TOY])
+    rows = FAST.breakdown(
+        ["def add(self, x):\n    self.v += x\ndef get(self):\n    return self.v\nx = (\n"],
+        ["def spin(self):\n    return 1"],
+        batch_items=[TOY],
+    )
     assert rows[0]["parsed"] == [False, True] and rows[0]["level_syntax"] == 0.0
     assert rows[0]["total"] == pytest.approx(5.0 + 0.5)
 
@@ -82,8 +94,14 @@ def test_transition_prompts_and_eval_metrics():
     assert "Tests of the merged class passed: 0/2" in out[1] and "AccTest" in out[1]
     static = ce.code_feedback_transition(TOY["skeleton"], ["", "x"], 2)
     assert "Tests: not run" in static[0]
-    per = ce.classeval_eval_logger([[["", "def add(self, x):\n    self.v += x\ndef get(self):\n    return self.v"]],
-                                    [["", "def spin(self):\n    return 1"]]], batch_items=[TOY], reward=FAST)
+    per = ce.classeval_eval_logger(
+        [
+            [["", "def add(self, x):\n    self.v += x\ndef get(self):\n    return self.v"]],
+            [["", "def spin(self):\n    return 1"]],
+        ],
+        batch_items=[TOY],
+        reward=FAST,
+    )
     agg = ce.classeval_eval_aggregator(per, num_turns=2)
     assert agg["turn_1/avg_total_reward"] == 0.0 and agg["turn_2/pass_rate"] == 1.0
     assert {"turn_1/pass_rate", "turn_1/syntax_rate", "turn_1/avg_total_reward"} <= set(agg)

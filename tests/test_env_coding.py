@@ -16,17 +16,20 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MBPP_FILE = DATA / "mbpp" / "sanitized-mbpp.json"
 CHE_FILE = DATA / "coophumaneval" / "che_raw.json"
 
-needs_data = pytest.mark.skipif(not (MBPP_FILE.exists() and CHE_FILE.exists()),
-                                reason=f"shared benchmark data not found under {DATA}")
-needs_sandbox = pytest.mark.skipif(importlib.util.find_spec("comlrl_lightning.envs.sandbox") is None,
-                                   reason="comlrl_lightning.envs.sandbox (test execution) is not available")
+needs_data = pytest.mark.skipif(
+    not (MBPP_FILE.exists() and CHE_FILE.exists()), reason=f"shared benchmark data not found under {DATA}"
+)
+needs_sandbox = pytest.mark.skipif(
+    importlib.util.find_spec("comlrl_lightning.envs.sandbox") is None,
+    reason="comlrl_lightning.envs.sandbox (test execution) is not available",
+)
 
 HAND_ITEM = {
     "prompt": "from typing import List\n\n\ndef add_all(xs: List[int], start: int = 0) -> int:\n"
-              "    '''Sum xs plus start.'''\n",
+    "    '''Sum xs plus start.'''\n",
     "entry_point": "add_all",
     "test": "import math\n\ndef check(candidate):\n    assert candidate([1, 2], 1) == 4\n"
-            "    assert candidate([]) == 0\n",
+    "    assert candidate([]) == 0\n",
 }
 
 
@@ -57,7 +60,9 @@ def test_strip_markdown_and_extract_function():
 
 def test_format_gate():
     assert C.is_single_function("def aux(x):\n    return x + 1")
-    assert C.is_single_function("```python\nimport re\n\ndef aux(s):\n    '''doc'''\n    return re.sub('a', '', s)\n```")
+    assert C.is_single_function(
+        "```python\nimport re\n\ndef aux(s):\n    '''doc'''\n    return re.sub('a', '', s)\n```"
+    )
     assert C.is_single_function("def f(x):\n    if x\n        return 1")  # syntax is level 2's business
     assert not C.is_single_function("def aux(x):\n    print(x)")  # no return
     assert not C.is_single_function("def a():\n    return 1\n\ndef b():\n    return 2")  # two functions
@@ -93,13 +98,16 @@ def test_prompt_and_test_parsing():
     assert C.extract_parameters("def f(a,\n      b):\n    pass") == "a, b"
     assert C.extract_parameters("no def", "f") == ""
     assert C.extract_test_asserts(HAND_ITEM["test"], "add_all") == [
-        "assert add_all([1, 2], 1) == 4", "assert add_all([]) == 0"]
+        "assert add_all([1, 2], 1) == 4",
+        "assert add_all([]) == 0",
+    ]
     assert C.extract_test_asserts(["assert f(1) == 1", " "]) == ["assert f(1) == 1"]
     assert C.extract_test_asserts("assert g(2) == 4\nassert g(0) == 0") == ["assert g(2) == 4", "assert g(0) == 0"]
     assert C.extract_test_asserts(None) == []
     assert C.extract_test_imports(HAND_ITEM["test"]) == ["import math"]
-    program = C.build_program("def aux(xs):\n    return sum(xs)", "def add_all(xs, start=0):\n    return aux(xs)",
-                              HAND_ITEM)
+    program = C.build_program(
+        "def aux(xs):\n    return sum(xs)", "def add_all(xs, start=0):\n    return aux(xs)", HAND_ITEM
+    )
     assert program.startswith("from typing import List\nimport math\n\ndef aux(xs):")
     assert C.syntax_error(program) is None
     assert C.syntax_error("def f(:\n  return 1").startswith("line 1")
@@ -118,8 +126,14 @@ def test_formatters():
 
 def test_loaders_local_files_and_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    rows = [{"task_id": "X/0", "prompt": "def f(a):\n    '''id'''\n", "test": "def check(candidate):\n"
-             "    assert candidate(1) == 1\n", "entry_point": "f"}]
+    rows = [
+        {
+            "task_id": "X/0",
+            "prompt": "def f(a):\n    '''id'''\n",
+            "test": "def check(candidate):\n    assert candidate(1) == 1\n",
+            "entry_point": "f",
+        }
+    ]
     gz = tmp_path / "tasks.jsonl.gz"
     with gzip.open(gz, "wt") as fh:
         fh.write("\n".join(json.dumps(r) for r in rows))
@@ -155,7 +169,9 @@ def test_loaders_real_data():
 
 # ------------------------------------------------------------------------------------------ reward
 
-AUX_PRIME = "def aux(n):\n    if n < 2:\n        return False\n    return all(n % i for i in range(2, int(n ** 0.5) + 1))"
+AUX_PRIME = (
+    "def aux(n):\n    if n < 2:\n        return False\n    return all(n % i for i in range(2, int(n ** 0.5) + 1))"
+)
 MAIN_OK = "def x_or_y(n, x, y):\n    is_prime = aux(n)\n    return x if is_prime else y"
 
 
@@ -196,13 +212,20 @@ def test_reward_levels_executed(che_item):
         # 1.0 + 0.5 + 0/5; no test passed → no bonus: 1.5
         "wrong": (AUX_PRIME, "def x_or_y(n, x, y):\n    return y if aux(n) else x", 1.5),
         # 1.0 + 0.5 + 1.0 = 2.5, aux never called → dependency cap: 2.0
-        "aux_unused": (AUX_PRIME, "def x_or_y(n, x, y):\n    p = n > 1 and all(n % i for i in range(2, n))\n"
-                                  "    return x if p else y", 2.0),
+        "aux_unused": (
+            AUX_PRIME,
+            "def x_or_y(n, x, y):\n    p = n > 1 and all(n % i for i in range(2, n))\n    return x if p else y",
+            2.0,
+        ),
         # 1.0 + 0.5 + 1.0 + 1.0 collaboration, thin wrapper → no second bonus: 3.5
         "thin_wrapper": (aux_full, "def x_or_y(n, x, y):\n    return aux(n, x, y)", 3.5),
         # 1.0 + 0.5 + 1.0 + 1.0 + 1.0 − 0.5 (aux called, result discarded): 4.0
-        "return_ignored": (AUX_PRIME, "def x_or_y(n, x, y):\n    aux(n)\n    p = n > 1 and all(n % i for i in "
-                                      "range(2, n))\n    return x if p else y", 4.0),
+        "return_ignored": (
+            AUX_PRIME,
+            "def x_or_y(n, x, y):\n    aux(n)\n    p = n > 1 and all(n % i for i in "
+            "range(2, n))\n    return x if p else y",
+            4.0,
+        ),
         # "odd" instead of "prime": 7 and 13 pass, 15, 2 and 1 fail → 1.0 + 0.5 + 2/5 + 1.0 + 1.0 = 3.9
         "partial": ("def aux(n):\n    return n % 2 == 1", MAIN_OK, 3.9),
     }
@@ -266,9 +289,16 @@ def test_reference_solutions_pass_mbpp():
 
 
 def test_plain_transition():
-    prompts = C.plain_transition(prompt=HAND_ITEM["prompt"], agent_completions=["def aux(xs):\n    return 1",
-                                 "```python\ndef add_all(xs, start=0):\n    return aux(xs)\n```"], num_agents=2,
-                                 prompt_history_per_agent=[["p"], ["q"]], response_history_per_agent=[["a"], ["b"]])
+    prompts = C.plain_transition(
+        prompt=HAND_ITEM["prompt"],
+        agent_completions=[
+            "def aux(xs):\n    return 1",
+            "```python\ndef add_all(xs, start=0):\n    return aux(xs)\n```",
+        ],
+        num_agents=2,
+        prompt_history_per_agent=[["p"], ["q"]],
+        response_history_per_agent=[["a"], ["b"]],
+    )
     assert len(prompts) == 2
     assert HAND_ITEM["prompt"].rstrip() in prompts[0] and "def aux(xs):\n    return 1" in prompts[0]
     assert "Revise aux(...)" in prompts[0] and "Output ONLY the function code" in prompts[0]
@@ -279,8 +309,13 @@ def test_plain_transition():
 def test_level_feedback_static_only():
     # No tasks given: the entry point comes from the prompt, no tests are run.
     t = C.LevelFeedbackTransition()
-    aux_p, main_p = t(HAND_ITEM["prompt"], ["def helper(xs):\n    return xs", "def add_all(xs, start=0):\n"
-                      "    if xs\n        return 1\n    return 0"], 2, [[], []], [[], []])
+    aux_p, main_p = t(
+        HAND_ITEM["prompt"],
+        ["def helper(xs):\n    return xs", "def add_all(xs, start=0):\n    if xs\n        return 1\n    return 0"],
+        2,
+        [[], []],
+        [[], []],
+    )
     assert "aux(...) with a return NOT found" in aux_p
     assert "Syntax error in add_all: line 2" in main_p and "Definition: add_all(...) found" in main_p
     assert "Tests: none available" in main_p and "does not call aux(...)" in main_p
@@ -311,8 +346,16 @@ def test_eval_aggregator_names():
     metrics = [{"turns": [dict(row, level_1=1.0, total=1.0), dict(row)]}, {"turns": [dict(row, level_1=0.4)]}]
     agg = C.coding_eval_aggregator(metrics, num_turns=2)
     for t in (1, 2):
-        for name in ("pass_rate", "syntax_rate", "avg_level_1_reward", "avg_level_2_reward", "avg_level_3_reward",
-                     "avg_bonus_reward", "avg_total_reward", "aux_usage_rate"):
+        for name in (
+            "pass_rate",
+            "syntax_rate",
+            "avg_level_1_reward",
+            "avg_level_2_reward",
+            "avg_level_3_reward",
+            "avg_bonus_reward",
+            "avg_total_reward",
+            "aux_usage_rate",
+        ):
             assert f"turn_{t}/{name}" in agg
     assert agg["turn_1/avg_level_1_reward"] == pytest.approx(0.7) and agg["turn_2/avg_level_1_reward"] == 0.0
     assert agg["turn_1/syntax_rate"] == 1.0 and agg["turn_1/avg_total_reward"] == pytest.approx(0.5)
@@ -322,8 +365,12 @@ def test_eval_logger_static(che_item):
     # turn 1 stops at level 1 (no main), turn 2 at level 2 (syntax error): no execution needed.
     turns_aux = [[AUX_PRIME, AUX_PRIME]]
     turns_main = [["def f(n):\n    return 1", "def x_or_y(n, x, y):\n    if n\n        return aux(n)"]]
-    metrics = C.coding_eval_logger(agent_completions_turns=[turns_aux, turns_main], test_cases=[che_item["test"]],
-                                   entry_points=["x_or_y"], prompts=[che_item["prompt"]])
+    metrics = C.coding_eval_logger(
+        agent_completions_turns=[turns_aux, turns_main],
+        test_cases=[che_item["test"]],
+        entry_points=["x_or_y"],
+        prompts=[che_item["prompt"]],
+    )
     assert len(metrics) == 1 and len(metrics[0]["turns"]) == 2
     agg = C.coding_eval_aggregator(metrics, num_turns=2)
     assert agg["turn_1/avg_level_1_reward"] == pytest.approx(0.4) and agg["turn_1/avg_total_reward"] == 0.4
@@ -332,8 +379,9 @@ def test_eval_logger_static(che_item):
 
 @needs_sandbox
 def test_eval_logger_executed(che_item):
-    metrics = C.coding_eval_logger([[[AUX_PRIME]], [[MAIN_OK]]], batch_items=[che_item],
-                                   reward=C.CodingReward(timeout_per_test=2.0))
+    metrics = C.coding_eval_logger(
+        [[[AUX_PRIME]], [[MAIN_OK]]], batch_items=[che_item], reward=C.CodingReward(timeout_per_test=2.0)
+    )
     agg = C.coding_eval_aggregator(metrics, num_turns=1)
     assert agg["turn_1/pass_rate"] == 1.0 and agg["turn_1/avg_total_reward"] == pytest.approx(4.5)
     assert agg["turn_1/aux_usage_rate"] == 1.0 and agg["turn_1/avg_bonus_reward"] == 2.0

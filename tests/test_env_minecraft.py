@@ -15,8 +15,11 @@ from comlrl_lightning.envs.minecraft.common import TASKS, command_lines, parse_c
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "minecraft"
-needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"shared Minecraft data not found under {DATA} "
-                                "(../shared/data; the tasks come from github.com/OpenMLRL/LLM_Collab_Minecraft)")
+needs_data = pytest.mark.skipif(
+    not DATA.exists(),
+    reason=f"shared Minecraft data not found under {DATA} "
+    "(../shared/data; the tasks come from github.com/OpenMLRL/LLM_Collab_Minecraft)",
+)
 
 
 # ------------------------------------------------------------------------------------------------ StrBuild
@@ -27,8 +30,15 @@ def letter_i():
     (x + y) mod 2 — agent 0 has 7 cells, agent 1 has 6, and side-by-side cells always have different owners."""
     rows = S.render_word("I", 2)
     assert rows == ("#####", "..#..", "..#..", "..#..", "#####")
-    task = S.StrBuildTask(task_id="str_build_t001", word="I", difficulty=1, rows=rows, bbox_from=(0, 0, 0),
-                          bbox_to=(4, 4, 0), blocks=(S.DEFAULT_BLOCKS_AGENT1, S.DEFAULT_BLOCKS_AGENT2))
+    task = S.StrBuildTask(
+        task_id="str_build_t001",
+        word="I",
+        difficulty=1,
+        rows=rows,
+        bbox_from=(0, 0, 0),
+        bbox_to=(4, 4, 0),
+        blocks=(S.DEFAULT_BLOCKS_AGENT1, S.DEFAULT_BLOCKS_AGENT2),
+    )
     item = task.to_item()
     TASKS.add([item])
     return item
@@ -102,14 +112,38 @@ def test_strbuild_overwrites_budget_and_single_agent(letter_i):
 
 
 JUNK = [
-    "", "hello world", "/setblock", "/setblock 0 4 0", "/setblock ~ ~ ~ stone", "/setblock ^1 4 0 stone",
-    "/setblock 1.5 4 0 stone", "/setblock 99999999999999999999999999999 4 0 stone",
+    "",
+    "hello world",
+    "/setblock",
+    "/setblock 0 4 0",
+    "/setblock ~ ~ ~ stone",
+    "/setblock ^1 4 0 stone",
+    "/setblock 1.5 4 0 stone",
+    "/setblock 99999999999999999999999999999 4 0 stone",
     "/setblock " + "9" * 5000 + " 4 0 stone",
-    "/setblock -0 4 0 stone\x00", "/setblock 0 4 0 diamond_block", "/SETBLOCK 0 4 0 minecraft:stone", "```", "```\n",
-    "```mcfunction\n/setblock 0 4 0 stone", "\u202e/setblock 0 4 0 stone", "/fill 0 0 0 4 4 0 stone", "/kill @e",
-    "{'a': [1, {'b': None}]}", "[[[[[[]]]]]]", "\n" * 1000, "/setblock 0 4 0 stone " * 300, "💥" * 2000,
-    None, 42, 3.5, b"/setblock 0 4 0 stone", ["/setblock 0 4 0 stone"], {"nested": [{"junk": ()}]}, object(),
-    float("nan"), True,
+    "/setblock -0 4 0 stone\x00",
+    "/setblock 0 4 0 diamond_block",
+    "/SETBLOCK 0 4 0 minecraft:stone",
+    "```",
+    "```\n",
+    "```mcfunction\n/setblock 0 4 0 stone",
+    "\u202e/setblock 0 4 0 stone",
+    "/fill 0 0 0 4 4 0 stone",
+    "/kill @e",
+    "{'a': [1, {'b': None}]}",
+    "[[[[[[]]]]]]",
+    "\n" * 1000,
+    "/setblock 0 4 0 stone " * 300,
+    "💥" * 2000,
+    None,
+    42,
+    3.5,
+    b"/setblock 0 4 0 stone",
+    ["/setblock 0 4 0 stone"],
+    {"nested": [{"junk": ()}]},
+    object(),
+    float("nan"),
+    True,
 ]
 
 
@@ -125,14 +159,36 @@ def test_strbuild_malformed_completions_score_without_raising(letter_i, junk):
 
 def test_parsing_helpers():
     assert command_lines("```mcfunction\n- /setblock 1 2 3 stone\n\n2) /setblock 4 5 6 air\n```\ntext") == [
-        "/setblock 1 2 3 stone", "/setblock 4 5 6 air"]
+        "/setblock 1 2 3 stone",
+        "/setblock 4 5 6 air",
+    ]
     assert command_lines("```\nunclosed") == ["```", "unclosed"] and command_lines(None) == []
     assert [parse_coordinate(t) for t in ("12", "-3", "~1", "^0", "1.0", "1e3", "9" * 5000, None)] == [
-        12, -3, None, None, None, None, None, None]
-    task = S.StrBuildTask(task_id="t", word="I", difficulty=1, rows=S.render_word("I", 2), bbox_from=(0, 0, 0),
-                          bbox_to=(4, 4, 0), blocks=(S.DEFAULT_BLOCKS_AGENT1, S.DEFAULT_BLOCKS_AGENT2))
-    parsed = S.parse_setblocks("```\n/setblock 0 4 0 minecraft:stone\nsetblock 9 9 0 stone\n/give x\n```", ["stone"],
-                               task.bbox_from, task.bbox_to, 10)
+        12,
+        -3,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
+    task = S.StrBuildTask(
+        task_id="t",
+        word="I",
+        difficulty=1,
+        rows=S.render_word("I", 2),
+        bbox_from=(0, 0, 0),
+        bbox_to=(4, 4, 0),
+        blocks=(S.DEFAULT_BLOCKS_AGENT1, S.DEFAULT_BLOCKS_AGENT2),
+    )
+    parsed = S.parse_setblocks(
+        "```\n/setblock 0 4 0 minecraft:stone\nsetblock 9 9 0 stone\n/give x\n```",
+        ["stone"],
+        task.bbox_from,
+        task.bbox_to,
+        10,
+    )
     assert parsed.accepted == [((0, 4, 0), "stone")]
     assert [r for _, r in parsed.rejected] == ["outside the bounding box", "unsupported command 'give'"]
 
@@ -170,8 +226,11 @@ def test_strbuild_feedback_modes(letter_i):
 
 
 def test_strbuild_choices_and_lookup_errors(letter_i):
-    with pytest.raises(ValueError, match=r"mode must be one of 'perfect_feedback', 'position_feedback', "
-                                         r"'score_feedback'; got 'rect_modification'"):
+    with pytest.raises(
+        ValueError,
+        match=r"mode must be one of 'perfect_feedback', 'position_feedback', "
+        r"'score_feedback'; got 'rect_modification'",
+    ):
         S.StrBuildFeedback("rect_modification")
     with pytest.raises(KeyError, match="no StrBuild task has the prompt key 'str_build:nope'"):
         S.StrBuildFeedback()("str_build:nope", ["", ""], 2)
@@ -183,10 +242,16 @@ def test_strbuild_choices_and_lookup_errors(letter_i):
 
 
 # ------------------------------------------------------------------------------------------------ HouseBuild
-HOUSE = {"task_id": "house_t001", "inventory": {"S": "stone", "P": "oak_planks", "A": "air"},
-         "target_spec": {"type": "y_layers", "size": [2, 2, 2],
-                         "layers": [{"y": 0, "rows": ["SS", "SS"]}, {"y": 1, "rows": ["PA", "AP"]}]},
-         "bbox": {"from": [0, 0, 0], "to": [1, 1, 1]}}
+HOUSE = {
+    "task_id": "house_t001",
+    "inventory": {"S": "stone", "P": "oak_planks", "A": "air"},
+    "target_spec": {
+        "type": "y_layers",
+        "size": [2, 2, 2],
+        "layers": [{"y": 0, "rows": ["SS", "SS"]}, {"y": 1, "rows": ["PA", "AP"]}],
+    },
+    "bbox": {"from": [0, 0, 0], "to": [1, 1, 1]},
+}
 
 
 @pytest.fixture
@@ -206,9 +271,10 @@ def test_housebuild_loader_rules(house):
     assert task.resource_limits(2) == {"stone": 3, "oak_planks": 1}
     assert task.resource_limits(1) == {"stone": 4 + 2, "oak_planks": 2 + 1}
     assert house["blocks"] == [["stone", "oak_planks", "air"]] * 2  # the inventory's blocks
-    assert task.rectangles() == {0: [(0, 0, 1, 1, "stone")],
-                                 1: [(0, 0, 0, 0, "oak_planks"), (1, 0, 1, 0, "air"), (0, 1, 0, 1, "air"),
-                                     (1, 1, 1, 1, "oak_planks")]}
+    assert task.rectangles() == {
+        0: [(0, 0, 1, 1, "stone")],
+        1: [(0, 0, 0, 0, "oak_planks"), (1, 0, 1, 0, "air"), (0, 1, 0, 1, "air"), (1, 1, 1, 1, "oak_planks")],
+    }
     prompt = H.housebuild_agent0_prompt(house)
     assert "y=0: {(0, 0, 0, 1, 0, 1 stone)}" in prompt and "(1, 1, 0, 1" not in prompt  # air rectangles left out
     assert "Their attacks: [3, 3], total damage 6" in prompt and "- stone: 3\n- oak_planks: 1" in prompt
@@ -242,18 +308,27 @@ def test_housebuild_resource_limits_wrong_blocks_and_budget(house):
     assert parsed[0].rejected[0][1] == "over the stone limit (4 > 3)"
     # Split across the agents the same 4 stones fit (2 + 2); air is unlimited. A stone where air belongs is wrong:
     # 4 stones + (1,1,0) air right = 5/8, minus 0.1.
-    br = H.housebuild_breakdown(["/fill 0 0 0 1 0 0 stone\n/fill 0 1 0 1 1 1 air",
-                                 "/fill 0 0 1 1 0 1 stone\n/fill 0 1 1 0 1 1 stone"], house)
+    br = H.housebuild_breakdown(
+        ["/fill 0 0 0 1 0 0 stone\n/fill 0 1 0 1 1 1 air", "/fill 0 0 1 1 0 1 stone\n/fill 0 1 1 0 1 1 stone"], house
+    )
     assert br["accepted_commands"] == 4 and br["total"] == pytest.approx(5 / 8 - 0.1)
     # Fill modes, relative coordinates and corners outside the box are rejected.
     bad = "/fill 0 0 0 1 0 0 stone replace\n/fill ~ 0 0 1 0 0 stone\n/fill 0 0 0 2 0 0 stone\n/fill 0 0 0 stone"
     assert [r for _, r in H.parse_team(H.HouseBuildTask.from_item(house), [bad, ""])[0].rejected] == [
-        "fill modes (replace, keep, ...) are not allowed", "coordinates must be absolute integers",
-        "outside the bounding box", "fill needs x1 y1 z1 x2 y2 z2 block"]
+        "fill modes (replace, keep, ...) are not allowed",
+        "coordinates must be absolute integers",
+        "outside the bounding box",
+        "fill needs x1 y1 z1 x2 y2 z2 block",
+    ]
 
 
-HOUSE_JUNK = JUNK + ["/fill 0 0 0 999999999999999999999 1 1 stone", "/fill -5 -5 -5 5 5 5 stone",
-                     "/kill\n" * 400, "/fill 0 0 0 1 1 1 stone\n" * 400, "/fill " + "1 " * 6 + "oak_planks extra"]
+HOUSE_JUNK = JUNK + [
+    "/fill 0 0 0 999999999999999999999 1 1 stone",
+    "/fill -5 -5 -5 5 5 5 stone",
+    "/kill\n" * 400,
+    "/fill 0 0 0 1 1 1 stone\n" * 400,
+    "/fill " + "1 " * 6 + "oak_planks extra",
+]
 
 
 @pytest.mark.parametrize("junk", HOUSE_JUNK, ids=range(len(HOUSE_JUNK)))
@@ -261,8 +336,14 @@ def test_housebuild_malformed_completions_score_without_raising(house, junk):
     for pair in ([junk, ""], ["", junk], [junk, junk]):
         value = H.housebuild_reward([pair[0]], [pair[1]], batch_items=[house])[0]
         assert math.isfinite(value) and H.REWARD_MIN <= value <= H.REWARD_MAX
-        for mode in ("perfect_feedback", "position_feedback", "position_modification", "rect_modification",
-                     "resource_schedule", "score_feedback"):
+        for mode in (
+            "perfect_feedback",
+            "position_feedback",
+            "position_modification",
+            "rect_modification",
+            "resource_schedule",
+            "score_feedback",
+        ):
             prompts = H.HouseBuildFeedback(mode, previous_response=True, lim=5)(house["prompt"], pair, 2)
             assert len(prompts) == 2 and all(isinstance(p, str) for p in prompts)
 
@@ -276,7 +357,8 @@ BUILD = ["/fill 0 0 0 1 0 0 stone", "/fill 0 1 1 0 1 1 stone"]
 
 def feedback(house, mode, **kwargs):
     return H.HouseBuildFeedback(mode, original_prompt=kwargs.pop("original_prompt", False), **kwargs)(
-        house["prompt"], BUILD, 2, [["p0"], ["p1"]])
+        house["prompt"], BUILD, 2, [["p0"], ["p1"]]
+    )
 
 
 def test_housebuild_perfect_feedback(house):
@@ -306,8 +388,10 @@ def test_housebuild_rect_modification(house):
     p0, p1 = feedback(house, "rect_modification", previous_response=True)
     # The rectangles holding a wrong cell: y=0's stone slab, and at y=1 the planks at (0,0), the air at (0,1) and
     # the planks at (1,1). Agent 0 gets those with y <= 2 (all), agent 1 those with y >= 2 (none).
-    assert ("Suggested rectangles to fix the mismatches:\ny=0: (0, 0, 1, 1 stone)\ny=1: (0, 0, 0, 0 oak_planks)\n"
-            "y=1: (0, 1, 0, 1 air)\ny=1: (1, 1, 1, 1 oak_planks)") in p0
+    assert (
+        "Suggested rectangles to fix the mismatches:\ny=0: (0, 0, 1, 1 stone)\ny=1: (0, 0, 0, 0 oak_planks)\n"
+        "y=1: (0, 1, 0, 1 air)\ny=1: (1, 1, 1, 1 oak_planks)"
+    ) in p0
     assert "Suggested rectangles to fix the mismatches:\n(none)" in p1
     assert "Accepted commands from your last turn:\n- /fill 0 0 0 1 0 0 stone" in p0
     assert p1.endswith("Your previous raw output:\n/fill 0 1 1 0 1 1 stone")
@@ -320,8 +404,9 @@ def test_housebuild_resource_schedule_and_score(house, tmp_path):
     # Agent 0 used 2 stones: 1 stone and 1 plank left. Largest first: the 4-cell slab does not fit, the first
     # plank does (planks now 0), the second does not; then the largest part of the slab 1 stone allows: 1 cell.
     assert "Resources left after the last turn (air is unlimited):\n- stone: 1\n- oak_planks: 1" in p0
-    assert ("Suggested rectangles to build next (largest first):\ny=1: (0, 0, 0, 0 oak_planks)\n"
-            "y=0: (0, 0, 0, 0 stone)") in p0
+    assert (
+        "Suggested rectangles to build next (largest first):\ny=1: (0, 0, 0, 0 oak_planks)\ny=0: (0, 0, 0, 0 stone)"
+    ) in p0
     # Agent 1 used 1 stone: 2 left; the plank, then a 2 x 1 part of the slab.
     assert "- stone: 2\n- oak_planks: 1" in p1
     assert "y=1: (0, 0, 0, 0 oak_planks)\ny=0: (0, 0, 1, 0 stone)" in p1
@@ -384,8 +469,13 @@ def test_housebuild_data_perfect_build_scores_one():
     task = H.HouseBuildTask.from_item(first)
     assert first["task_id"] == "house_build_0002" and first["bbox_to"] == [5, 6, 6]
     # The data's block counts: C 68, O 12, S 36, B 54, D 2 → limits per agent ceil(c/2) + floor(c/4).
-    assert task.resource_limits(2) == {"white_concrete": 51, "obsidian": 9, "stone_stairs": 27, "stone_bricks": 40,
-                                       "planks": 1}
+    assert task.resource_limits(2) == {
+        "white_concrete": 51,
+        "obsidian": 9,
+        "stone_stairs": 27,
+        "stone_bricks": 40,
+        "planks": 1,
+    }
     # Cell by cell, each to the agent with resources left: within both limits and budgets (172 non-air cells).
     limits = task.resource_limits(2)
     used = [dict.fromkeys(limits, 0), dict.fromkeys(limits, 0)]

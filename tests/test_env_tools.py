@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None,
-                                reason="bfcl-eval is not installed (pip install --no-deps bfcl-eval)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval is not installed (pip install --no-deps bfcl-eval)"
+)
 
 from comlrl_lightning.envs import tools as T  # noqa: E402
 
@@ -29,8 +30,10 @@ def items():
 def item(items):
     it = items[0]
     assert it["id"] == "parallel_0"
-    assert it["ground_truth"] == [{"spotify.play": {"artist": ["Taylor Swift"], "duration": [20]}},
-                                  {"spotify.play": {"artist": ["Maroon 5"], "duration": [15]}}]
+    assert it["ground_truth"] == [
+        {"spotify.play": {"artist": ["Taylor Swift"], "duration": [20]}},
+        {"spotify.play": {"artist": ["Maroon 5"], "duration": [15]}},
+    ]
     return it
 
 
@@ -54,7 +57,7 @@ def test_loader_missing(tmp_path):
 
 def test_formatter_role_modes(item):
     texts = {m: [T.BFCLFormatter(i, 2, m)(item) for i in range(2)] for m in T.ROLE_MODES}
-    for mode, (p0, p1) in texts.items():
+    for p0, p1 in texts.values():
         for p in (p0, p1):
             assert item["prompt"] in p and '"name": "spotify.play"' in p and "Category: parallel" in p
             assert "exactly []" in p and "one per line" in p and "decentralized" in p
@@ -73,20 +76,24 @@ def test_formatter_role_modes(item):
 def test_parser_edge_cases(item):
     fns = item["function"]
     p = T.parse_calls("```python\n[spotify.play(artist='X', duration=1), spotify.play(artist='Y', duration=2)]\n```")
-    assert p.calls == [("spotify.play", {"artist": "X", "duration": 1}), ("spotify.play", {"artist": "Y", "duration": 2})]
+    assert p.calls == [
+        ("spotify.play", {"artist": "X", "duration": 1}),
+        ("spotify.play", {"artist": "Y", "duration": 2}),
+    ]
     assert p.ok and p.malformed == 0
     for empty in ("[]", "  []\n", "```\n[]\n```"):
         e = T.parse_calls(empty)
         assert e.empty and e.ok and e.calls == []
     assert not T.parse_calls("").ok and not T.parse_calls("I cannot help.").ok  # nothing parsed
     # one per line, prose ignored, trailing commas, a multi-line call, malformed lines skipped and counted
-    text = ("Here are the calls:\nf(a=1),\nf(a=1)\ng(b=[1,\n  2])\nh(x=foo(1))\nbroken(a=1\nk(**kw)\n")
+    text = "Here are the calls:\nf(a=1),\nf(a=1)\ng(b=[1,\n  2])\nh(x=foo(1))\nbroken(a=1\nk(**kw)\n"
     p = T.parse_calls(text)
     assert p.calls == [("f", {"a": 1}), ("f", {"a": 1}), ("g", {"b": [1, 2]})]
     assert p.malformed == 3 and not p.ok  # h (non-literal), broken (unclosed), k (**kwargs)
     # positional arguments take the schema's parameter names, else _arg<k>; bare names become strings
-    assert T.parse_calls('spotify.play("Maroon 5", 15)', fns).calls == [("spotify.play", {"artist": "Maroon 5",
-                                                                                              "duration": 15})]
+    assert T.parse_calls('spotify.play("Maroon 5", 15)', fns).calls == [
+        ("spotify.play", {"artist": "Maroon 5", "duration": 15})
+    ]
     assert T.parse_calls("f(1, unit=celsius)").calls == [("f", {"_arg0": 1, "unit": "celsius"})]
     # duplicates are kept by the parser and removed by dedupe
     uniq, dups = T.dedupe_calls(T.parse_calls(f"{A}\n{A}\n{B}").calls)
@@ -184,8 +191,10 @@ def test_reward_parallel_multiple_item(items):
     assert T.bfcl_reward([a], [b], batch_items=[it]) == pytest.approx([1.10])
     # the right names with each other's arguments: F1 1 → .25; each call matched with score 0 → args 0, no extra;
     # count .10; balance .15; parse .05; exact 0 → 0.55
-    swapped = ("math_toolkit.product_of_primes(lower_limit=1, upper_limit=1000, multiples=[3, 5])",
-               "math_toolkit.sum_of_multiples(count=5)")
+    swapped = (
+        "math_toolkit.product_of_primes(lower_limit=1, upper_limit=1000, multiples=[3, 5])",
+        "math_toolkit.sum_of_multiples(count=5)",
+    )
     assert T.bfcl_reward([swapped[0]], [swapped[1]], batch_items=[it])[0] == pytest.approx(0.55)
 
 
@@ -196,8 +205,21 @@ def test_eval_logger_and_aggregator(item):
     metrics = T.bfcl_eval_logger([[[A], [f"{A}\n{B}"]], [[B], ["[]"]]], batch_items=[item, item])
     assert metrics[0]["turn_1/total"] == pytest.approx(1.10) and metrics[1]["turn_1/total"] == pytest.approx(0.875)
     agg = T.bfcl_eval_aggregator(metrics)
-    for name in ("total", "parse", "name_f1", "arg_match", "count_match", "balance", "exact", "overlap_rate",
-                 "lazy_rate", "extra_rate", "duplicate_rate", "num_calls", "malformed"):
+    for name in (
+        "total",
+        "parse",
+        "name_f1",
+        "arg_match",
+        "count_match",
+        "balance",
+        "exact",
+        "overlap_rate",
+        "lazy_rate",
+        "extra_rate",
+        "duplicate_rate",
+        "num_calls",
+        "malformed",
+    ):
         assert f"turn_1/avg_{name}" in agg
     assert agg["turn_1/avg_total"] == pytest.approx((1.10 + 0.875) / 2)
     assert agg["turn_1/avg_exact"] == 1.0 and agg["turn_1/avg_lazy_rate"] == 0.25
@@ -221,16 +243,39 @@ def test_magrpo_fit_on_real_bfcl_items(tmp_path, items):
         return T.bfcl_reward(c0, c1, batch_items=batch_items)
 
     reward.reward_range = T.bfcl_reward.reward_range
-    module = MAGRPO(agents="tiny", num_agents=2, reward_func=reward, formatters=T.bfcl_formatters(2),
-                    use_chat_template=False, num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0,
-                    top_k=None, rollout_buffer_size=2, agent_learning_rate=1e-3, eval_interval=2,
-                    eval_num_samples=2, eval_logger=T.bfcl_eval_logger, eval_aggregator=T.bfcl_eval_aggregator,
-                    log_completions=False)
-    trainer = Trainer(max_steps=1, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      log_every_n_steps=1, accelerator="cpu", devices=1)
-    trainer.fit(module, datamodule=TaskDataModule(dataset=chosen, eval_dataset=chosen, prompts_per_step=2,
-                                                  eval_batch_size=2))
+    module = MAGRPO(
+        agents="tiny",
+        num_agents=2,
+        reward_func=reward,
+        formatters=T.bfcl_formatters(2),
+        use_chat_template=False,
+        num_generations=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        rollout_buffer_size=2,
+        agent_learning_rate=1e-3,
+        eval_interval=2,
+        eval_num_samples=2,
+        eval_logger=T.bfcl_eval_logger,
+        eval_aggregator=T.bfcl_eval_aggregator,
+        log_completions=False,
+    )
+    trainer = Trainer(
+        max_steps=1,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(
+        module, datamodule=TaskDataModule(dataset=chosen, eval_dataset=chosen, prompts_per_step=2, eval_batch_size=2)
+    )
     assert len(seen) >= 2 * 2 and set(seen) <= {"parallel_0", "parallel_multiple_0"}
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
         rows = list(csv.DictReader(f))

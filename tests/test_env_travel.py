@@ -17,8 +17,9 @@ from comlrl_lightning.envs import travel as T
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRAVEL_FILE = SHARED / "travelplanner" / "train_sole_planning.jsonl.gz"
-pytestmark = pytest.mark.skipif(not TRAVEL_FILE.exists(),
-                                reason=f"shared TravelPlanner data not found under {SHARED} (../shared/data)")
+pytestmark = pytest.mark.skipif(
+    not TRAVEL_FILE.exists(), reason=f"shared TravelPlanner data not found under {SHARED} (../shared/data)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +99,23 @@ def test_parser_edge_cases():
     wrong_id = T.parse_proposal(dump(0, good), 1, 2)
     assert wrong_id["slots"] == p["slots"] and not wrong_id["agent_id_ok"]
     assert wrong_id["components"]["agent_id"] == 0.0 and wrong_id["validity"] == pytest.approx(p["validity"] - 1 / 6)
-    junk = good + [{"day": 1, "field": "snack", "value": "x"}, {"day": 3, "field": "lunch", "value": "x"},
-                   {"day": 0, "field": "lunch", "value": "x"}, {"day": True, "field": "lunch", "value": "x"},
-                   {"day": 1, "field": "breakfast", "value": 5}, {"field": "lunch"}, "lunch"]
+    junk = good + [
+        {"day": 1, "field": "snack", "value": "x"},
+        {"day": 3, "field": "lunch", "value": "x"},
+        {"day": 0, "field": "lunch", "value": "x"},
+        {"day": True, "field": "lunch", "value": "x"},
+        {"day": 1, "field": "breakfast", "value": 5},
+        {"field": "lunch"},
+        "lunch",
+    ]
     j = T.parse_proposal(dump(1, junk), 1, 2)
     assert j["slots"] == p["slots"] and j["num_entries"] == 9 and j["num_invalid"] == 7
     assert j["components"]["entries"] == pytest.approx(2 / 9)
-    dup = good + [{"day": 1, "field": "lunch", "value": "B, X"}, {"day": 1, "field": "dinner", "value": "C"},
-                  {"day": 2, "field": "dinner", "value": "D"}]  # day-2 dinner belongs to agent 0
+    dup = good + [
+        {"day": 1, "field": "lunch", "value": "B, X"},
+        {"day": 1, "field": "dinner", "value": "C"},
+        {"day": 2, "field": "dinner", "value": "D"},
+    ]  # day-2 dinner belongs to agent 0
     d = T.parse_proposal(dump(1, dup), 1, 2)
     assert d["slots"][(1, "lunch")] == "A, X" and d["num_duplicates"] == 1 and d["num_off_role"] == 1
     assert d["components"]["unique"] == pytest.approx(4 / 5) and d["components"]["role"] == pytest.approx(4 / 5)
@@ -230,9 +240,12 @@ def test_coverage_deficit(item):
 def test_failures_and_clamping(item):
     # nothing decodes: A = V = 0, G = 0.2, P = 0, every slot missing -> R = -0.25 * 1
     assert T.travel_reward(["oops"], ["{"], batch_items=[item]) == [pytest.approx(-0.25)]
+
     # both agents write all 21 slots with wrong, different values: conflict 1, deficit 1, P = 0, over capacity
     # mean(min(1, 11/10), 10/11) = 21/22; raw = 0.05 + 0.2 * 0 - 0.30 - 0.25 - 0.25 * 21/22 = -0.7386 < -0.5
-    every = lambda tag: [{"day": d, "field": f, "value": f"{tag}{d}{f}"} for d in (1, 2, 3) for f in T.FIELDS]
+    def every(tag):
+        return [{"day": d, "field": f, "value": f"{tag}{d}{f}"} for d in (1, 2, 3) for f in T.FIELDS]
+
     br = T.travel_reward_breakdown(dump(0, every("x")), dump(1, every("y")), item)
     assert br["conflict"] == 1.0 and br["coverage_deficit"] == 1.0 and br["P"] == 0.0
     assert br["unclamped_total"] == pytest.approx(0.05 - 0.30 - 0.25 - 0.25 * 21 / 22)
@@ -265,18 +278,39 @@ def test_magrpo_fit_on_real_items(items, tmp_path):
         seen.extend(it["idx"] for it in batch_items)
         return T.travel_reward(plans0, plans1, batch_items)
 
-    module = MAGRPO(agents="tiny", num_agents=2, reward_func=reward,
-                    formatters=[lambda it: T.travel_agent0_prompt(it)[:200],
-                                lambda it: T.travel_agent1_prompt(it)[:200]],
-                    use_chat_template=False, num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0,
-                    top_k=None, rollout_buffer_size=2, agent_learning_rate=1e-3, eval_interval=2,
-                    eval_num_samples=2, eval_logger=T.travel_eval_logger, eval_aggregator=T.travel_eval_aggregator,
-                    log_completions=False)
-    trainer = Trainer(max_steps=1, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      log_every_n_steps=1, accelerator="cpu", devices=1)
-    trainer.fit(module, datamodule=TaskDataModule(dataset=chosen, eval_dataset=chosen, prompts_per_step=2,
-                                                  eval_batch_size=2))
+    module = MAGRPO(
+        agents="tiny",
+        num_agents=2,
+        reward_func=reward,
+        formatters=[lambda it: T.travel_agent0_prompt(it)[:200], lambda it: T.travel_agent1_prompt(it)[:200]],
+        use_chat_template=False,
+        num_generations=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        rollout_buffer_size=2,
+        agent_learning_rate=1e-3,
+        eval_interval=2,
+        eval_num_samples=2,
+        eval_logger=T.travel_eval_logger,
+        eval_aggregator=T.travel_eval_aggregator,
+        log_completions=False,
+    )
+    trainer = Trainer(
+        max_steps=1,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(
+        module, datamodule=TaskDataModule(dataset=chosen, eval_dataset=chosen, prompts_per_step=2, eval_batch_size=2)
+    )
     assert len(seen) >= 2 * 2 and set(seen) <= {0, 1}
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
         rows = list(csv.DictReader(f))

@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TLDR_FILE = SHARED / "tldr" / "tldr_sample.jsonl.gz"
 ARXIV_FILE = SHARED / "arxiv_abstract" / "scitldr_abstracts.jsonl.gz"
-needs_data = pytest.mark.skipif(not (TLDR_FILE.exists() and ARXIV_FILE.exists()),
-                                reason=f"shared writing data not found under {SHARED} (../shared/data)")
+needs_data = pytest.mark.skipif(
+    not (TLDR_FILE.exists() and ARXIV_FILE.exists()),
+    reason=f"shared writing data not found under {SHARED} (../shared/data)",
+)
 
 
 def distinct(lengths, prefix):
@@ -103,12 +105,15 @@ def test_tldr_edge_of_a_ramp_adds_zero_but_continues():
     assert b["passed_level_3"] and b["level_3"] == 0.0 and b["total"] == pytest.approx(1.66)
 
 
-@pytest.mark.parametrize("c1, c2, expected", [
-    (join(distinct([4] * 7, "k")), join(distinct([4] * 20, "m")), 0.0),  # c1 has 7 tokens < 8: stop at L1
-    (C1_40, "m000 " * 257, 0.0),  # c2 has 257 tokens > 256: stop at L1
-    (C1_40, join(distinct([4] * 8, "m")), 0.5),  # ratio 39/40 < 1.1: L2 gate fails
-    (C1_40, "m000 " * 45, 0.5),  # ratio 225/40 = 5.6 > 5.0: L2 gate fails
-])
+@pytest.mark.parametrize(
+    "c1, c2, expected",
+    [
+        (join(distinct([4] * 7, "k")), join(distinct([4] * 20, "m")), 0.0),  # c1 has 7 tokens < 8: stop at L1
+        (C1_40, "m000 " * 257, 0.0),  # c2 has 257 tokens > 256: stop at L1
+        (C1_40, join(distinct([4] * 8, "m")), 0.5),  # ratio 39/40 < 1.1: L2 gate fails
+        (C1_40, "m000 " * 45, 0.5),  # ratio 225/40 = 5.6 > 5.0: L2 gate fails
+    ],
+)
 def test_tldr_gates(c1, c2, expected):
     assert w.tldr_reward([c1], [c2]) == [pytest.approx(expected)]
 
@@ -151,12 +156,15 @@ def test_arxiv_upper_ramps_with_style():
     assert b["transition_categories"] == ["contrast"] and b["total"] == pytest.approx(1.41)
 
 
-@pytest.mark.parametrize("c1, c2, expected", [
-    (join(distinct([4] * 127, "a")), A1, 0.0),  # c1 127 tokens < 128: stop at L1
-    (A1, join(distinct([4] * 100, "b")), 0.0),  # c2 has 100 tokens < 128: stop at L1
-    (A1, join(distinct([6] * 150, "b")), 0.5),  # 150*6 + 149 = 1049 chars: ratio 1.64 > 1.5, L2 fails
-    (A1, "b000 " * 127 + "b0000", 1.5),  # 640 chars (ratio 1 -> +1) but 2 distinct words: 2/128 < 0.5, L3 fails
-])
+@pytest.mark.parametrize(
+    "c1, c2, expected",
+    [
+        (join(distinct([4] * 127, "a")), A1, 0.0),  # c1 127 tokens < 128: stop at L1
+        (A1, join(distinct([4] * 100, "b")), 0.0),  # c2 has 100 tokens < 128: stop at L1
+        (A1, join(distinct([6] * 150, "b")), 0.5),  # 150*6 + 149 = 1049 chars: ratio 1.64 > 1.5, L2 fails
+        (A1, "b000 " * 127 + "b0000", 1.5),  # 640 chars (ratio 1 -> +1) but 2 distinct words: 2/128 < 0.5, L3 fails
+    ],
+)
 def test_arxiv_gates(c1, c2, expected):
     assert w.arxiv_reward([c1], [c2]) == [pytest.approx(expected)]
 
@@ -226,17 +234,40 @@ def test_magrpo_fit_on_real_tldr_items(tmp_path):
         seen.extend(item["id"] for item in batch_items)
         return w.tldr_reward(summaries, details, batch_items)
 
-    module = MAGRPO(agents="tiny", num_agents=2, reward_func=reward,
-                    formatters=[w.tldr_concise_prompt, w.tldr_detailed_prompt], use_chat_template=False,
-                    num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None,
-                    rollout_buffer_size=2, agent_learning_rate=1e-3, eval_interval=2, eval_num_samples=2,
-                    eval_logger=w.tldr_eval_logger, eval_aggregator=w.writing_eval_aggregator,
-                    log_completions=False)
-    trainer = Trainer(max_steps=2, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      log_every_n_steps=1, accelerator="cpu", devices=1)
-    trainer.fit(module, datamodule=TaskDataModule(dataset=items[:4], eval_dataset=items[4:], prompts_per_step=2,
-                                                  eval_batch_size=2))
+    module = MAGRPO(
+        agents="tiny",
+        num_agents=2,
+        reward_func=reward,
+        formatters=[w.tldr_concise_prompt, w.tldr_detailed_prompt],
+        use_chat_template=False,
+        num_generations=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        rollout_buffer_size=2,
+        agent_learning_rate=1e-3,
+        eval_interval=2,
+        eval_num_samples=2,
+        eval_logger=w.tldr_eval_logger,
+        eval_aggregator=w.writing_eval_aggregator,
+        log_completions=False,
+    )
+    trainer = Trainer(
+        max_steps=2,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(
+        module,
+        datamodule=TaskDataModule(dataset=items[:4], eval_dataset=items[4:], prompts_per_step=2, eval_batch_size=2),
+    )
     # 2 steps x 2 items x 2 generations scored in training (+ the evaluation at step 0), on the real items
     assert len(seen) >= 2 * 2 * 2 and set(seen) <= {it["id"] for it in items}
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
@@ -252,14 +283,33 @@ def test_magrpo_fit_on_real_arxiv_items(tmp_path):
     items = w.arxiv_tasks(str(ARXIV_FILE), limit=2)
     for item in items:  # keep the abstracts short so the tiny model runs fast
         item["prompt"] = item["prompt"][:300]
-    module = MAGRPO(agents="tiny", num_agents=2, reward_func=w.arxiv_reward,
-                    formatters=[w.arxiv_background_prompt, w.arxiv_method_prompt], use_chat_template=False,
-                    num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None,
-                    eval_interval=1, eval_num_samples=1, eval_logger=w.arxiv_eval_logger,
-                    eval_aggregator=w.writing_eval_aggregator, log_completions=False)
-    trainer = Trainer(max_steps=1, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
-                      accelerator="cpu", devices=1)
+    module = MAGRPO(
+        agents="tiny",
+        num_agents=2,
+        reward_func=w.arxiv_reward,
+        formatters=[w.arxiv_background_prompt, w.arxiv_method_prompt],
+        use_chat_template=False,
+        num_generations=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        eval_interval=1,
+        eval_num_samples=1,
+        eval_logger=w.arxiv_eval_logger,
+        eval_aggregator=w.writing_eval_aggregator,
+        log_completions=False,
+    )
+    trainer = Trainer(
+        max_steps=1,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=TaskDataModule(dataset=items, eval_dataset=items[:1], prompts_per_step=2))
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
         columns = set(next(csv.DictReader(f)))

@@ -27,17 +27,38 @@ EXAMPLES = REPO / "comlrl_lightning" / "examples"
 ITEMS = [{"prompt": f"topic {i}", "topic": f"topic {i}"} for i in range(8)]
 
 
-@pytest.mark.parametrize("name,budget", [("median_magrpo.py", 15), ("ppo_clip.py", 60), ("entropy_bonus.py", 22)])
+def lines_of(text: str) -> int:
+    """Lines with something on them (the formatter's blank lines are not the example's size)."""
+    return sum(bool(line.strip()) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("name,budget", [("median_magrpo.py", 10), ("ppo_clip.py", 44), ("entropy_bonus.py", 16)])
 def test_the_examples_stay_within_their_line_budget(name, budget):
-    assert len((EXAMPLES / name).read_text().splitlines()) <= budget
+    """What docs/new_algorithm.md promises: a new algorithm of this kind is this small, docstring included."""
+    assert lines_of((EXAMPLES / name).read_text()) <= budget
 
 
 def fit_cli(tmp_path, class_path, *overrides):
     from comlrl_lightning.cli import main
 
-    cli = main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--model", class_path,
-                "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-                "--model.init_args.max_new_tokens", "4", "--model.init_args.eval_interval", "0", *overrides])
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "quickstart.yaml"),
+            "--model",
+            class_path,
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--model.init_args.max_new_tokens",
+            "4",
+            "--model.init_args.eval_interval",
+            "0",
+            *overrides,
+        ]
+    )
     rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
     return cli, rows
 
@@ -53,8 +74,14 @@ def test_registering_the_median_makes_it_an_advantage_mode():
 
 
 def test_median_magrpo_fits_through_the_cli(tmp_path):
-    cli, rows = fit_cli(tmp_path, "comlrl_lightning.examples.median_magrpo.MedianMAGRPO",
-                        "--model.init_args.advantage_normalization", "false", "--trainer.max_steps", "2")
+    cli, rows = fit_cli(
+        tmp_path,
+        "comlrl_lightning.examples.median_magrpo.MedianMAGRPO",
+        "--model.init_args.advantage_normalization",
+        "false",
+        "--trainer.max_steps",
+        "2",
+    )
     assert isinstance(cli.model, MedianMAGRPO) and cli.model.advantage_mode == "median"
     assert cli.trainer.global_step == 2 and [r for r in rows if r.get("loss")]
 
@@ -63,8 +90,17 @@ def test_an_unregistered_baseline_is_rejected_with_the_registered_names(tmp_path
     from comlrl_lightning.cli import main
 
     with pytest.raises(SystemExit):
-        main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--model.init_args.advantage_mode",
-              "mode", "--trainer.default_root_dir", str(tmp_path)])
+        main(
+            [
+                "fit",
+                "--config",
+                str(REPO / "configs" / "quickstart.yaml"),
+                "--model.init_args.advantage_mode",
+                "mode",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ]
+        )
     assert "advantage_mode must be one of: mean, raw, max, rloo, median (got 'mode')" in capsys.readouterr().err
 
 
@@ -72,8 +108,13 @@ def test_an_unregistered_baseline_is_rejected_with_the_registered_names(tmp_path
 def batch_of(ratio, advantages):
     """A PolicyBatch whose stored log-probs give ``ratio`` against log-probs 0, with weights 1/2 per token."""
     ratio, mask = torch.tensor(ratio), torch.ones(len(ratio), len(ratio[0]), dtype=torch.bool)
-    inputs = ScoringInputs(input_ids=torch.zeros(1), attention_mask=torch.zeros(1), position_ids=torch.zeros(1),
-                           completion_ids=torch.zeros(1), completion_mask=mask)
+    inputs = ScoringInputs(
+        input_ids=torch.zeros(1),
+        attention_mask=torch.zeros(1),
+        position_ids=torch.zeros(1),
+        completion_ids=torch.zeros(1),
+        completion_mask=mask,
+    )
     return PolicyBatch(inputs, torch.tensor(advantages), mask.float() / 2, None, old_logprobs=-ratio.log())
 
 
@@ -92,8 +133,14 @@ def test_ppo_clip_loss_by_hand():
 
 def test_ppo_clip_fits_through_the_cli_with_several_epochs_per_rollout(tmp_path):
     steps = 4
-    cli, rows = fit_cli(tmp_path, "comlrl_lightning.examples.ppo_clip.MAPPOClip", "--model.init_args.ppo_epochs",
-                        "2", "--trainer.max_steps", str(steps))
+    cli, rows = fit_cli(
+        tmp_path,
+        "comlrl_lightning.examples.ppo_clip.MAPPOClip",
+        "--model.init_args.ppo_epochs",
+        "2",
+        "--trainer.max_steps",
+        str(steps),
+    )
     module = cli.model
     assert isinstance(module, MAPPOClip) and cli.trainer.global_step == steps
     updates = [r for r in rows if r.get("loss")]
@@ -108,22 +155,42 @@ def test_ppo_clip_fits_through_the_cli_with_several_epochs_per_rollout(tmp_path)
 
 def test_ppo_clip_stores_rollout_logprobs_that_survive_a_checkpoint():
     seed_everything(0)
-    module = MAPPOClip(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2,
-                       max_new_tokens=4, eval_interval=0, log_completions=False)
+    module = MAPPOClip(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.brevity_reward,
+        num_generations=2,
+        max_new_tokens=4,
+        eval_interval=0,
+        log_completions=False,
+    )
     module.configure_model()
-    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     module.trainer = trainer
     rollout = module.collect_rollout(ITEMS[:2])
     for node in rollout.nodes:
-        for agent, sample in enumerate(node.agents):
+        for sample in node.agents:
             assert sample.old_logprobs.shape == sample.completion_ids.shape
     # what the sampling weights give, recomputed: the stored values are the current policy's
     samples, inputs = module.agent_inputs(rollout.nodes, 0)
-    torch.testing.assert_close(torch.cat([torch.nn.functional.pad(s.old_logprobs, (0, inputs.completion_ids.shape[1]
-                                                                                    - s.old_logprobs.shape[1]))
-                                          for s in samples]) * inputs.completion_mask,
-                               module.score_no_grad(0, inputs) * inputs.completion_mask)
+    torch.testing.assert_close(
+        torch.cat(
+            [
+                torch.nn.functional.pad(s.old_logprobs, (0, inputs.completion_ids.shape[1] - s.old_logprobs.shape[1]))
+                for s in samples
+            ]
+        )
+        * inputs.completion_mask,
+        module.score_no_grad(0, inputs) * inputs.completion_mask,
+    )
     buffer = io.BytesIO()  # a checkpoint holding the buffered samples, loaded the way Lightning loads it
     torch.save([n.state_dict() for n in rollout.nodes], buffer)
     buffer.seek(0)
@@ -136,14 +203,32 @@ def test_ppo_clip_stores_rollout_logprobs_that_survive_a_checkpoint():
 def test_ppo_clip_resumes_exactly(tmp_path):
     def run(root, ckpt_path=None, every=None):
         seed_everything(0)
-        module = MAPPOClip(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2,
-                           max_new_tokens=4, rollout_buffer_size=2, agent_learning_rate=1e-3, eval_interval=0,
-                           log_completions=False, ppo_epochs=2)
+        module = MAPPOClip(
+            agents="tiny",
+            num_agents=2,
+            reward_func=toy.brevity_reward,
+            num_generations=2,
+            max_new_tokens=4,
+            rollout_buffer_size=2,
+            agent_learning_rate=1e-3,
+            eval_interval=0,
+            log_completions=False,
+            ppo_epochs=2,
+        )
         callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=every, save_top_k=-1)] if every else []
-        trainer = Trainer(max_steps=8, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                          callbacks=callbacks, enable_checkpointing=bool(every), accelerator="cpu", devices=1)
-        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2, shuffle=True),
-                    ckpt_path=ckpt_path)
+        trainer = Trainer(
+            max_steps=8,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=callbacks,
+            enable_checkpointing=bool(every),
+            accelerator="cpu",
+            devices=1,
+        )
+        trainer.fit(
+            module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2, shuffle=True), ckpt_path=ckpt_path
+        )
         return module
 
     full = run(tmp_path / "full", every=4)
@@ -174,8 +259,16 @@ def test_a_new_family_needs_only_its_own_hooks(tmp_path):
 
     seed_everything(0)
     module = WeightDecayOnly(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, max_new_tokens=4)
-    trainer = Trainer(max_steps=2, logger=CSVLogger(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", devices=1, log_every_n_steps=1)
+    trainer = Trainer(
+        max_steps=2,
+        logger=CSVLogger(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        log_every_n_steps=1,
+    )
     data = TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:2], prompts_per_step=2, eval_batch_size=2)
     before = [p.detach().clone() for p in module.agents.parameters()]
     trainer.fit(module, datamodule=data)
@@ -190,21 +283,25 @@ def test_a_new_family_needs_only_its_own_hooks(tmp_path):
 # ----------------------------------------------------------------------------------------------- entropy bonus
 def test_the_entropy_bonus_class_is_fifteen_lines():
     text = (EXAMPLES / "entropy_bonus.py").read_text()
-    assert len(text[text.index("class EntropyMAGRPO"):].splitlines()) <= 15
+    assert lines_of(text[text.index("class EntropyMAGRPO") :]) <= 11
 
 
 def test_scoring_gives_the_policys_entropy_by_hand():
     """H_t = −Σ_v π(v) log π(v) of the completion positions, from the same forward as the log-probs."""
-    from comlrl_lightning.rollout.sampling import token_logprobs
-
     from comlrl_lightning.agents import load_agents
+    from comlrl_lightning.rollout.sampling import token_logprobs
 
     seed_everything(0)
     (model,), _ = load_agents("tiny", num_agents=1)
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 10, 11]])
     mask = torch.tensor([[True, True], [True, False]])
-    inputs = ScoringInputs(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(5).expand(2, 5),
-                           completion_ids=ids[:, 3:], completion_mask=mask)
+    inputs = ScoringInputs(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        position_ids=torch.arange(5).expand(2, 5),
+        completion_ids=ids[:, 3:],
+        completion_mask=mask,
+    )
     logp, entropy = token_logprobs(model, inputs, entropy=True)
     torch.testing.assert_close(logp, token_logprobs(model, inputs))
     with torch.no_grad():
@@ -225,8 +322,14 @@ def test_the_entropy_bonus_loss_by_hand():
 
 
 def test_entropy_magrpo_fits_through_the_cli(tmp_path):
-    cli, rows = fit_cli(tmp_path, "comlrl_lightning.examples.entropy_bonus.EntropyMAGRPO",
-                        "--model.init_args.entropy_coef", "0.1", "--trainer.max_steps", "2")
+    cli, rows = fit_cli(
+        tmp_path,
+        "comlrl_lightning.examples.entropy_bonus.EntropyMAGRPO",
+        "--model.init_args.entropy_coef",
+        "0.1",
+        "--trainer.max_steps",
+        "2",
+    )
     assert isinstance(cli.model, EntropyMAGRPO) and cli.trainer.global_step == 2
     assert all(float(r["agent_0/entropy_bonus"]) > 0 for r in rows if r.get("loss"))
 
@@ -237,11 +340,25 @@ def test_a_samples_extras_reach_the_update_and_survive_a_checkpoint():
     from comlrl_lightning.algorithms import MAGRPO
 
     seed_everything(0)
-    module = MAGRPO(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2, max_new_tokens=4,
-                    eval_interval=0, log_completions=False)
+    module = MAGRPO(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.brevity_reward,
+        num_generations=2,
+        max_new_tokens=4,
+        eval_interval=0,
+        log_completions=False,
+    )
     module.configure_model()
-    module.trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, accelerator="cpu", devices=1)
+    module.trainer = Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     rollout = module.collect_rollout(ITEMS[:2])
     for n, node in enumerate(rollout.nodes):
         for sample in node.agents:

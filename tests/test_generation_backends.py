@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import torch
+from test_magrpo import column, fit, make_module, read_metrics
 
 from comlrl_lightning import IAC, MADPO, MAGRPO
 from comlrl_lightning.algorithms import base
@@ -16,7 +17,6 @@ from comlrl_lightning.rollout import generation
 from comlrl_lightning.rollout.backends.continuous import ContinuousBatching
 from comlrl_lightning.rollout.backends.hf import HFGenerate
 from comlrl_lightning.rollout.sampling import SamplingConfig
-from test_magrpo import column, fit, make_module, read_metrics
 
 PROMPT = "The quick brown fox"
 
@@ -34,21 +34,35 @@ def loads_no_model(monkeypatch):
     monkeypatch.setattr(base, "load_agents", lambda *a, **k: pytest.fail("a model was loaded"))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"generation_backend": "sglang"}, "generation_backend must be one of: hf, vllm, transformers_cb (got 'sglang')"),
-    ({"generation_backend": "vllm", "generation_dtype": "bfloat16"},
-     "generation_dtype: bfloat16 is a sampling copy of the hf backend"),
-    ({"generation_backend": "vllm", "generation_kwargs": {"cache_implementation": "static"}},
-     "generation_kwargs ['cache_implementation'] have no vLLM equivalent"),
-    ({"generation_backend": "transformers_cb", "generation_kwargs": {"stop_strings": ["\n"]}},
-     "generation_kwargs ['stop_strings'] have no continuous-batching equivalent"),
-    ({"generation_backend": "transformers_cb", "lora_rank": 4}, "generation_backend: transformers_cb samples one"),
-    ({"vllm_importance_sampling_correction": True},
-     "vllm_importance_sampling_correction: true corrects for sampling by a vLLM engine"),
-    ({"vllm_importance_sampling_mode": "clip"}, "vllm_importance_sampling_mode must be one of: token_truncate"),
-    ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization must be in (0, 1] (got 1.5)"),
-    ({"vllm_max_model_len": 4}, "vllm_max_model_len must be null or more than max_new_tokens (6)"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"generation_backend": "sglang"},
+            "generation_backend must be one of: hf, vllm, transformers_cb (got 'sglang')",
+        ),
+        (
+            {"generation_backend": "vllm", "generation_dtype": "bfloat16"},
+            "generation_dtype: bfloat16 is a sampling copy of the hf backend",
+        ),
+        (
+            {"generation_backend": "vllm", "generation_kwargs": {"cache_implementation": "static"}},
+            "generation_kwargs ['cache_implementation'] have no vLLM equivalent",
+        ),
+        (
+            {"generation_backend": "transformers_cb", "generation_kwargs": {"stop_strings": ["\n"]}},
+            "generation_kwargs ['stop_strings'] have no continuous-batching equivalent",
+        ),
+        ({"generation_backend": "transformers_cb", "lora_rank": 4}, "generation_backend: transformers_cb samples one"),
+        (
+            {"vllm_importance_sampling_correction": True},
+            "vllm_importance_sampling_correction: true corrects for sampling by a vLLM engine",
+        ),
+        ({"vllm_importance_sampling_mode": "clip"}, "vllm_importance_sampling_mode must be one of: token_truncate"),
+        ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization must be in (0, 1] (got 1.5)"),
+        ({"vllm_max_model_len": 4}, "vllm_max_model_len must be null or more than max_new_tokens (6)"),
+    ],
+)
 def test_a_bad_backend_setting_is_refused_before_any_model_loads(overrides, message, monkeypatch):
     if overrides.get("generation_backend") == "vllm" and importlib.util.find_spec("vllm") is None:
         monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # the message after the install
@@ -62,8 +76,11 @@ def test_a_missing_vllm_says_what_to_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     loads_no_model(monkeypatch)
-    with pytest.raises(ValueError, match=r"generation_backend: vllm needs vLLM, which is not installed: pip install "
-                                         r"\"comlrl_lightning\[vllm\]\""):
+    with pytest.raises(
+        ValueError,
+        match=r"generation_backend: vllm needs vLLM, which is not installed: pip install "
+        r"\"comlrl_lightning\[vllm\]\"",
+    ):
         make_module(generation_backend="vllm")
 
 
@@ -73,11 +90,27 @@ def test_the_cli_refuses_a_bad_backend_in_one_line(tmp_path):
     import sys
 
     config = tmp_path / "bad.yaml"
-    config.write_text("model:\n  class_path: comlrl_lightning.MAGRPO\n  init_args:\n    agents: tiny\n"
-                      "    reward_func: comlrl_lightning.envs.toy.brevity_reward\n    generation_backend: sglang\n")
-    out = subprocess.run([sys.executable, "-m", "comlrl_lightning", "fit", "--config", str(config),
-                          "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+    config.write_text(
+        "model:\n  class_path: comlrl_lightning.MAGRPO\n  init_args:\n    agents: tiny\n"
+        "    reward_func: comlrl_lightning.envs.toy.brevity_reward\n    generation_backend: sglang\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "comlrl_lightning",
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.max_steps",
+            "1",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and "generation_backend" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert "hf" in out.stderr and "transformers_cb" in out.stderr
 

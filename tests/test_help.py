@@ -24,8 +24,19 @@ from comlrl_lightning import MAGRPO
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 
 REPO = Path(__file__).resolve().parents[1]
-ALGORITHMS = ["MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "CentralizedMAGRPO", "IAC", "MAAC", "MADPO", "MADPOIter",
-              "MARLHF", "MARLHFIter"]
+ALGORITHMS = [
+    "MAGRPO",
+    "MAREINFORCE",
+    "MARLOO",
+    "MAReMax",
+    "CentralizedMAGRPO",
+    "IAC",
+    "MAAC",
+    "MADPO",
+    "MADPOIter",
+    "MARLHF",
+    "MARLHFIter",
+]
 # One shipped config per family.
 CONFIGS = ["magrpo", "iac", "madpo", "marlhf", "madpo_iter"]
 
@@ -44,8 +55,11 @@ def init_fields(cls: type) -> list[str]:
         if "__init__" not in vars(klass):
             continue
         for param in inspect.signature(vars(klass)["__init__"]).parameters.values():
-            if param.name != "self" and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) \
-                    and param.name not in names:
+            if (
+                param.name != "self"
+                and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+                and param.name not in names
+            ):
                 names.append(param.name)
     return names
 
@@ -69,7 +83,7 @@ def help_descriptions(text: str, prefix: str = "--model.") -> dict[str, str]:
             if name.startswith(prefix):
                 rest = (option.group(2) or "").strip()
                 parts = re.split(r"\s{2,}", rest, maxsplit=1)
-                current = name[len(prefix):]
+                current = name[len(prefix) :]
                 found[current] = [parts[1] if len(parts) > 1 else ""]
         elif current is not None and line.startswith("   "):
             found[current].append(line.strip())
@@ -84,7 +98,7 @@ def comment_descriptions(text: str) -> dict[str, str]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line == "model:")
     found, comment, inside = {}, [], False
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line and not line.startswith(" "):
             break  # the next top-level section
         if line == "  init_args:":
@@ -139,8 +153,9 @@ def missing_in(descriptions: dict[str, str], fields: list[str]) -> list[str]:
 # ----------------------------------------------------------------------------------------------- --model.help
 def test_every_algorithm_is_exported():
     for name in ALGORITHMS:
-        assert name in comlrl_lightning.__all__ and issubclass(getattr(comlrl_lightning, name),
-                                                               comlrl_lightning.MultiAgentModule)
+        assert name in comlrl_lightning.__all__ and issubclass(
+            getattr(comlrl_lightning, name), comlrl_lightning.MultiAgentModule
+        )
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -175,33 +190,44 @@ def test_the_checker_reports_a_field_without_a_description(capsys, no_models):
 
 
 def test_help_parser_reads_inline_and_wrapped_descriptions():
-    text = ("Section:\n"
-            "  --model.top_k TOP_K   sample among the k most likely\n"
-            "                        tokens. (type: int | null, default: 50)\n"
-            "  --model.agents AGENTS, --model.agents+ AGENTS\n"
-            "                        the team. (type: str, default: tiny)\n"
-            "  --model.bare BARE     (type: int, default: 3)\n"
-            "  --model.wrapped WRAPPED\n"
-            "                        (type: Literal['a', 'b'],\n"
-            "                        default: a)\n"
-            "  --data.dataset DATASET  not a model field.\n")
-    assert help_descriptions(text) == {"top_k": "sample among the k most likely tokens.", "agents": "the team.",
-                                       "bare": "", "wrapped": ""}
+    text = (
+        "Section:\n"
+        "  --model.top_k TOP_K   sample among the k most likely\n"
+        "                        tokens. (type: int | null, default: 50)\n"
+        "  --model.agents AGENTS, --model.agents+ AGENTS\n"
+        "                        the team. (type: str, default: tiny)\n"
+        "  --model.bare BARE     (type: int, default: 3)\n"
+        "  --model.wrapped WRAPPED\n"
+        "                        (type: Literal['a', 'b'],\n"
+        "                        default: a)\n"
+        "  --data.dataset DATASET  not a model field.\n"
+    )
+    assert help_descriptions(text) == {
+        "top_k": "sample among the k most likely tokens.",
+        "agents": "the team.",
+        "bare": "",
+        "wrapped": "",
+    }
 
 
 def test_comment_parser_reads_each_keys_comment():
-    text = ("trainer:\n  max_steps: 2\n"
-            "model:\n  class_path: comlrl_lightning.MAGRPO\n\n  # the class docstring\n  init_args:\n\n"
-            "    # the group baseline. (type: str | null, default: null)\n    advantage_mode:\n\n"
-            "    # one formatter per agent,\n    # or one for all. (type: list | null, default: null)\n"
-            "    formatters:\n    - a.b\n    - a.c\n\n"
-            "    # (type: int, default: 3)\n    bare: 3\n"
-            "    model_config:\n      dtype: float32\n"
-            "data:\n  class_path: comlrl_lightning.TaskDataModule\n  init_args:\n    # not a model field.\n"
-            "    dataset: x\n")
-    assert comment_descriptions(text) == {"advantage_mode": "the group baseline.",
-                                          "formatters": "one formatter per agent, or one for all.", "bare": "",
-                                          "model_config": ""}
+    text = (
+        "trainer:\n  max_steps: 2\n"
+        "model:\n  class_path: comlrl_lightning.MAGRPO\n\n  # the class docstring\n  init_args:\n\n"
+        "    # the group baseline. (type: str | null, default: null)\n    advantage_mode:\n\n"
+        "    # one formatter per agent,\n    # or one for all. (type: list | null, default: null)\n"
+        "    formatters:\n    - a.b\n    - a.c\n\n"
+        "    # (type: int, default: 3)\n    bare: 3\n"
+        "    model_config:\n      dtype: float32\n"
+        "data:\n  class_path: comlrl_lightning.TaskDataModule\n  init_args:\n    # not a model field.\n"
+        "    dataset: x\n"
+    )
+    assert comment_descriptions(text) == {
+        "advantage_mode": "the group baseline.",
+        "formatters": "one formatter per agent, or one for all.",
+        "bare": "",
+        "model_config": "",
+    }
 
 
 # ----------------------------------------------------------------------------------------------- --print_config
@@ -239,8 +265,9 @@ def test_print_config_comments_describe_every_field(config, capsys, no_models, t
     if not comments_supported():
         pytest.skip("jsonargparse offers --print_config=comments only with ruamel.yaml installed")
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(["fit", "--config", str(REPO / "configs" / f"{config}.yaml"),
-                              "--print_config=comments"], capsys)
+    code, out, err = run_cli(
+        ["fit", "--config", str(REPO / "configs" / f"{config}.yaml"), "--print_config=comments"], capsys
+    )
     assert code == 0, err
     printed = yaml.safe_load(out)
     fields = init_fields(class_of(printed["model"]["class_path"]))
@@ -250,15 +277,27 @@ def test_print_config_comments_describe_every_field(config, capsys, no_models, t
 
 
 # ----------------------------------------------------------------------------------------------- Literal typos
-@pytest.mark.parametrize("field,typo,allowed", [
-    ("loss_aggregation", "mean_of_means", "seq_sum, token_mean, seq_mean_token_mean, dr_grpo"),
-    ("lr_decay", "exponential", "constant, linear, cosine"),
-])
+@pytest.mark.parametrize(
+    "field,typo,allowed",
+    [
+        ("loss_aggregation", "mean_of_means", "seq_sum, token_mean, seq_mean_token_mean, dr_grpo"),
+        ("lr_decay", "exponential", "constant, linear, cosine"),
+    ],
+)
 def test_a_literal_typo_names_the_allowed_values(field, typo, allowed, capsys, no_models, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli(["fit", "--config", str(REPO / "configs" / "magrpo.yaml"),
-                            "--trainer.default_root_dir", str(tmp_path / "run"),
-                            f"--model.init_args.{field}", typo], capsys)
+    code, _, err = run_cli(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "magrpo.yaml"),
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            f"--model.init_args.{field}",
+            typo,
+        ],
+        capsys,
+    )
     assert code == 2, err
     assert f"{field} must be one of: {allowed}" in err, err
     assert repr(typo) in err and "Traceback" not in err, err

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from test_magrpo import ITEMS, column, read_metrics
 
 import comlrl_lightning.comparators.sources as sources
 from comlrl_lightning import MADPOIter, MARLHFIter, PreferenceDataModule
@@ -22,13 +23,30 @@ from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.comparators.sources import HistoryComparator, IndependentRNG
 from comlrl_lightning.core.pairs import RECORD_KEYS
 from comlrl_lightning.envs import toy
-from test_magrpo import ITEMS, column, read_metrics
 
-BASE = dict(agents="tiny", num_agents=2, reward_func=toy.letter_reward, preference_num_candidates=4,
-            preference_pairs_per_sample=2, train_batch_size=2, max_new_tokens=6, temperature=1.0, top_p=1.0,
-            top_k=None, agent_learning_rate=1e-3, eval_interval=0, log_completions=False, num_iterations=2)
-MARLHF_EXTRA = dict(num_train_epochs=1, num_generations=2, reward_train_batch_size=2, reward_num_train_epochs=1,
-                    reward_learning_rate=1e-2)
+BASE = dict(
+    agents="tiny",
+    num_agents=2,
+    reward_func=toy.letter_reward,
+    preference_num_candidates=4,
+    preference_pairs_per_sample=2,
+    train_batch_size=2,
+    max_new_tokens=6,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=None,
+    agent_learning_rate=1e-3,
+    eval_interval=0,
+    log_completions=False,
+    num_iterations=2,
+)
+MARLHF_EXTRA = dict(
+    num_train_epochs=1,
+    num_generations=2,
+    reward_train_batch_size=2,
+    reward_num_train_epochs=1,
+    reward_learning_rate=1e-2,
+)
 
 
 def make_iter(cls=MADPOIter, **overrides):
@@ -44,9 +62,17 @@ def make_iter(cls=MADPOIter, **overrides):
 def fit_iter(module, root, items=ITEMS[:3], callbacks=(), ckpt_path=None, name="run", seed=0, spy=None):
     seed_everything(seed)
     checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)
-    trainer = Trainer(logger=CSVLogger(root, name=name), enable_checkpointing=checkpointing,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu", devices=1)
+    trainer = Trainer(
+        logger=CSVLogger(root, name=name),
+        enable_checkpointing=checkpointing,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        callbacks=list(callbacks),
+        accelerator="cpu",
+        devices=1,
+    )
     data = PreferenceDataModule(dataset=items, show_progress=False, prompts_per_step=4)
     if spy is not None:
         spy(data)
@@ -66,47 +92,81 @@ def iter_rows(trainer):
 VALIDATION_CASES = [
     ({"num_iterations": 0}, "num_iterations must be >= 1."),
     ({"preference_replay_k": 2}, "preference_replay_k is only valid when preference_replay_mode='nearest_k'."),
-    ({"preference_replay_lambda": 0.5},
-     "preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'."),
-    ({"preference_replay_sample_size": 4},
-     "preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', 'all_history', "
-     "or 'lambda_decay'."),
-    ({"preference_replay_mode": "nearest_k"},
-     "preference_replay_k is required when preference_replay_mode='nearest_k'."),
+    (
+        {"preference_replay_lambda": 0.5},
+        "preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'.",
+    ),
+    (
+        {"preference_replay_sample_size": 4},
+        "preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', 'all_history', "
+        "or 'lambda_decay'.",
+    ),
+    (
+        {"preference_replay_mode": "nearest_k"},
+        "preference_replay_k is required when preference_replay_mode='nearest_k'.",
+    ),
     ({"preference_replay_mode": "nearest_k", "preference_replay_k": 0}, "preference_replay_k must be >= 1."),
-    ({"preference_replay_mode": "all_history", "preference_replay_k": 2},
-     "preference_replay_k is only valid when preference_replay_mode='nearest_k'."),
-    ({"preference_replay_mode": "lambda_decay"},
-     "preference_replay_lambda is required when preference_replay_mode='lambda_decay'."),
-    ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5},
-     "preference_replay_lambda must be in [0, 1]."),
+    (
+        {"preference_replay_mode": "all_history", "preference_replay_k": 2},
+        "preference_replay_k is only valid when preference_replay_mode='nearest_k'.",
+    ),
+    (
+        {"preference_replay_mode": "lambda_decay"},
+        "preference_replay_lambda is required when preference_replay_mode='lambda_decay'.",
+    ),
+    (
+        {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5},
+        "preference_replay_lambda must be in [0, 1].",
+    ),
     ({"preference_replay_mode": "newest_first"}, "preference_replay_mode must be one of"),
     ({"comparator_policy": "teacher"}, "comparator_policy must be one of: current, current_copy, model, history, api."),
     ({"comparator_generation_mode": "sequential"}, "comparator_generation_mode must be one of"),
-    ({"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": -1},
-     "comparator_centralized_agent_index must be >= 0."),
-    ({"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": 2},
-     "comparator_centralized_agent_index must be smaller than num_agents."),
+    (
+        {"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": -1},
+        "comparator_centralized_agent_index must be >= 0.",
+    ),
+    (
+        {"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": 2},
+        "comparator_centralized_agent_index must be smaller than num_agents.",
+    ),
     ({"comparator_num_candidates": 0}, "comparator_num_candidates must be >= 1 or null."),
-    ({"comparator_policy": "api", "comparator_api_url": "http://127.0.0.1:1/v1",
-      "comparator_api_max_n_per_request": 0}, "comparator_api_max_n_per_request must be >= 1 or null."),
-    ({"comparator_policy": "model"},
-     "comparator_model_name or comparator_agents is required when comparator_policy='model'."),
+    (
+        {
+            "comparator_policy": "api",
+            "comparator_api_url": "http://127.0.0.1:1/v1",
+            "comparator_api_max_n_per_request": 0,
+        },
+        "comparator_api_max_n_per_request must be >= 1 or null.",
+    ),
+    (
+        {"comparator_policy": "model"},
+        "comparator_model_name or comparator_agents is required when comparator_policy='model'.",
+    ),
     ({"comparator_history_k": 2}, "comparator_history_k is only valid when comparator_policy='history'."),
-    ({"comparator_policy": "api", "comparator_api_url": "http://127.0.0.1:1/v1", "comparator_history_k": 1},
-     "comparator_history_k is only valid when comparator_policy='history'."),
+    (
+        {"comparator_policy": "api", "comparator_api_url": "http://127.0.0.1:1/v1", "comparator_history_k": 1},
+        "comparator_history_k is only valid when comparator_policy='history'.",
+    ),
     ({"comparator_policy": "history", "comparator_history_k": 0}, "comparator_history_k must be >= 1."),
-    ({"comparator_policy": "history", "comparator_model_name": "tiny"},
-     "comparator_model_name and comparator_agents are only valid when comparator_policy='model'."),
-    ({"comparator_model_name": "tiny"},
-     "comparator_model_name and comparator_agents are only valid when comparator_policy='model'."),
+    (
+        {"comparator_policy": "history", "comparator_model_name": "tiny"},
+        "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
+    ),
+    (
+        {"comparator_model_name": "tiny"},
+        "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
+    ),
     ({"comparator_policy": "api"}, "comparator_api_url is required when comparator_policy='api'."),
     ({"comparator_tokenizers": "tiny"}, "comparator_tokenizers is only valid when comparator_policy='model'."),
-    ({"comparator_policy": "model", "comparator_model_name": "tiny", "comparator_tokenizers": ["tiny"] * 3},
-     "comparator_tokenizers must list 1 or num_agents (2) tokenizers (got 3)."),
+    (
+        {"comparator_policy": "model", "comparator_model_name": "tiny", "comparator_tokenizers": ["tiny"] * 3},
+        "comparator_tokenizers must list 1 or num_agents (2) tokenizers (got 3).",
+    ),
     ({"pair_selection": "best_of"}, "pair_selection must be one of: .*comparator_reward"),
-    ({"log_reward_distribution": True, "reward_func": lambda *completions: [0.0] * len(completions[0])},
-     "reward_func.reward_range"),
+    (
+        {"log_reward_distribution": True, "reward_func": lambda *completions: [0.0] * len(completions[0])},
+        "reward_func.reward_range",
+    ),
 ]
 
 
@@ -121,18 +181,28 @@ def no_model_loads(monkeypatch):
 @pytest.mark.parametrize("cls", [MADPOIter, MARLHFIter], ids=lambda c: c.__name__)
 @pytest.mark.parametrize("overrides,message", VALIDATION_CASES, ids=[f"case{i}" for i in range(len(VALIDATION_CASES))])
 def test_invalid_iterative_config_fails_before_models_load(cls, overrides, message, no_model_loads):
-    pattern = message if message.endswith("comparator_reward") else \
-        message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    pattern = (
+        message
+        if message.endswith("comparator_reward")
+        else message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    )
     with pytest.raises(ValueError, match=pattern):
         make_iter(cls, **overrides)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"comparator_agents": ["tiny", "./no/such/comparator"]},
-     "comparator_agents[1] = './no/such/comparator' looks like a local path"),
-    ({"comparator_model_name": "./no/such/comparator"},
-     "comparator_model_name = './no/such/comparator' looks like a local path"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            {"comparator_agents": ["tiny", "./no/such/comparator"]},
+            "comparator_agents[1] = './no/such/comparator' looks like a local path",
+        ),
+        (
+            {"comparator_model_name": "./no/such/comparator"},
+            "comparator_model_name = './no/such/comparator' looks like a local path",
+        ),
+    ],
+)
 def test_a_comparator_model_that_cannot_be_loaded_is_named_by_its_field(overrides, message, no_model_loads):
     import re
 
@@ -157,8 +227,14 @@ def test_aliases_are_normalised():
     assert module.comparator_history_k == 1
     assert module.comparator_generation_mode == "centralized"
 
-    module = make_iter(MARLHFIter, comparator_policy="external", comparator_model_name="tiny",
-                       preference_scoring_reward="learned", preference_replay_mode="recent_k", preference_replay_k=2)
+    module = make_iter(
+        MARLHFIter,
+        comparator_policy="external",
+        comparator_model_name="tiny",
+        preference_scoring_reward="learned",
+        preference_replay_mode="recent_k",
+        preference_replay_k=2,
+    )
     assert module.comparator_policy == "model"
     assert module.preference_scoring_reward == "reward_model"
     assert module.preference_replay_mode == "nearest_k"
@@ -222,9 +298,15 @@ def stub_sampling(monkeypatch, module, current_texts):
 
 
 def test_pairs_from_current_vs_comparator_use_processed_scores_and_keep_raw(monkeypatch):
-    module = make_iter(reward_func=digit_reward, reward_processor=reversed_scale,
-                       formatters=[first_formatter, second_formatter], preference_num_candidates=3,
-                       comparator_num_candidates=2, pair_selection="all", preference_pairs_per_sample=None)
+    module = make_iter(
+        reward_func=digit_reward,
+        reward_processor=reversed_scale,
+        formatters=[first_formatter, second_formatter],
+        preference_num_candidates=3,
+        comparator_num_candidates=2,
+        pair_selection="all",
+        preference_pairs_per_sample=None,
+    )
     items = ITEMS[:2]
     # [agent][item * K + k]
     current = [["a3", "a1", "a5", "a2", "a4", "a0"], ["p0", "p0", "p0", "p1", "p0", "p0"]]
@@ -244,15 +326,39 @@ def test_pairs_from_current_vs_comparator_use_processed_scores_and_keep_raw(monk
     # processed 100 - 10 r: current [70, 90, 50] / [70, 60, 100]; comparator [90, 80] / [80, 60]
     # item0 k0: 70 < 90 comparator wins; k1: 90 > 80 current wins; item1 k0: 70 < 80 comparator wins; k1 tie.
     expected = [
-        dict(prompts=["first topic 0", "second topic 0"], winner_completions=["a1", "q0"],
-             loser_completions=["a3", "p0"], winner_reward=90.0, loser_reward=70.0,
-             candidate_reward_mean=76.0, raw_rewards=[1.0, 3.0], target_raw_reward=3.0, comparator_raw_reward=1.0),
-        dict(prompts=["first topic 0", "second topic 0"], winner_completions=["a1", "p0"],
-             loser_completions=["a2", "q0"], winner_reward=90.0, loser_reward=80.0,
-             candidate_reward_mean=76.0, raw_rewards=[1.0, 2.0], target_raw_reward=1.0, comparator_raw_reward=2.0),
-        dict(prompts=["first topic 1", "second topic 1"], winner_completions=["a1", "q1"],
-             loser_completions=["a2", "p1"], winner_reward=80.0, loser_reward=70.0,
-             candidate_reward_mean=74.0, raw_rewards=[2.0, 3.0], target_raw_reward=3.0, comparator_raw_reward=2.0),
+        dict(
+            prompts=["first topic 0", "second topic 0"],
+            winner_completions=["a1", "q0"],
+            loser_completions=["a3", "p0"],
+            winner_reward=90.0,
+            loser_reward=70.0,
+            candidate_reward_mean=76.0,
+            raw_rewards=[1.0, 3.0],
+            target_raw_reward=3.0,
+            comparator_raw_reward=1.0,
+        ),
+        dict(
+            prompts=["first topic 0", "second topic 0"],
+            winner_completions=["a1", "p0"],
+            loser_completions=["a2", "q0"],
+            winner_reward=90.0,
+            loser_reward=80.0,
+            candidate_reward_mean=76.0,
+            raw_rewards=[1.0, 2.0],
+            target_raw_reward=1.0,
+            comparator_raw_reward=2.0,
+        ),
+        dict(
+            prompts=["first topic 1", "second topic 1"],
+            winner_completions=["a1", "q1"],
+            loser_completions=["a2", "p1"],
+            winner_reward=80.0,
+            loser_reward=70.0,
+            candidate_reward_mean=74.0,
+            raw_rewards=[2.0, 3.0],
+            target_raw_reward=3.0,
+            comparator_raw_reward=2.0,
+        ),
     ]
     assert [p.to_record() for p in pairs] == [{k: e[k] for k in RECORD_KEYS} for e in expected]
 
@@ -260,18 +366,22 @@ def test_pairs_from_current_vs_comparator_use_processed_scores_and_keep_raw(monk
         for i, tokenizer in enumerate(module.tokenizers):
             eos = tokenizer.eos_token_id
             assert pair.prompt_ids[i].tolist() == tokenizer(pair.prompts[i], add_special_tokens=False)["input_ids"]
-            for ids, text in ((pair.winner_ids[i], pair.winner_completions[i]),
-                              (pair.loser_ids[i], pair.loser_completions[i])):
+            for ids, text in (
+                (pair.winner_ids[i], pair.winner_completions[i]),
+                (pair.loser_ids[i], pair.loser_completions[i]),
+            ):
                 assert ids.dtype == torch.long and ids[-1].item() == eos
                 assert ids[:-1].tolist() == tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("selection,order", [("comparator_reward", [(1, False), (0, True)]),
-                                             ("reward_gap", [(0, True), (1, False)])])
+@pytest.mark.parametrize(
+    "selection,order", [("comparator_reward", [(1, False), (0, True)]), ("reward_gap", [(0, True), (1, False)])]
+)
 def test_iterative_pair_selection_order(selection, order, monkeypatch):
     """docs/algorithms.md example 7: current [3, 1, 2] vs comparator [1, 2, 2], limit 2."""
-    module = make_iter(reward_func=digit_reward, preference_num_candidates=3, pair_selection=selection,
-                       preference_pairs_per_sample=2)
+    module = make_iter(
+        reward_func=digit_reward, preference_num_candidates=3, pair_selection=selection, preference_pairs_per_sample=2
+    )
     current = [["a3", "a1", "a2"], ["p0", "p0", "p0"]]
     comparator = [["a1", "a2", "a2"], ["q0", "q0", "q0"]]
     stub_sampling(monkeypatch, module, current)
@@ -282,8 +392,9 @@ def test_iterative_pair_selection_order(selection, order, monkeypatch):
     got = []
     for pair in pairs:
         current_wins = pair.winner_completions[1] == "p0"
-        k = [current[0][j] for j in range(3)].index(pair.winner_completions[0] if current_wins
-                                                   else pair.loser_completions[0])
+        k = [current[0][j] for j in range(3)].index(
+            pair.winner_completions[0] if current_wins else pair.loser_completions[0]
+        )
         got.append((k, current_wins))
         assert pair.candidate_reward_mean == pytest.approx(11 / 6)
     assert got == order
@@ -339,11 +450,22 @@ def test_history_checkpoint_for(tmp_path):
         (tmp_path / f"iteration_{label:04d}").mkdir()
     one, two = comparator(1), comparator(2)
     assert [one.checkpoint_for(v).name for v in range(7)] == [
-        "initial", "initial", "iteration_0000", "iteration_0001",
+        "initial",
+        "initial",
+        "iteration_0000",
+        "iteration_0001",
         "iteration_0001",  # iteration_0002 is missing: the newest earlier one
-        "iteration_0003", "iteration_0003"]
+        "iteration_0003",
+        "iteration_0003",
+    ]
     assert [two.checkpoint_for(v).name for v in range(6)] == [
-        "initial", "initial", "initial", "iteration_0000", "iteration_0001", "iteration_0001"]
+        "initial",
+        "initial",
+        "initial",
+        "iteration_0000",
+        "iteration_0001",
+        "iteration_0001",
+    ]
 
 
 def test_history_missing_agent_dir_is_a_clear_error(tmp_path):
@@ -382,8 +504,10 @@ def test_history_fit_writes_policy_checkpoints_and_reads_k_rounds_back(tmp_path,
     for label in labels:
         assert sorted(p.name for p in (root / label).iterdir() if p.is_dir()) == ["agent_0", "agent_1"]
     # k = 1: rounds 0 and 1 compare against 'initial', round 2 against the policy saved after round 0
-    assert loads == [[str(root.resolve() / label / f"agent_{i}") for i in range(2)]
-                     for label in ("initial", "initial", "iteration_0000")]
+    assert loads == [
+        [str(root.resolve() / label / f"agent_{i}") for i in range(2)]
+        for label in ("initial", "initial", "iteration_0000")
+    ]
     saved_initial, _ = load_agents([str(root / "initial" / f"agent_{i}") for i in range(2)])
     saved_last, _ = load_agents([str(root / "iteration_0002" / f"agent_{i}") for i in range(2)])
     for i in range(2):
@@ -405,14 +529,20 @@ def test_model_comparator_objects_use_the_agents_tokenizers_or_comparator_tokeni
     """comparator_agents given as loaded models: their tokenizers are the agents' (CoMLRL) unless
     comparator_tokenizers names others; a round collects and trains with them."""
     model, tok = MODEL_FACTORIES["tiny"](seed=3)
-    module = make_iter(comparator_policy="model", comparator_agents=[model], preference_num_candidates=2,
-                       num_iterations=1)
+    module = make_iter(
+        comparator_policy="model", comparator_agents=[model], preference_num_candidates=2, num_iterations=1
+    )
     trainer, data = fit_iter(module, tmp_path / "agents_tokenizers", items=ITEMS[:2])
     assert trainer.global_step >= 1
     assert [data.rounds.comparator.model_for(r)[1] for r in range(2)] == list(module.tokenizers)
     other_tok = MODEL_FACTORIES["tiny"]()[1]
-    module = make_iter(comparator_policy="model", comparator_agents=[model, copy.deepcopy(model)],
-                       comparator_tokenizers=other_tok, preference_num_candidates=2, num_iterations=1)
+    module = make_iter(
+        comparator_policy="model",
+        comparator_agents=[model, copy.deepcopy(model)],
+        comparator_tokenizers=other_tok,
+        preference_num_candidates=2,
+        num_iterations=1,
+    )
     _, data = fit_iter(module, tmp_path / "own_tokenizers", items=ITEMS[:2])
     assert all(data.rounds.comparator.model_for(r)[1] is other_tok for r in range(2))
 
@@ -439,8 +569,9 @@ def heads_equal(a, b):
 @pytest.mark.parametrize("cls", [MADPOIter, MARLHFIter], ids=lambda c: c.__name__)
 def test_two_rounds_write_shards_distributions_and_metrics(cls, tmp_path):
     extra = dict(preference_scoring_reward="reward_model") if cls is MARLHFIter else {}
-    module = make_iter(cls, preference_replay_mode="lambda_decay", preference_replay_lambda=0.5,
-                       log_reward_distribution=True, **extra)
+    module = make_iter(
+        cls, preference_replay_mode="lambda_decay", preference_replay_lambda=0.5, log_reward_distribution=True, **extra
+    )
     callbacks = []
     oracle_calls = []
     if cls is MARLHFIter:
@@ -470,10 +601,13 @@ def test_two_rounds_write_shards_distributions_and_metrics(cls, tmp_path):
             assert len(record["raw_rewards"]) == 2
             assert record["target_raw_reward"] is not None and record["comparator_raw_reward"] is not None
             assert record["winner_reward"] > record["loser_reward"]
-            assert sorted(record["raw_rewards"]) == sorted([record["target_raw_reward"],
-                                                            record["comparator_raw_reward"]])
-    assert [(s.iteration, s.num_pairs) for s in data.replay.shards] == [(1, shards[0]["num_pairs"]),
-                                                                        (2, shards[1]["num_pairs"])]
+            assert sorted(record["raw_rewards"]) == sorted(
+                [record["target_raw_reward"], record["comparator_raw_reward"]]
+            )
+    assert [(s.iteration, s.num_pairs) for s in data.replay.shards] == [
+        (1, shards[0]["num_pairs"]),
+        (2, shards[1]["num_pairs"]),
+    ]
 
     for number in (1, 2):
         dist = read_json(log_dir / "reward_distributions" / f"iteration_{number:04d}.json")
@@ -497,8 +631,9 @@ def test_two_rounds_write_shards_distributions_and_metrics(cls, tmp_path):
     if cls is MADPOIter:
         assert trainer.current_epoch == 2
         assert module.env_step == 2 * sum(train_pairs)  # environment_steps_per_pair = 2, one pass per round
-        assert column(read_metrics(trainer), "dpo/num_pairs") and sum(column(read_metrics(trainer),
-                                                                             "dpo/num_pairs")) == sum(train_pairs)
+        assert column(read_metrics(trainer), "dpo/num_pairs") and sum(
+            column(read_metrics(trainer), "dpo/num_pairs")
+        ) == sum(train_pairs)
     else:
         assert trainer.current_epoch == 4
         # a fresh reward model each round: trained in round 1, back to the initial weights when round 2 starts
@@ -516,8 +651,7 @@ def test_marlhfiter_reward_model_scoring_keeps_raw_scores_unprocessed(tmp_path):
     round 1's are task rewards after reward_processor."""
     module = make_iter(MARLHFIter, reward_processor=offset_processor, preference_scoring_reward="model")
     trainer, _ = fit_iter(module, tmp_path)
-    first, second = (read_json(Path(trainer.log_dir) / "preference_replay" / f"iteration_{v:04d}.json")
-                     for v in (1, 2))
+    first, second = (read_json(Path(trainer.log_dir) / "preference_replay" / f"iteration_{v:04d}.json") for v in (1, 2))
     for record in first["pairs"]:
         assert record["winner_reward"] == pytest.approx(record["raw_rewards"][0] + 10.0)
         assert record["loser_reward"] == pytest.approx(record["raw_rewards"][1] + 10.0)
@@ -535,8 +669,9 @@ def offset_processor(raw):
 def test_resume_after_round_one_continues_exactly(tmp_path):
     def run(root, ckpt_path=None):
         module = make_iter(preference_replay_mode="lambda_decay", preference_replay_lambda=0.5)
-        callbacks = [ModelCheckpoint(dirpath=root / "ckpt", save_on_train_epoch_end=True, every_n_epochs=1,
-                                     save_top_k=-1)]
+        callbacks = [
+            ModelCheckpoint(dirpath=root / "ckpt", save_on_train_epoch_end=True, every_n_epochs=1, save_top_k=-1)
+        ]
         trainer, data = fit_iter(module, root, callbacks=callbacks, ckpt_path=ckpt_path)
         return trainer, module, data
 
@@ -560,11 +695,15 @@ def constant_reward(first, second):
     return [0.5] * len(first)
 
 
-@pytest.mark.parametrize("cls,mode,extra", [
-    (MADPOIter, "current", {}),
-    (MADPOIter, "lambda_decay", {"preference_replay_lambda": 0.5}),
-    (MARLHFIter, "current", {}),
-], ids=["MADPOIter-current", "MADPOIter-lambda_decay", "MARLHFIter-current"])
+@pytest.mark.parametrize(
+    "cls,mode,extra",
+    [
+        (MADPOIter, "current", {}),
+        (MADPOIter, "lambda_decay", {"preference_replay_lambda": 0.5}),
+        (MARLHFIter, "current", {}),
+    ],
+    ids=["MADPOIter-current", "MADPOIter-lambda_decay", "MARLHFIter-current"],
+)
 def test_rounds_without_pairs_still_write_shards_and_finish(cls, mode, extra, tmp_path):
     module = make_iter(cls, reward_func=constant_reward, preference_replay_mode=mode, **extra)
     before = [p.detach().clone() for p in module.agents.parameters()]
@@ -587,10 +726,12 @@ def test_rounds_without_pairs_still_write_shards_and_finish(cls, mode, extra, tm
 @pytest.mark.parametrize("scoring", ["task", "reward_model"])
 def test_marlhfiter_resume_at_a_round_boundary_is_exact(scoring, tmp_path):
     """Resume from the checkpoint written when round 1's RL epoch closed (epoch 1) == the uninterrupted run."""
+
     def run(root, ckpt_path=None):
         module = make_iter(MARLHFIter, preference_scoring_reward=scoring)
-        callbacks = [ModelCheckpoint(dirpath=root / "ckpt", save_on_train_epoch_end=True, every_n_epochs=1,
-                                     save_top_k=-1)]
+        callbacks = [
+            ModelCheckpoint(dirpath=root / "ckpt", save_on_train_epoch_end=True, every_n_epochs=1, save_top_k=-1)
+        ]
         trainer, data = fit_iter(module, root, callbacks=callbacks, ckpt_path=ckpt_path)
         return trainer, module, data
 
@@ -606,8 +747,12 @@ def test_marlhfiter_resume_at_a_round_boundary_is_exact(scoring, tmp_path):
 
 # ----------------------------------------------------------------------------------------------- replay repeats
 def test_replay_draws_that_repeat_a_pair_keep_one_token_set_per_agent(tmp_path):
-    module = make_iter(num_iterations=1, preference_replay_mode="all_history", preference_replay_sample_size=8,
-                       formatters=[first_formatter, second_formatter])
+    module = make_iter(
+        num_iterations=1,
+        preference_replay_mode="all_history",
+        preference_replay_sample_size=8,
+        formatters=[first_formatter, second_formatter],
+    )
     _, data = fit_iter(module, tmp_path, items=ITEMS[:2])
     assert data.replay.shards[0].num_pairs <= 4  # 2 items x 2 pairs: 8 draws must repeat pairs
     assert len(data.pairs) == 8
@@ -616,10 +761,14 @@ def test_replay_draws_that_repeat_a_pair_keep_one_token_set_per_agent(tmp_path):
         for i, tokenizer in enumerate(module.tokenizers):
             eos = [tokenizer.eos_token_id]
             assert pair.prompt_ids[i].tolist() == tokenizer(pair.prompts[i], add_special_tokens=False)["input_ids"]
-            assert pair.winner_ids[i].tolist() == \
-                tokenizer(pair.winner_completions[i], add_special_tokens=False)["input_ids"] + eos
-            assert pair.loser_ids[i].tolist() == \
-                tokenizer(pair.loser_completions[i], add_special_tokens=False)["input_ids"] + eos
+            assert (
+                pair.winner_ids[i].tolist()
+                == tokenizer(pair.winner_completions[i], add_special_tokens=False)["input_ids"] + eos
+            )
+            assert (
+                pair.loser_ids[i].tolist()
+                == tokenizer(pair.loser_completions[i], add_special_tokens=False)["input_ids"] + eos
+            )
 
 
 # ----------------------------------------------------------------------------------------------- extras
@@ -645,9 +794,8 @@ def test_current_copy_on_other_devices_samples_a_frozen_copy_for_one_round():
 
 
 def test_current_copy_shares_one_copy_for_shared_weights():
-    from comlrl_lightning.comparators.sources import CurrentCopyComparator, IndependentRNG
-
     from comlrl_lightning.agents.factories import MODEL_FACTORIES
+    from comlrl_lightning.comparators.sources import CurrentCopyComparator, IndependentRNG
 
     model, tokenizer = MODEL_FACTORIES["tiny"]()
     module = make_iter(agents=[model, model], tokenizers=tokenizer)
@@ -661,21 +809,29 @@ def test_reward_distribution_charts_are_files_and_tensorboard_histograms(tmp_pat
 
     module = make_iter(num_iterations=1, log_reward_distribution=True)
     seed_everything(0)
-    trainer = Trainer(logger=TensorBoardLogger(tmp_path, name="tb"), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      accelerator="cpu", devices=1)
+    trainer = Trainer(
+        logger=TensorBoardLogger(tmp_path, name="tb"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS[:2], show_progress=False))
     directory = Path(trainer.log_dir) / "reward_distributions"
     charts = sorted(p.name for p in directory.glob("*.svg"))
-    assert charts == [f"iteration_0001_{part}_{kind}.svg" for part in ("candidate", "selected")
-                      for kind in ("bar", "line")]
+    assert charts == [
+        f"iteration_0001_{part}_{kind}.svg" for part in ("candidate", "selected") for kind in ("bar", "line")
+    ]
     assert 'width="240"' in (directory / "iteration_0001_candidate_line.svg").read_text()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(trainer.log_dir), size_guidance={"histograms": 0})
     events.Reload()
-    assert {"iter/reward_distribution/target", "iter/reward_distribution/comparator"} <= \
-        set(events.Tags()["histograms"])
+    assert {"iter/reward_distribution/target", "iter/reward_distribution/comparator"} <= set(
+        events.Tags()["histograms"]
+    )
     target = events.Histograms("iter/reward_distribution/target")[0]
     assert target.step == 1 and target.histogram_value.num == 2 * 4  # 2 items x K_c = 4 current candidates
 
@@ -683,8 +839,9 @@ def test_reward_distribution_charts_are_files_and_tensorboard_histograms(tmp_pat
 def test_centralized_comparator_generation_splits_joint_answers(monkeypatch):
     """One comparator answer per candidate, written for every role, split by the adapter; unparsable answers
     become empty roles and are counted."""
-    module = make_iter(comparator_generation_mode="centralized", comparator_centralized_agent_index=1,
-                       preference_num_candidates=2)
+    module = make_iter(
+        comparator_generation_mode="centralized", comparator_centralized_agent_index=1, preference_num_candidates=2
+    )
     data = rounds_of(module, FakeComparator([["<agent_0>a0</agent_0><agent_1>b0</agent_1>", "no tags at all"]]))
     stub_sampling(monkeypatch, module, [["x", "y"], ["x", "y"]])
     data.rounds.start_round(0)
@@ -704,7 +861,7 @@ def test_each_pair_pass_is_a_permutation_of_its_own():
     sampler = EpochSampler(6, shuffle=True, seed=3, passes=3)
     order = list(sampler)
     assert len(sampler) == len(order) == 18
-    passes = [order[i:i + 6] for i in range(0, 18, 6)]
+    passes = [order[i : i + 6] for i in range(0, 18, 6)]
     assert all(sorted(p) == list(range(6)) for p in passes)
     assert len({tuple(p) for p in passes}) > 1  # each pass has its own order
     sampler.set_epoch(1)
@@ -716,12 +873,16 @@ def test_each_pair_pass_is_a_permutation_of_its_own():
 
 def test_mp_margins_are_gathered_on_the_module_device(tmp_path, monkeypatch):
     """MADPOIter's update with parallel_training: mp, agent 1's margins on a simulated second device."""
-    from comlrl_lightning import MADPO
     from standin_device import on_second_device
 
+    from comlrl_lightning import MADPO
+
     margins = MADPO.agent_margins
-    monkeypatch.setattr(MADPO, "agent_margins",
-                        lambda self, i, pairs: on_second_device(margins(self, i, pairs)) if i else margins(self, i, pairs))
+    monkeypatch.setattr(
+        MADPO,
+        "agent_margins",
+        lambda self, i, pairs: on_second_device(margins(self, i, pairs)) if i else margins(self, i, pairs),
+    )
     module = make_iter(num_iterations=1, parallel_training="mp", agent_devices=["cpu", "cpu"])
     trainer, _ = fit_iter(module, tmp_path)
     assert trainer.global_step >= 1

@@ -14,10 +14,10 @@ import pytest
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from test_magrpo import ITEMS
 
 from comlrl_lightning import MADPOIter, PreferenceDataModule
 from comlrl_lightning.envs import toy
-from test_magrpo import ITEMS
 
 SECRET = "sk-SECRET-123"
 TEXTS = ("eee", "abc")  # letter_reward: 1.0 and 0.0
@@ -33,8 +33,10 @@ def agent_b_prompt(item):
 
 def openai_reply(body):
     n = int(body.get("n", 1))
-    choices = [{"index": j, "message": {"role": "assistant", "content": TEXTS[j % 2]}, "finish_reason": "stop"}
-               for j in range(n)]
+    choices = [
+        {"index": j, "message": {"role": "assistant", "content": TEXTS[j % 2]}, "finish_reason": "stop"}
+        for j in range(n)
+    ]
     return 200, {"id": "x", "object": "chat.completion", "choices": choices}
 
 
@@ -47,8 +49,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         with server.lock:
             index = len(server.requests)
-            server.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                    "body": body})
+            server.requests.append(
+                {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+            )
         status, payload = server.script(index, body)
         data = json.dumps(payload).encode()
         self.send_response(status)
@@ -77,12 +80,29 @@ def server():
 
 
 def make_api_module(url, **overrides):
-    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.letter_reward, formatters=[agent_a_prompt, agent_b_prompt],
-                  preference_num_candidates=4, comparator_num_candidates=2, preference_pairs_per_sample=2,
-                  train_batch_size=2, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None,
-                  agent_learning_rate=1e-3, eval_interval=0, log_completions=False, num_iterations=2,
-                  comparator_policy="api", comparator_api_format="openai", comparator_api_url=url,
-                  comparator_api_model="m", comparator_api_key=SECRET)
+    kwargs = dict(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.letter_reward,
+        formatters=[agent_a_prompt, agent_b_prompt],
+        preference_num_candidates=4,
+        comparator_num_candidates=2,
+        preference_pairs_per_sample=2,
+        train_batch_size=2,
+        max_new_tokens=6,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        agent_learning_rate=1e-3,
+        eval_interval=0,
+        log_completions=False,
+        num_iterations=2,
+        comparator_policy="api",
+        comparator_api_format="openai",
+        comparator_api_url=url,
+        comparator_api_model="m",
+        comparator_api_key=SECRET,
+    )
     kwargs.update(overrides)
     seed_everything(0)
     return MADPOIter(**kwargs)
@@ -90,9 +110,17 @@ def make_api_module(url, **overrides):
 
 def fit(module, root, callbacks=(), items=ITEMS[:2]):
     seed_everything(0)
-    trainer = Trainer(logger=CSVLogger(root, name="run"), enable_checkpointing=bool(callbacks),
-                      callbacks=list(callbacks), enable_progress_bar=False, enable_model_summary=False,
-                      num_sanity_val_steps=0, log_every_n_steps=1, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        logger=CSVLogger(root, name="run"),
+        enable_checkpointing=bool(callbacks),
+        callbacks=list(callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+    )
     data = PreferenceDataModule(dataset=items, show_progress=False, prompts_per_step=4)
     trainer.fit(module, datamodule=data)
     return trainer, data
@@ -110,8 +138,9 @@ def test_api_comparator_fit_requests_pairs_and_no_key_leak(server, tmp_path, cap
     caplog.set_level(logging.DEBUG)
     module = make_api_module(server.url)
     ckpt_dir = tmp_path / "ckpt"
-    trainer, data = fit(module, tmp_path / "logs", callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_top_k=-1,
-                                                                               every_n_epochs=1)])
+    trainer, data = fit(
+        module, tmp_path / "logs", callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_top_k=-1, every_n_epochs=1)]
+    )
     assert trainer.current_epoch == 2
 
     # 2 rounds x 2 agents x 2 items, one request each (n = comparator_num_candidates = 2 <= no max_n_per_request)
@@ -127,13 +156,17 @@ def test_api_comparator_fit_requests_pairs_and_no_key_leak(server, tmp_path, cap
         assert set(body) == {"model", "messages", "n", "max_tokens", "temperature", "top_p"}
     contents = sorted(r["body"]["messages"][0]["content"] for r in requests)
     assert contents == sorted(["A: topic 0", "A: topic 1", "B: topic 0", "B: topic 1"] * 2)
-    assert all(r["body"]["messages"] == [{"role": "user", "content": r["body"]["messages"][0]["content"]}]
-               for r in requests)
+    assert all(
+        r["body"]["messages"] == [{"role": "user", "content": r["body"]["messages"][0]["content"]}] for r in requests
+    )
 
     # every pair meets one API candidate: candidate 0 is "eee" (raw 1.0), candidate 1 "abc" (raw 0.0)
     log_dir = Path(trainer.log_dir)
-    records = [r for v in (1, 2) for r in
-               json.loads((log_dir / "preference_replay" / f"iteration_{v:04d}.json").read_text())["pairs"]]
+    records = [
+        r
+        for v in (1, 2)
+        for r in json.loads((log_dir / "preference_replay" / f"iteration_{v:04d}.json").read_text())["pairs"]
+    ]
     assert records
     for record in records:
         text = "eee" if record["comparator_raw_reward"] == 1.0 else "abc"
@@ -183,7 +216,7 @@ seed_everything: 0
 trainer:
   logger:
     class_path: lightning.pytorch.loggers.CSVLogger
-    init_args: {{save_dir: {tmp_path / 'outputs'}, name: cli}}
+    init_args: {{save_dir: {tmp_path / "outputs"}, name: cli}}
   enable_progress_bar: false
   enable_model_summary: false
   accelerator: cpu

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from test_magrpo import ITEMS, column, fit, make_module, read_metrics
 
 from comlrl_lightning.envs import toy
-from test_magrpo import ITEMS, column, fit, make_module, read_metrics
 
 # Items the preference families never train on; their reward is measured by the module's own evaluation.
 HELD_OUT = [{"prompt": f"held-out topic {i}", "topic": f"held-out topic {i}"} for i in range(32)]
@@ -18,12 +18,22 @@ HELD_OUT = [{"prompt": f"held-out topic {i}", "topic": f"held-out topic {i}"} fo
 LORA = dict(lora_rank=8, lora_alpha=16.0, lora_target_modules=["q_proj", "v_proj", "up_proj", "down_proj", "lm_head"])
 
 
-@pytest.mark.parametrize("agents,lr,team", [("tiny", 1e-2, {}), ("tiny-5m", 2e-3, {}), ("tiny", 2e-2, LORA)],
-                         ids=["tiny", "tiny-5m", "tiny-lora"])
+@pytest.mark.parametrize(
+    "agents,lr,team",
+    [("tiny", 1e-2, {}), ("tiny-5m", 2e-3, {}), ("tiny", 2e-2, LORA)],
+    ids=["tiny", "tiny-5m", "tiny-lora"],
+)
 def test_magrpo_team_learns_the_letter_task(agents, lr, team, tmp_path):
     """Two agents from random init; reward = share of the letter 'e' in both completions (chance ~0.12)."""
-    module = make_module(agents=agents, reward_func=toy.letter_reward, num_generations=8, max_new_tokens=8,
-                         agent_learning_rate=lr, rollout_buffer_size=4, **team)
+    module = make_module(
+        agents=agents,
+        reward_func=toy.letter_reward,
+        num_generations=8,
+        max_new_tokens=8,
+        agent_learning_rate=lr,
+        rollout_buffer_size=4,
+        **team,
+    )
     assert_reward_rises(fit(module, tmp_path, max_steps=20, prompts_per_step=4, items=ITEMS * 4))
 
 
@@ -35,10 +45,19 @@ def test_actor_critic_team_learns_the_letter_task(variant, tmp_path):
 
     from comlrl_lightning import IAC, MAAC
 
-    cls, critic = {"iac-head": (IAC, {"use_separate_critic": False}),
-                   "maac": (MAAC, {"critic_type": "v", "critic_learning_rate": 1e-2})}[variant]
-    module = make_ac(cls, reward_func=toy.letter_reward, num_generations=8, max_new_tokens=8,
-                     agent_learning_rate=1e-2, rollout_buffer_size=32, **critic)
+    cls, critic = {
+        "iac-head": (IAC, {"use_separate_critic": False}),
+        "maac": (MAAC, {"critic_type": "v", "critic_learning_rate": 1e-2}),
+    }[variant]
+    module = make_ac(
+        cls,
+        reward_func=toy.letter_reward,
+        num_generations=8,
+        max_new_tokens=8,
+        agent_learning_rate=1e-2,
+        rollout_buffer_size=32,
+        **critic,
+    )
     assert_reward_rises(fit(module, tmp_path, max_steps=20, prompts_per_step=4, items=ITEMS * 4))
 
 
@@ -58,10 +77,19 @@ def test_marlhf_team_learns_the_letter_task_from_its_reward_model(tmp_path):
         in_reward_model_stage.append(module.in_reward_model_stage)
         return toy.letter_reward(*completions)
 
-    module = make_marlhf(reward_func=task_reward, preference_num_candidates=32, preference_pairs_per_sample=16,
-                         reward_train_batch_size=16, reward_num_train_epochs=2, reward_learning_rate=2e-3,
-                         num_generations=8, rollout_buffer_size=4, max_new_tokens=8, agent_learning_rate=5e-3,
-                         eval_interval=0)
+    module = make_marlhf(
+        reward_func=task_reward,
+        preference_num_candidates=32,
+        preference_pairs_per_sample=16,
+        reward_train_batch_size=16,
+        reward_num_train_epochs=2,
+        reward_learning_rate=2e-3,
+        num_generations=8,
+        rollout_buffer_size=4,
+        max_new_tokens=8,
+        agent_learning_rate=5e-3,
+        eval_interval=0,
+    )
     before = held_out_reward(module)
     calls_before_fit = len(in_reward_model_stage)
     trainer, data = fit_madpo(module, tmp_path, items=ITEMS * 4, max_epochs=-1, max_steps=112)
@@ -78,8 +106,15 @@ def test_madpo_iter_team_learns_the_letter_task(tmp_path):
     each round's pairs; the team's task reward on held-out items rises."""
     from test_iterative import fit_iter, make_iter
 
-    module = make_iter(preference_num_candidates=16, preference_pairs_per_sample=16, train_batch_size=16,
-                       agent_learning_rate=1e-2, dpo_beta=0.1, max_new_tokens=8, num_iterations=4)
+    module = make_iter(
+        preference_num_candidates=16,
+        preference_pairs_per_sample=16,
+        train_batch_size=16,
+        agent_learning_rate=1e-2,
+        dpo_beta=0.1,
+        max_new_tokens=8,
+        num_iterations=4,
+    )
     before = held_out_reward(module)
     trainer, _ = fit_iter(module, tmp_path, items=ITEMS * 2)
     assert trainer.current_epoch == 4  # four rounds
@@ -93,13 +128,26 @@ def test_marlhf_iter_team_learns_the_letter_task(tmp_path):
     rises. Its gain depends on the seed more than any other family's (10 seeds of fit_iter: +0.02 to +0.46, median
     +0.2); with the agents' learning rate at 1e-12 it moves by +0.009, so a margin of 0.05 tells learning from
     none."""
-    from comlrl_lightning import MARLHFIter
     from test_iterative import fit_iter, make_iter
 
-    module = make_iter(MARLHFIter, preference_num_candidates=32, preference_pairs_per_sample=8,
-                       pair_selection="reward_gap", reward_model_name="tiny", reward_train_batch_size=16,
-                       reward_num_train_epochs=2, reward_learning_rate=2e-3, num_generations=8, rollout_buffer_size=4,
-                       max_new_tokens=8, agent_learning_rate=1e-2, num_train_epochs=4, num_iterations=3)
+    from comlrl_lightning import MARLHFIter
+
+    module = make_iter(
+        MARLHFIter,
+        preference_num_candidates=32,
+        preference_pairs_per_sample=8,
+        pair_selection="reward_gap",
+        reward_model_name="tiny",
+        reward_train_batch_size=16,
+        reward_num_train_epochs=2,
+        reward_learning_rate=2e-3,
+        num_generations=8,
+        rollout_buffer_size=4,
+        max_new_tokens=8,
+        agent_learning_rate=1e-2,
+        num_train_epochs=4,
+        num_iterations=3,
+    )
     before = held_out_reward(module)
     trainer, _ = fit_iter(module, tmp_path, items=ITEMS * 2)
     assert trainer.current_epoch == 3 * 5  # three rounds of a reward-model epoch + four RL epochs

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from comlrl_lightning.envs import toy
 from test_madpo import fit_madpo, make_madpo
 from test_magrpo import ITEMS, fit, make_module
+
+from comlrl_lightning.envs import toy
 
 IDS = torch.tensor([[5, 17, 42, 9, 3, 11]])
 
@@ -53,10 +53,13 @@ def test_agents_switch_adapters_and_the_reference_is_the_base_with_adapters_off(
     with team.peft.disable_adapter():
         plain = logits(team.peft)
     assert torch.equal(logits(reference), plain) and not torch.allclose(plain, a0)
-    assert all(p.requires_grad for i in range(2) for p in module.agents[i].trainable_parameters()), \
+    assert all(p.requires_grad for i in range(2) for p in module.agents[i].trainable_parameters()), (
         "scoring with the reference left an adapter frozen"
-    assert module.reference.models[0] is module.reference.models[1] or \
-        module.reference.models[0].team is module.reference.models[1].team  # no copy of the base per agent
+    )
+    assert (
+        module.reference.models[0] is module.reference.models[1]
+        or module.reference.models[0].team is module.reference.models[1].team
+    )  # no copy of the base per agent
 
 
 def test_save_pretrained_writes_one_adapter_folder_per_agent_and_they_load_back(tmp_path):
@@ -84,11 +87,14 @@ def test_madpo_trains_a_lora_team(tmp_path):
         assert any(not torch.equal(a, b) for a, b in zip(before[i], module.agents[i].trainable_parameters()))
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"agents": ["tiny", "tiny-5m"]}, "lora_rank=4: a LoRA team puts one adapter per agent on ONE base model"),
-    ({"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}, "a LoRA team .* shares one base model"),
-    ({"lora_rank": 0}, "lora_rank must be an integer >= 1 or null"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"agents": ["tiny", "tiny-5m"]}, "lora_rank=4: a LoRA team puts one adapter per agent on ONE base model"),
+        ({"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}, "a LoRA team .* shares one base model"),
+        ({"lora_rank": 0}, "lora_rank must be an integer >= 1 or null"),
+    ],
+)
 def test_what_a_lora_team_cannot_be_is_refused_naming_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
         make_module(**{"lora_rank": 4, **overrides})
@@ -103,8 +109,9 @@ def test_actor_critic_critics_are_adapters_and_value_heads_on_the_one_base(varia
 
     from comlrl_lightning import IAC, MAAC
 
-    cls, overrides = {"iac-head": (IAC, {"use_separate_critic": False}), "iac-critics": (IAC, {}),
-                      "maac": (MAAC, {})}[variant]
+    cls, overrides = {"iac-head": (IAC, {"use_separate_critic": False}), "iac-critics": (IAC, {}), "maac": (MAAC, {})}[
+        variant
+    ]
     module = make_ac(cls, lora_rank=4, critic_model=None, **overrides)
     team = module.policy_model(0).team
     full = make_ac(cls, **overrides)
@@ -120,8 +127,9 @@ def test_actor_critic_critics_are_adapters_and_value_heads_on_the_one_base(varia
     base = {n: p.detach().clone() for n, p in team.base.named_parameters() if "lora_" not in n}
     fit(module, tmp_path, max_steps=2)
     groups = module.optimizers().optimizer.param_groups
-    assert len({id(p) for g in groups for p in g["params"]}) == sum(len(g["params"]) for g in groups), \
+    assert len({id(p) for g in groups for p in g["params"]}) == sum(len(g["params"]) for g in groups), (
         "a parameter is in two optimizer groups"
+    )
     for critic, old in zip(critics, before):
         new = critic.trainable_parameters()
         assert not torch.equal(new[-1], old[-1]), "a value head did not train"
@@ -129,8 +137,11 @@ def test_actor_critic_critics_are_adapters_and_value_heads_on_the_one_base(varia
             assert any(not torch.equal(a, b) for a, b in zip(old[:-1], new[:-1])), "a critic adapter did not train"
     assert all(torch.equal(p, base[n]) for n, p in team.base.named_parameters() if "lora_" not in n)
     module.save_pretrained(tmp_path / "out")
-    saved = tmp_path / "out" / ("critic" if variant == "maac" else "agent_0" / Path("critic") if variant ==
-                                "iac-critics" else "agent_0")
+    saved = (
+        tmp_path
+        / "out"
+        / ("critic" if variant == "maac" else "agent_0" / Path("critic") if variant == "iac-critics" else "agent_0")
+    )
     files = {p.name for p in saved.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "value_head.safetensors"} <= files, files
     assert not any(name.startswith("model") for name in files), "a LoRA critic wrote full weights"
@@ -152,8 +163,15 @@ def test_an_adapter_folder_loads_anywhere_as_its_base_with_the_adapter_merged(tm
 def test_iterative_madpo_with_a_history_comparator_trains_a_lora_team(tmp_path):
     from comlrl_lightning import MADPOIter
 
-    module = make_madpo(cls=MADPOIter, lora_rank=4, preference_num_candidates=2, num_iterations=2,
-                        comparator_policy="history", comparator_history_k=1, policy_checkpoint_dir=str(tmp_path / "pc"))
+    module = make_madpo(
+        cls=MADPOIter,
+        lora_rank=4,
+        preference_num_candidates=2,
+        num_iterations=2,
+        comparator_policy="history",
+        comparator_history_k=1,
+        policy_checkpoint_dir=str(tmp_path / "pc"),
+    )
     trainer, _ = fit_madpo(module, tmp_path, items=ITEMS[:4], max_epochs=2)
     assert trainer.global_step > 0
     assert (tmp_path / "pc" / "iteration_0000" / "agent_0" / "adapter_config.json").is_file()
@@ -188,7 +206,8 @@ def test_a_lora_team_samples_in_one_generate_call_each_row_through_its_own_adapt
     prompts = [["Write a story", "The fox"], ["Two"], ["Tell me about cats and"]]
     try:
         out = HFGenerate(generation_kwargs={"logits_processor": LogitsProcessorList([first])}).sample(
-            module.agents, module.tokenizers, prompts, 2, SamplingConfig(max_new_tokens=3, top_k=None, top_p=1.0))
+            module.agents, module.tokenizers, prompts, 2, SamplingConfig(max_new_tokens=3, top_k=None, top_p=1.0)
+        )
     finally:
         hook.remove()
     assert calls[0][0] == 4, "the team's prompts were not encoded together once"
@@ -226,8 +245,11 @@ def test_a_lora_team_trains_with_a_generation_copy_of_its_one_peft_model(dtype, 
     module.engine.rollout(module.agents, module.tokenizers, ITEMS[:1])  # the last update reaches the copy
     assert adapters and sum(p.numel() for p in clone.parameters()) == sum(p.numel() for p in team.base.parameters())
     shared = next(clone.parameters()) is next(generator.parameters())
-    assert shared == (dtype == "float16" and not generation_mod.cpu_multiplies_in(torch.float16)
-                      and generation_mod.packing_works(generation_mod.FP16_WEIGHTS))
+    assert shared == (
+        dtype == "float16"
+        and not generation_mod.cpu_multiplies_in(torch.float16)
+        and generation_mod.packing_works(generation_mod.FP16_WEIGHTS)
+    )
     if not shared:
         assert all(p.dtype == getattr(torch, dtype) for p in clone.parameters())
         for name, p in adapters.items():
@@ -238,7 +260,10 @@ def test_a_lora_team_trains_with_a_generation_copy_of_its_one_peft_model(dtype, 
     assert packed and any(bool(m.weight.abs().sum() > 0) for m in packed.values())  # trained away from zero
     for name, layer in packed.items():  # each pack is of the trained weight, not of the zeros it started from
         x = torch.randn(3, layer.in_features)
-        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight.detach().half().float()),
-                                   atol=1e-5, rtol=1e-5, msg=name)
-
-
+        torch.testing.assert_close(
+            layer(x),
+            torch.nn.functional.linear(x, layer.weight.detach().half().float()),
+            atol=1e-5,
+            rtol=1e-5,
+            msg=name,
+        )

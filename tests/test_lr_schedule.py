@@ -50,7 +50,7 @@ def test_multipliers_by_hand(decay):
 
 def test_multipliers_without_warmup_and_degenerate_horizons():
     # no warm-up: decay starts at 1.0 on update 0; linear over 4 updates to 0 -> 1, 0.75, 0.5, 0.25, 0
-    assert [LearningRateSchedule(0, "linear", 4, 0.0)(s) for s in range(5)] == pytest.approx([1, .75, .5, .25, 0])
+    assert [LearningRateSchedule(0, "linear", 4, 0.0)(s) for s in range(5)] == pytest.approx([1, 0.75, 0.5, 0.25, 0])
     # warm-up as long as the horizon: the run's 3 updates are the warm-up ramp 1/3, 2/3, 1
     assert [LearningRateSchedule(3, "cosine", 3, 0.2)(s) for s in range(3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
     assert LearningRateSchedule(0, "cosine", 0, 0.5)(0) == pytest.approx(1.0)  # total < 1 is clamped, no 0-division
@@ -63,9 +63,20 @@ def test_the_schedule_is_off_unless_asked_for():
 
 # ----------------------------------------------------------------------------------------------- helpers
 def make_module(cls=MAGRPO, **overrides):
-    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2,
-                  max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None, rollout_buffer_size=2,
-                  agent_learning_rate=RATES, eval_interval=0, log_completions=False)
+    kwargs = dict(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.brevity_reward,
+        num_generations=2,
+        max_new_tokens=4,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        rollout_buffer_size=2,
+        agent_learning_rate=RATES,
+        eval_interval=0,
+        log_completions=False,
+    )
     kwargs.update(overrides)
     seed_everything(0)
     return cls(**kwargs)
@@ -73,10 +84,18 @@ def make_module(cls=MAGRPO, **overrides):
 
 def fit(module, root: Path, max_steps: int, ckpt_path: str | None = None, callbacks=(), prompts_per_step=2):
     seed_everything(0)
-    trainer = Trainer(max_steps=max_steps, logger=CSVLogger(root, name="run"),
-                      enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_steps=max_steps,
+        logger=CSVLogger(root, name="run"),
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        callbacks=list(callbacks),
+        accelerator="cpu",
+        devices=1,
+    )
     data = TaskDataModule(dataset=ITEMS, prompts_per_step=prompts_per_step, eval_batch_size=2)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer
@@ -144,10 +163,17 @@ def test_several_updates_in_one_batch_step_the_schedule_each_time(tmp_path):
         assert [rows[s] for s in range(6)] == pytest.approx(per_update, rel=1e-6)
 
 
-@pytest.mark.parametrize("layout,updates", [
-    ({"rollout_buffer_size": 4}, 2),  # a 4-node buffer fills every 2nd batch: 1 update per 2 batches
-    ({"rollout_buffer_size": 2, "train_batch_size": 1}, 8),  # 2 one-node mini-batches per batch: 2 updates per batch
-], ids=["update-every-2nd-batch", "two-updates-per-batch"])
+@pytest.mark.parametrize(
+    "layout,updates",
+    [
+        ({"rollout_buffer_size": 4}, 2),  # a 4-node buffer fills every 2nd batch: 1 update per 2 batches
+        (
+            {"rollout_buffer_size": 2, "train_batch_size": 1},
+            8,
+        ),  # 2 one-node mini-batches per batch: 2 updates per batch
+    ],
+    ids=["update-every-2nd-batch", "two-updates-per-batch"],
+)
 def test_without_max_steps_the_decay_spans_lr_decay_steps(layout, updates, tmp_path):
     """A fit's update count is not known in advance (rollouts, buffers, pairs and rounds vary), so with only
     ``max_epochs`` the decay spans ``lr_decay_steps`` updates: here the fit's own count (8 items, 2 per batch: 4
@@ -155,8 +181,16 @@ def test_without_max_steps_the_decay_spans_lr_decay_steps(layout, updates, tmp_p
     module = make_module(lr_decay="linear", lr_min_ratio=0.0, lr_decay_steps=updates, **layout)
     seen = spy_updates(module)
     seed_everything(0)
-    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS[:8], prompts_per_step=2))
     assert trainer.num_training_batches == 4 and len(seen) == trainer.global_step == updates
     used = [m["agent_0/learning_rate"] / RATES[0] for m in seen]
@@ -166,10 +200,20 @@ def test_without_max_steps_the_decay_spans_lr_decay_steps(layout, updates, tmp_p
 
 def test_a_decay_without_a_horizon_is_a_configuration_error(tmp_path):
     module = make_module(lr_decay="cosine")
-    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1)
-    with pytest.raises(ConfigurationError, match="lr_decay='cosine' needs the number of updates it spans: set model "
-                                                   "lr_decay_steps, or trainer.max_steps"):
+    trainer = Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
+    with pytest.raises(
+        ConfigurationError,
+        match="lr_decay='cosine' needs the number of updates it spans: set model lr_decay_steps, or trainer.max_steps",
+    ):
         trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS[:2], prompts_per_step=2))
 
 
@@ -178,8 +222,21 @@ def test_the_cli_reports_a_decay_without_a_horizon_in_one_message(tmp_path, caps
 
     config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(config), "--trainer.max_steps", "-1", "--model.init_args.lr_decay", "linear",
-              "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"])
+        main(
+            [
+                "fit",
+                "--config",
+                str(config),
+                "--trainer.max_steps",
+                "-1",
+                "--model.init_args.lr_decay",
+                "linear",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--trainer.enable_progress_bar",
+                "false",
+            ]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err and err.count("error:") == 1
     assert "lr_decay='linear' needs the number of updates it spans" in err
@@ -190,8 +247,7 @@ def test_resume_continues_the_schedule(tmp_path):
     """A run checkpointed after every update and resumed from the middle logs the rates of the uninterrupted run
     and ends with the same rates in the optimizer."""
     overrides = dict(lr_warmup_steps=2, lr_decay="cosine", lr_min_ratio=0.1)
-    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=1,
-                                  save_top_k=-1)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=1, save_top_k=-1)
     full = fit(make_module(**overrides), tmp_path / "full", max_steps=5, callbacks=[checkpoints])
     middle = tmp_path / "ckpt" / "step=2.ckpt"
     assert middle.is_file(), sorted(p.name for p in (tmp_path / "ckpt").iterdir())
@@ -208,33 +264,43 @@ def test_resume_continues_the_schedule(tmp_path):
         after = logged(resumed, f"agent_{i}/learning_rate")
         assert sorted(after) == [2, 3, 4]
         assert [after[s] for s in (2, 3, 4)] == pytest.approx([uninterrupted[s] for s in (2, 3, 4)], rel=1e-9)
-        assert [m[f"agent_{i}/learning_rate"] for m in seen] == pytest.approx(expected(schedule, base, (2, 3, 4)),
-                                                                              rel=1e-6)
+        assert [m[f"agent_{i}/learning_rate"] for m in seen] == pytest.approx(
+            expected(schedule, base, (2, 3, 4)), rel=1e-6
+        )
     assert resumed.lr_scheduler_configs[0].scheduler.last_epoch == full.lr_scheduler_configs[0].scheduler.last_epoch
-    assert [g["lr"] for g in resumed.optimizers[0].param_groups] == \
-        pytest.approx([g["lr"] for g in full.optimizers[0].param_groups], rel=1e-12)
+    assert [g["lr"] for g in resumed.optimizers[0].param_groups] == pytest.approx(
+        [g["lr"] for g in full.optimizers[0].param_groups], rel=1e-12
+    )
     assert [g["initial_lr"] for g in resumed.optimizers[0].param_groups] == pytest.approx(RATES)
 
 
 def test_resume_keeps_the_horizon_of_the_checkpoint(tmp_path):
     """The schedule's shape (warm-up, decay, horizon, floor) is restored with the scheduler state."""
     overrides = dict(lr_warmup_steps=1, lr_decay="linear", lr_min_ratio=0.0)
-    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=1,
-                                  save_top_k=-1)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=1, save_top_k=-1)
     full = fit(make_module(**overrides), tmp_path / "full", max_steps=3, callbacks=[checkpoints])
     module = make_module(**overrides)
     resumed = fit(module, tmp_path / "resumed", max_steps=3, ckpt_path=str(tmp_path / "ckpt" / "step=1.ckpt"))
     restored = resumed.lr_scheduler_configs[0].scheduler.schedule
     assert (restored.warmup, restored.decay, restored.total, restored.min_ratio) == (1, "linear", 3, 0.0)
     assert logged(resumed, "agent_0/learning_rate") == pytest.approx(
-        {s: v for s, v in logged(full, "agent_0/learning_rate").items() if s >= 1})
+        {s: v for s, v in logged(full, "agent_0/learning_rate").items() if s >= 1}
+    )
 
 
 # ----------------------------------------------------------------------------------------------- (d) critics
 def test_separate_critics_are_scheduled_on_their_own_rate(tmp_path):
     critic_rate = 3e-4
-    module = make_module(IAC, use_separate_critic=True, critic_model="tiny", critic_learning_rate=critic_rate,
-                         rollout_buffer_size=4, lr_warmup_steps=2, lr_decay="linear", lr_min_ratio=0.1)
+    module = make_module(
+        IAC,
+        use_separate_critic=True,
+        critic_model="tiny",
+        critic_learning_rate=critic_rate,
+        rollout_buffer_size=4,
+        lr_warmup_steps=2,
+        lr_decay="linear",
+        lr_min_ratio=0.1,
+    )
     trainer = fit(module, tmp_path, max_steps=4)
     schedule = LearningRateSchedule(2, "linear", 4, 0.1)  # 0.5, 1.0, 1.0, 0.55
     names = [g["name"] for g in trainer.optimizers[0].param_groups]
@@ -244,21 +310,44 @@ def test_separate_critics_are_scheduled_on_their_own_rate(tmp_path):
         rates = logged(trainer, f"{name}/learning_rate")
         assert [rates[s] for s in range(4)] == pytest.approx(expected(schedule, base, range(4)), rel=1e-6), name
         assert [rates[s] / base for s in range(4)] == pytest.approx([0.5, 1.0, 1.0, 0.55], rel=1e-6), name
-    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == \
-        pytest.approx([b * schedule(4) for b in bases.values()], rel=1e-6)
+    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx(
+        [b * schedule(4) for b in bases.values()], rel=1e-6
+    )
 
 
 # ----------------------------------------------------------------------------------------------- preference data
 def test_a_preference_module_is_scheduled_over_lr_decay_steps(tmp_path):
     """MADPO (one update per batch of pairs) with a schedule, only ``max_epochs`` and ``lr_decay_steps``."""
     seed_everything(0)
-    module = MADPO(agents="tiny", num_agents=2, reward_func=toy.letter_reward, preference_num_candidates=4,
-                   preference_pairs_per_sample=2, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None,
-                   agent_learning_rate=RATES, eval_interval=0, log_completions=False, lr_warmup_steps=1,
-                   lr_decay="linear", lr_min_ratio=0.0, lr_decay_steps=4)
+    module = MADPO(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.letter_reward,
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        max_new_tokens=4,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        agent_learning_rate=RATES,
+        eval_interval=0,
+        log_completions=False,
+        lr_warmup_steps=1,
+        lr_decay="linear",
+        lr_min_ratio=0.0,
+        lr_decay_steps=4,
+    )
     seen = spy_updates(module)
-    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS[:4], prompts_per_step=2, show_progress=False))
     updates = len(seen)
     assert updates == trainer.global_step >= 2
@@ -272,14 +361,35 @@ def test_marlhf_stages_do_not_use_up_each_others_schedule(tmp_path):
     from comlrl_lightning import MARLHF
 
     seed_everything(0)
-    module = MARLHF(agents="tiny", num_agents=2, reward_func=toy.letter_reward, preference_num_candidates=4,
-                    preference_pairs_per_sample=2, reward_model_name="tiny", reward_train_batch_size=2,
-                    num_generations=2, max_new_tokens=4, rollout_buffer_size=2, agent_learning_rate=RATES,
-                    reward_learning_rate=2e-3, eval_interval=0, log_completions=False, lr_warmup_steps=3,
-                    lr_decay="constant")
+    module = MARLHF(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.letter_reward,
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        reward_model_name="tiny",
+        reward_train_batch_size=2,
+        num_generations=2,
+        max_new_tokens=4,
+        rollout_buffer_size=2,
+        agent_learning_rate=RATES,
+        reward_learning_rate=2e-3,
+        eval_interval=0,
+        log_completions=False,
+        lr_warmup_steps=3,
+        lr_decay="constant",
+    )
     rm_updates, rl_updates = spy_updates(module), spy_updates(module.rl)
-    trainer = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=PreferenceDataModule(dataset=ITEMS[:4], prompts_per_step=2, show_progress=False))
     assert len(rm_updates) >= 2 and len(rl_updates) >= 2
     warmup = [min((k + 1) / 3, 1.0) for k in range(max(len(rm_updates), len(rl_updates)))]

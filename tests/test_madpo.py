@@ -14,13 +14,13 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from test_magrpo import ITEMS, column, params_of, read_metrics
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from comlrl_lightning import MADPO, PreferenceDataModule
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.core.pairs import RECORD_KEYS
 from comlrl_lightning.envs import toy
-from test_magrpo import ITEMS, column, params_of, read_metrics
 
 EOS = 0  # tiny tokenizer: pad == eos == <|endoftext|>
 
@@ -40,9 +40,21 @@ def varied_lengths():
 
 
 def make_madpo(cls=MADPO, **overrides):
-    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.letter_reward, preference_num_candidates=4,
-                  preference_pairs_per_sample=2, train_batch_size=2, max_new_tokens=6, temperature=1.0, top_p=1.0,
-                  top_k=None, agent_learning_rate=1e-3, eval_interval=0, log_completions=False)
+    kwargs = dict(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.letter_reward,
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        train_batch_size=2,
+        max_new_tokens=6,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        agent_learning_rate=1e-3,
+        eval_interval=0,
+        log_completions=False,
+    )
     kwargs.update(overrides)
     return cls(**kwargs)
 
@@ -62,14 +74,34 @@ def collected(module, items):
     return data.collect_pairs(items)
 
 
-def fit_madpo(module, tmp_path, items=ITEMS[:3], max_epochs=2, max_steps=-1, callbacks=(), ckpt_path=None,
-              seed=0, name="run", calls=None, **data_kwargs):
+def fit_madpo(
+    module,
+    tmp_path,
+    items=ITEMS[:3],
+    max_epochs=2,
+    max_steps=-1,
+    callbacks=(),
+    ckpt_path=None,
+    seed=0,
+    name="run",
+    calls=None,
+    **data_kwargs,
+):
     seed_everything(seed)
     checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)
-    trainer = Trainer(max_epochs=max_epochs, max_steps=max_steps, logger=CSVLogger(tmp_path, name=name),
-                      enable_checkpointing=checkpointing, enable_progress_bar=False, enable_model_summary=False,
-                      num_sanity_val_steps=0, log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu",
-                      devices=1)
+    trainer = Trainer(
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        logger=CSVLogger(tmp_path, name=name),
+        enable_checkpointing=checkpointing,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        callbacks=list(callbacks),
+        accelerator="cpu",
+        devices=1,
+    )
     data_kwargs.setdefault("prompts_per_step", 4)
     data = PreferenceDataModule(dataset=items, show_progress=False, **data_kwargs)
     if calls is not None:
@@ -98,11 +130,18 @@ def sequence_logp(model, prompt_ids, completion_ids):
 
 def reference_margins(models, pairs):
     """[P, N] Δ_{p,i} one sequence at a time (with grad)."""
-    return torch.stack([
-        torch.stack([sequence_logp(m, p.prompt_ids[i], p.winner_ids[i]) - sequence_logp(m, p.prompt_ids[i], p.loser_ids[i])
-                     for i, m in enumerate(models)])
-        for p in pairs
-    ])
+    return torch.stack(
+        [
+            torch.stack(
+                [
+                    sequence_logp(m, p.prompt_ids[i], p.winner_ids[i])
+                    - sequence_logp(m, p.prompt_ids[i], p.loser_ids[i])
+                    for i, m in enumerate(models)
+                ]
+            )
+            for p in pairs
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------------------------- fit
@@ -125,15 +164,23 @@ def test_fit_collects_pairs_updates_and_logs(tmp_path):
     assert len(num_pairs) == trainer.global_step
     assert sum(num_pairs) == 2 * len(pairs)  # every pair once per epoch, the last batch partial
     assert env_steps == [2.0 * sum(num_pairs[: k + 1]) for k in range(len(num_pairs))]
-    for key in ("loss", "dpo/accuracy", "dpo/joint_margin_mean", "dpo/reward_gap_mean", "turn_1/reward_mean",
-                "agent_0/grad_norm", "agent_1/grad_norm"):
+    for key in (
+        "loss",
+        "dpo/accuracy",
+        "dpo/joint_margin_mean",
+        "dpo/reward_gap_mean",
+        "turn_1/reward_mean",
+        "agent_0/grad_norm",
+        "agent_1/grad_norm",
+    ):
         assert len(column(rows, key)) == trainer.global_step, key
     assert all(0.0 <= a <= 1.0 for a in column(rows, "dpo/accuracy"))
     assert all(g > 0 for g in column(rows, "dpo/reward_gap_mean"))
     assert all(l > 0 for l in column(rows, "loss"))
     mean_candidate = sum(p.candidate_reward_mean for p in pairs) / len(pairs)
-    assert sum(r * n for r, n in zip(column(rows, "turn_1/reward_mean"), num_pairs)) / sum(num_pairs) == \
-        pytest.approx(mean_candidate, abs=1e-6)
+    assert sum(r * n for r, n in zip(column(rows, "turn_1/reward_mean"), num_pairs)) / sum(num_pairs) == pytest.approx(
+        mean_candidate, abs=1e-6
+    )
 
     payload = json.loads(pairs_file.read_text())
     assert payload["num_pairs"] == len(pairs) == len(payload["pairs"])
@@ -157,8 +204,9 @@ def test_environment_step_can_be_turned_off(tmp_path):
 def test_pairs_keep_the_sampled_token_ids():
     seed_everything(0)
     formatters = [lambda item: "Agent A: " + item["prompt"], lambda item: "Agent B writes about " + item["prompt"]]
-    module = make_madpo(formatters=formatters, reward_processor=lambda r: 2.0 * r + 1.0,
-                        generation_kwargs=varied_lengths())
+    module = make_madpo(
+        formatters=formatters, reward_processor=lambda r: 2.0 * r + 1.0, generation_kwargs=varied_lengths()
+    )
     items = ITEMS[:4]
     pairs = collected(module, items)
     assert len(pairs) == 4 * 2  # 2 per item: random text hardly ever ties
@@ -178,7 +226,9 @@ def test_pairs_keep_the_sampled_token_ids():
                 assert tok.decode(ids, skip_special_tokens=True) == text
         raw_w = toy.letter_reward(*[[c] for c in p.winner_completions])[0]
         raw_l = toy.letter_reward(*[[c] for c in p.loser_completions])[0]
-        assert p.winner_reward == pytest.approx(2.0 * raw_w + 1.0) and p.loser_reward == pytest.approx(2.0 * raw_l + 1.0)
+        assert p.winner_reward == pytest.approx(2.0 * raw_w + 1.0) and p.loser_reward == pytest.approx(
+            2.0 * raw_l + 1.0
+        )
         assert p.raw_rewards == pytest.approx([raw_w, raw_l])
         assert p.winner_reward > p.loser_reward
     assert ended and full  # both kinds were checked
@@ -238,8 +288,12 @@ def test_micro_batches_accumulate_to_the_same_gradient(tmp_path):
     captured = []
     for micro in (None, 1):
         grads = FirstGrads()
-        fit_madpo(make_madpo(train_batch_size=4, micro_batch_size=micro, generation_kwargs=varied_lengths()),
-                  tmp_path, max_steps=1, callbacks=[grads])
+        fit_madpo(
+            make_madpo(train_batch_size=4, micro_batch_size=micro, generation_kwargs=varied_lengths()),
+            tmp_path,
+            max_steps=1,
+            callbacks=[grads],
+        )
         captured.append(torch.cat([g.flatten() for agent in grads.grads for g in agent]))
     assert captured[0].abs().max() > 0
     torch.testing.assert_close(captured[0], captured[1], atol=1e-5, rtol=1e-4)
@@ -258,18 +312,21 @@ def test_all_tied_rewards_train_nothing(tmp_path, caplog):
 
 
 # ----------------------------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("overrides,message", [
-    ({"num_turns": 2}, "MADPO currently supports num_turns=1 only."),
-    ({"joint_mode": "cross"}, "aligned joint_mode only"),
-    ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2"),
-    ({"preference_pairs_per_sample": 0}, "preference_pairs_per_sample must be >= 1 or null"),
-    ({"pair_selection": "best"}, "pair_selection must be one of"),
-    ({"pair_selection": "all", "preference_pairs_per_sample": 4}, "must be null when pair_selection='all'"),
-    ({"dpo_beta": 0.0}, "dpo_beta must be > 0"),
-    ({"environment_steps_per_pair": 0}, "environment_steps_per_pair must be >= 1"),
-    ({"train_batch_size": 0}, "train_batch_size must be >= 1"),
-    ({"reward_func": None}, "reward_func must be a callable"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"num_turns": 2}, "MADPO currently supports num_turns=1 only."),
+        ({"joint_mode": "cross"}, "aligned joint_mode only"),
+        ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2"),
+        ({"preference_pairs_per_sample": 0}, "preference_pairs_per_sample must be >= 1 or null"),
+        ({"pair_selection": "best"}, "pair_selection must be one of"),
+        ({"pair_selection": "all", "preference_pairs_per_sample": 4}, "must be null when pair_selection='all'"),
+        ({"dpo_beta": 0.0}, "dpo_beta must be > 0"),
+        ({"environment_steps_per_pair": 0}, "environment_steps_per_pair must be >= 1"),
+        ({"train_batch_size": 0}, "train_batch_size must be >= 1"),
+        ({"reward_func": None}, "reward_func must be a callable"),
+    ],
+)
 def test_invalid_config_fails_before_loading_models(overrides, message, monkeypatch):
     def no_loading(**kwargs):
         raise AssertionError("a model was loaded before validation")
@@ -296,7 +353,8 @@ def test_resume_restores_the_pairs_and_matches_the_uninterrupted_run(tmp_path):
 
     ckpt_dir = tmp_path / "ckpt"
     full, full_trainer, full_data, calls = run(
-        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1)])
+        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1)]
+    )
     assert calls == [3]
     per_epoch = math.ceil(len(full_data.pairs) / 2)
     assert full_trainer.global_step == 2 * per_epoch and per_epoch >= 2
@@ -305,8 +363,9 @@ def test_resume_restores_the_pairs_and_matches_the_uninterrupted_run(tmp_path):
         (ckpt,) = ckpt_dir.glob(f"epoch=0-step={step}.ckpt")
         resumed, trainer, data, calls = run(ckpt_path=str(ckpt), name=f"resume{step}")
         assert calls == []  # no recollection: the pairs come from the checkpoint
-        assert [(p.winner_completions, p.loser_completions, p.winner_reward) for p in data.pairs] == \
-            [(p.winner_completions, p.loser_completions, p.winner_reward) for p in full_data.pairs]
+        assert [(p.winner_completions, p.loser_completions, p.winner_reward) for p in data.pairs] == [
+            (p.winner_completions, p.loser_completions, p.winner_reward) for p in full_data.pairs
+        ]
         for a, b in zip(data.pairs, full_data.pairs):
             for field in ("prompt_ids", "winner_ids", "loser_ids"):
                 assert all(torch.equal(x, y) for x, y in zip(getattr(a, field), getattr(b, field)))
@@ -320,9 +379,17 @@ def test_reloading_the_loader_recollects_pairs(tmp_path):
     module = make_madpo()
     calls = []
     seed_everything(0)
-    trainer = Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_epochs=2,
+        reload_dataloaders_every_n_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     data = PreferenceDataModule(dataset=ITEMS[:2], prompts_per_step=2, show_progress=False)
     count_collections(data, calls, lambda items: module.global_step)
     trainer.fit(module, datamodule=data)
@@ -333,17 +400,24 @@ def test_reloading_the_loader_recollects_pairs(tmp_path):
 # ----------------------------------------------------------------------------------------------- learning
 def test_madpo_team_learns_the_letter_task(tmp_path):
     """From random tiny models, DPO on pairs scored by the letter reward raises the task reward of the agents."""
-    module = make_madpo(preference_num_candidates=8, preference_pairs_per_sample=4, train_batch_size=8,
-                        max_new_tokens=8, agent_learning_rate=1e-2, dpo_beta=0.1, eval_interval=4,
-                        eval_num_samples=8)
-    trainer, data = fit_madpo(module, tmp_path, items=ITEMS * 4, max_epochs=3, prompts_per_step=8,
-                              eval_dataset=ITEMS, eval_batch_size=8)
+    module = make_madpo(
+        preference_num_candidates=8,
+        preference_pairs_per_sample=4,
+        train_batch_size=8,
+        max_new_tokens=8,
+        agent_learning_rate=1e-2,
+        dpo_beta=0.1,
+        eval_interval=4,
+        eval_num_samples=8,
+    )
+    trainer, data = fit_madpo(
+        module, tmp_path, items=ITEMS * 4, max_epochs=3, prompts_per_step=8, eval_dataset=ITEMS, eval_batch_size=8
+    )
     assert trainer.global_step == 3 * math.ceil(len(data.pairs) / 8)
     rewards = column(read_metrics(trainer), "eval/turn_1/reward_mean")
     assert len(rewards) >= 6
     first, last = sum(rewards[:2]) / 2, sum(rewards[-3:]) / 3
     assert last > first + 0.04, (first, last, rewards)
-
 
 
 def test_mp_margins_are_gathered_on_the_module_device(tmp_path, monkeypatch):
@@ -352,8 +426,11 @@ def test_mp_margins_are_gathered_on_the_module_device(tmp_path, monkeypatch):
     from standin_device import on_second_device
 
     margins = MADPO.agent_margins
-    monkeypatch.setattr(MADPO, "agent_margins",
-                        lambda self, i, pairs: on_second_device(margins(self, i, pairs)) if i else margins(self, i, pairs))
+    monkeypatch.setattr(
+        MADPO,
+        "agent_margins",
+        lambda self, i, pairs: on_second_device(margins(self, i, pairs)) if i else margins(self, i, pairs),
+    )
     module = make_madpo(parallel_training="mp", agent_devices=["cpu", "cpu"])
     before = params_of(module)
     trainer, _ = fit_madpo(module, tmp_path, max_epochs=1)

@@ -21,20 +21,39 @@ ITEMS = [{"prompt": f"topic {i}", "topic": f"topic {i}"} for i in range(8)]
 
 
 def make_module(cls=MAGRPO, **overrides):
-    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.brevity_reward, num_generations=2,
-                  max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None, rollout_buffer_size=2,
-                  agent_learning_rate=1e-3, eval_interval=0, log_completions=False)
+    kwargs = dict(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.brevity_reward,
+        num_generations=2,
+        max_new_tokens=6,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        rollout_buffer_size=2,
+        agent_learning_rate=1e-3,
+        eval_interval=0,
+        log_completions=False,
+    )
     kwargs.update(overrides)
     return cls(**kwargs)
 
 
 def fit(module, tmp_path, max_steps=2, items=ITEMS, eval_items=None, prompts_per_step=2, callbacks=()):
     seed_everything(0)
-    trainer = Trainer(max_steps=max_steps, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu", devices=1)
-    data = TaskDataModule(dataset=items, eval_dataset=eval_items, prompts_per_step=prompts_per_step,
-                          eval_batch_size=2)
+    trainer = Trainer(
+        max_steps=max_steps,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        callbacks=list(callbacks),
+        accelerator="cpu",
+        devices=1,
+    )
+    data = TaskDataModule(dataset=items, eval_dataset=eval_items, prompts_per_step=prompts_per_step, eval_batch_size=2)
     trainer.fit(module, datamodule=data)
     return trainer
 
@@ -65,8 +84,17 @@ def test_each_variant_fits_and_changes_weights(cls, mode, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
     rows = read_metrics(trainer)
     assert column(rows, "env_step") == [4.0, 8.0]  # 2 prompts x K=2 aligned joint actions per step
-    for key in ("loss", "rollout/turn_1/reward_mean", "turn_1/expected_return", "agent_0/grad_norm", "agent_1/grad_norm",
-                "completions/mean_length", "timing_s/generate", "timing_s/reward", "timing_s/update"):
+    for key in (
+        "loss",
+        "rollout/turn_1/reward_mean",
+        "turn_1/expected_return",
+        "agent_0/grad_norm",
+        "agent_1/grad_norm",
+        "completions/mean_length",
+        "timing_s/generate",
+        "timing_s/reward",
+        "timing_s/update",
+    ):
         assert column(rows, key), key
 
 
@@ -76,8 +104,9 @@ def test_advantage_statistics_are_logged_per_agent(tmp_path):
     from comlrl_lightning.algorithms.reinforce import advantage_metrics
 
     stats = advantage_metrics(torch.tensor([1.0, -1.0, 0.0, 0.0]))
-    assert [float(stats[k]) for k in ("advantage_mean", "advantage_std", "zero_advantage_ratio")] == \
-        pytest.approx([0.0, 0.5 ** 0.5, 0.5])
+    assert [float(stats[k]) for k in ("advantage_mean", "advantage_std", "zero_advantage_ratio")] == pytest.approx(
+        [0.0, 0.5**0.5, 0.5]
+    )
     rows = read_metrics(fit(make_module(reward_func=lambda a, b: [1.0] * len(a)), tmp_path / "flat"))
     assert column(rows, "agent_1/zero_advantage_ratio") == [1.0, 1.0]
     assert column(rows, "agent_0/advantage_std") == [0.0, 0.0]
@@ -108,8 +137,13 @@ def test_shared_weights_one_parameter_group(tmp_path):
 
 
 def test_multi_turn_and_cross_fit(tmp_path):
-    module = make_module(num_turns=2, external_transition=toy.revise_transition, joint_mode="cross",
-                         rollout_buffer_size=1, train_batch_size=1)
+    module = make_module(
+        num_turns=2,
+        external_transition=toy.revise_transition,
+        joint_mode="cross",
+        rollout_buffer_size=1,
+        train_batch_size=1,
+    )
     trainer = fit(module, tmp_path, max_steps=3, prompts_per_step=1)
     rows = read_metrics(trainer)
     # cross, N=2, K=2: 4 joint actions at the root, 4 children x 4 = 16 below -> 20 per item
@@ -122,8 +156,17 @@ def test_cli_fit_with_config(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
-    main(["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
-          "--model.init_args.eval_interval=1", "--model.init_args.max_new_tokens=4"])
+    main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.max_steps=2",
+            "--trainer.enable_progress_bar=false",
+            "--model.init_args.eval_interval=1",
+            "--model.init_args.max_new_tokens=4",
+        ]
+    )
     metrics = next(tmp_path.glob("outputs/quickstart/*/metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))
     assert column(rows, "eval/turn_1/reward_mean") and column(rows, "loss")
@@ -198,7 +241,7 @@ def test_gradient_matches_documented_objective(tmp_path):
                 length = int(s.completion_mask[k].sum())
                 ids = torch.cat([s.prompt_ids, s.completion_ids[k, :length]]).unsqueeze(0)
                 logits = agent(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]
-                logps.append(torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(s.prompt_ids):, None]).sum())
+                logps.append(torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(s.prompt_ids) :, None]).sum())
         loss = (-(advantages * torch.stack(logps))).mean()
         loss.backward()
         for expected, got in zip(agent.parameters(), captured["grads"][i]):
@@ -214,16 +257,21 @@ def test_micro_batches_accumulate_to_the_same_gradient(tmp_path):
             grads.append(torch.cat([p.grad.flatten() for p in pl_module.parameters()]))
 
     for micro in (None, 1):
-        fit(make_module(micro_batch_size=micro, loss_aggregation="token_mean"), tmp_path, max_steps=1,
-            callbacks=[OnBeforeStep()])
+        fit(
+            make_module(micro_batch_size=micro, loss_aggregation="token_mean"),
+            tmp_path,
+            max_steps=1,
+            callbacks=[OnBeforeStep()],
+        )
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
 
 
 def test_a_token_budget_and_one_agent_at_a_time_give_the_same_gradient(tmp_path, monkeypatch):
     """Update memory is bounded: each agent's micro-batches are forwarded and backpropagated before the next
     agent's, within a token budget; the gradient is that of the whole mini-batch in one forward."""
-    import comlrl_lightning.algorithms.reinforce as reinforce
     from lightning.pytorch import Callback
+
+    import comlrl_lightning.algorithms.reinforce as reinforce
 
     grads, events = [], []
 
@@ -236,9 +284,12 @@ def test_a_token_budget_and_one_agent_at_a_time_give_the_same_gradient(tmp_path,
         if budget:
             score, backward = reinforce.token_logprobs, module.manual_backward
             agent_of = {id(module.policy_model(i)): i for i in range(module.num_agents)}
-            monkeypatch.setattr(reinforce, "token_logprobs",
-                                lambda model, inputs: (events.append(agent_of[id(model)]), score(model, inputs))[1])
-            module.manual_backward = lambda loss: (events.append("backward"), backward(loss))
+            monkeypatch.setattr(
+                reinforce,
+                "token_logprobs",
+                lambda model, inputs: (events.append(agent_of[id(model)]), score(model, inputs))[1],  # noqa: B023
+            )  # used within the iteration that binds them
+            module.manual_backward = lambda loss: (events.append("backward"), backward(loss))  # noqa: B023
         fit(module, tmp_path, max_steps=1, callbacks=[OnBeforeStep()])
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
     forwards = [e for e in events if e != "backward"]
@@ -305,8 +356,9 @@ def test_fit_on_a_cpu_keeps_freed_memory_for_the_next_step(keep, tmp_path, monke
     monkeypatch.setattr(base, "keep_freed_memory", lambda: calls.append(1))  # this test process stays as it is
     fit(make_module(keep_freed_cpu_memory=keep), tmp_path, max_steps=1)
     assert calls == ([1] if keep else [])
-    out = subprocess.run([sys.executable, "-c", _FRESH_PAGES, "keep" if keep else "return"], capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _FRESH_PAGES, "keep" if keep else "return"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[0] == str(keep)
     assert (int(out[1]) < 1000) if keep else (int(out[2]) > 8000), out  # 16384 pages without
 
@@ -344,8 +396,11 @@ def test_evaluation_schedule_and_user_metrics(tmp_path):
     calls = {}
 
     def eval_logger(agent_completions_turns, batch_items, prompts, test_cases):
-        calls["shape"] = (len(agent_completions_turns), len(agent_completions_turns[0]),
-                          len(agent_completions_turns[0][0]))
+        calls["shape"] = (
+            len(agent_completions_turns),
+            len(agent_completions_turns[0]),
+            len(agent_completions_turns[0][0]),
+        )
         calls["n_items"] = len(batch_items)
         calls["prompts"] = prompts
         return [{"len": len(c[0])} for c in agent_completions_turns[0]]
@@ -353,9 +408,13 @@ def test_evaluation_schedule_and_user_metrics(tmp_path):
     def eval_aggregator(metrics, num_turns):
         return {"turn_1/mean_len": sum(m["len"] for m in metrics) / len(metrics)}
 
-    module = make_module(eval_interval=2, eval_num_samples=3, eval_logger=eval_logger,
-                         eval_aggregator=eval_aggregator,
-                         formatters=[lambda it: f"Begin {it['topic']}", lambda it: f"End {it['topic']}"])
+    module = make_module(
+        eval_interval=2,
+        eval_num_samples=3,
+        eval_logger=eval_logger,
+        eval_aggregator=eval_aggregator,
+        formatters=[lambda it: f"Begin {it['topic']}", lambda it: f"End {it['topic']}"],
+    )
     trainer = fit(module, tmp_path, max_steps=3, eval_items=ITEMS[:5])
     rows = read_metrics(trainer)
     # batches 0 and 2 (at updates 0 and 2: one update per batch here), and the final evaluation after update 3
@@ -387,31 +446,34 @@ def test_save_pretrained_round_trip(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("overrides,fragment", [
-    ({"num_generations": 1}, "num_generations must be >= 2"),
-    ({"rollout_buffer_size": 0}, "rollout_buffer_size"),
-    ({"train_batch_size": 0}, "train_batch_size"),
-    ({"num_turns": 0}, "num_turns"),
-    ({"num_turns": 2}, "Multi-turn MAGRPO requires an external_transition"),
-    ({"advantage_mode": "midrange"}, "advantage_mode must be one of: mean, raw, max, rloo"),
-    ({"loss_aggregation": "sum"}, "loss_aggregation"),
-    ({"reference_kl_coef": -1.0}, "reference_kl_coef must be >= 0"),
-    ({"reference_kl_estimator": "k4"}, "reference_kl_estimator"),
-    ({"reference_kl_placement": "advantage"}, "reference_kl_placement"),
-    ({"eval_interval": -1}, "eval_interval"),
-    ({"eval_num_samples": -1}, "eval_num_samples"),
-    ({"joint_mode": "diagonal"}, "joint_mode"),
-    ({"discount": 1.5}, "discount"),
-    ({"reward_func": None}, "reward_func must be a callable"),
-    ({"parallel_training": "ddp"}, "parallel_training only supports: none, mp. Got 'ddp'."),
-    ({"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices"),
-    ({"agent_devices": "gpu0"}, "agent_devices"),
-    ({"temperature": 0.0}, "temperature"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"generation_kwargs": {"do_sample": False}}, "generation_kwargs must not set"),
-    ({"agent_learning_rate": [1e-3]}, "agent_learning_rate"),
-    ({"eval_logger": print}, "eval_logger and eval_aggregator"),
-])
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        ({"num_generations": 1}, "num_generations must be >= 2"),
+        ({"rollout_buffer_size": 0}, "rollout_buffer_size"),
+        ({"train_batch_size": 0}, "train_batch_size"),
+        ({"num_turns": 0}, "num_turns"),
+        ({"num_turns": 2}, "Multi-turn MAGRPO requires an external_transition"),
+        ({"advantage_mode": "midrange"}, "advantage_mode must be one of: mean, raw, max, rloo"),
+        ({"loss_aggregation": "sum"}, "loss_aggregation"),
+        ({"reference_kl_coef": -1.0}, "reference_kl_coef must be >= 0"),
+        ({"reference_kl_estimator": "k4"}, "reference_kl_estimator"),
+        ({"reference_kl_placement": "advantage"}, "reference_kl_placement"),
+        ({"eval_interval": -1}, "eval_interval"),
+        ({"eval_num_samples": -1}, "eval_num_samples"),
+        ({"joint_mode": "diagonal"}, "joint_mode"),
+        ({"discount": 1.5}, "discount"),
+        ({"reward_func": None}, "reward_func must be a callable"),
+        ({"parallel_training": "ddp"}, "parallel_training only supports: none, mp. Got 'ddp'."),
+        ({"parallel_training": "mp"}, "parallel_training='mp' requires explicit agent_devices"),
+        ({"agent_devices": "gpu0"}, "agent_devices"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"generation_kwargs": {"do_sample": False}}, "generation_kwargs must not set"),
+        ({"agent_learning_rate": [1e-3]}, "agent_learning_rate"),
+        ({"eval_logger": print}, "eval_logger and eval_aggregator"),
+    ],
+)
 def test_bad_config_fails_before_any_model_loads(overrides, fragment, monkeypatch):
     def must_not_load(**_):
         raise AssertionError("a model was loaded before validation finished")
@@ -427,8 +489,9 @@ def test_reward_returning_wrong_count_is_a_clear_error(tmp_path):
         fit(module, tmp_path, max_steps=1)
 
 
-@pytest.mark.parametrize("config", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "config", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_every_config_parses(config, capsys):
     """Types, import paths and field names of every shipped config are valid (no models are loaded)."""
     from comlrl_lightning.cli import main
@@ -448,14 +511,23 @@ def test_resume_from_a_mid_epoch_checkpoint_is_exact(tmp_path):
         seed_everything(0)
         module = make_module(rollout_buffer_size=2)
         callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=every, save_top_k=-1)] if every else []
-        trainer = Trainer(max_steps=max_steps, logger=CSVLogger(root, name="run"), enable_progress_bar=False,
-                          enable_model_summary=False, num_sanity_val_steps=0, callbacks=callbacks,
-                          enable_checkpointing=bool(every), accelerator="cpu", devices=1)
+        trainer = Trainer(
+            max_steps=max_steps,
+            logger=CSVLogger(root, name="run"),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=callbacks,
+            enable_checkpointing=bool(every),
+            accelerator="cpu",
+            devices=1,
+        )
         seen = []
         collect = module.collect_rollout
         module.collect_rollout = lambda items: (seen.extend(i["prompt"] for i in items), collect(items))[1]
-        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2, shuffle=True),
-                    ckpt_path=ckpt_path)
+        trainer.fit(
+            module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2, shuffle=True), ckpt_path=ckpt_path
+        )
         return module, seen
 
     full, seen_full = run(tmp_path / "full", 4, every=2)
@@ -485,8 +557,15 @@ def test_tensorboard_and_wandb_loggers(logger_name, tmp_path, monkeypatch):
         kwargs.update(project="comlrl-test", offline=True)
     logger = getattr(loggers, logger_name)(**kwargs)
     seed_everything(0)
-    trainer = Trainer(max_steps=1, logger=logger, enable_progress_bar=False, enable_model_summary=False,
-                      enable_checkpointing=False, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_steps=1,
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(make_module(), datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2))
     assert trainer.global_step == 1
     if logger_name == "WandbLogger":
@@ -504,8 +583,16 @@ def test_resume_from_the_checkpoint_that_closed_an_epoch(tmp_path):
         seed_everything(0)
         module = make_module(rollout_buffer_size=2)
         callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=2, save_top_k=-1)] if save else []
-        trainer = Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                          callbacks=callbacks, enable_checkpointing=save, accelerator="cpu", devices=1)
+        trainer = Trainer(
+            max_epochs=2,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=callbacks,
+            enable_checkpointing=save,
+            accelerator="cpu",
+            devices=1,
+        )
         trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS[:4], prompts_per_step=2), ckpt_path=ckpt_path)
         return trainer, module
 
@@ -520,13 +607,25 @@ def test_resume_from_the_checkpoint_that_closed_an_epoch(tmp_path):
 def test_choices_accept_any_case_from_python():
     """From Python a choice is accepted in any case and stored in its canonical spelling (CoMLRL lower-cases);
     the CLI takes the listed spellings."""
-    module = make_module(joint_mode="CROSS", loss_aggregation="Token_Mean", reference_kl_placement="LOSS",
-                         parallel_training="None", advantage_mode="mean")
-    assert (module.joint_mode, module.loss_aggregation, module.reference_kl_placement, module.parallel_training) == \
-        ("cross", "token_mean", "loss", "none")
+    module = make_module(
+        joint_mode="CROSS",
+        loss_aggregation="Token_Mean",
+        reference_kl_placement="LOSS",
+        parallel_training="None",
+        advantage_mode="mean",
+    )
+    assert (module.joint_mode, module.loss_aggregation, module.reference_kl_placement, module.parallel_training) == (
+        "cross",
+        "token_mean",
+        "loss",
+        "none",
+    )
     assert module.hparams["joint_mode"] == "cross"
-    with pytest.raises(ValueError, match=r"Unsupported joint_mode: diagonal \(joint_mode must be one of: aligned, cross, "
-                                         r"align, crossed\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Unsupported joint_mode: diagonal \(joint_mode must be one of: aligned, cross, "
+        r"align, crossed\)",
+    ):
         make_module(joint_mode="diagonal")
 
 
@@ -546,8 +645,16 @@ def test_bf16_autocast_is_lightnings_precision_setting(generation_dtype, tmp_pat
 
     module.losses = spy
     seed_everything(0)
-    trainer = Trainer(max_steps=2, precision="bf16-mixed", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_steps=2,
+        precision="bf16-mixed",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2))
     assert trainer.global_step == 2 and seen
     assert all(on and dtype == torch.bfloat16 and loss == torch.float32 for on, dtype, loss in seen), seen

@@ -15,13 +15,13 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from test_magrpo import ITEMS, column, params_of, read_metrics
 
 from comlrl_lightning import IAC, MAAC, MAGRPO, MAREINFORCE, MARLHF, MARLOO, MAReMax, PreferenceDataModule
 from comlrl_lightning.agents import JointRewardModel
-from comlrl_lightning.agents.reward_model import joint_texts
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
+from comlrl_lightning.agents.reward_model import joint_texts
 from comlrl_lightning.envs import toy
-from test_magrpo import ITEMS, column, params_of, read_metrics
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "marlhf.yaml"
 
@@ -38,26 +38,54 @@ BACKENDS = {
 
 
 def make_marlhf(rl_algorithm="magrpo", **overrides):
-    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.letter_reward, rl_algorithm=rl_algorithm,
-                  preference_num_candidates=4, preference_pairs_per_sample=2, reward_model_name="tiny",
-                  reward_train_batch_size=2, reward_num_train_epochs=2, num_generations=2, max_new_tokens=6,
-                  temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-3, reward_learning_rate=1e-3,
-                  rollout_buffer_size=2, eval_interval=2, eval_num_samples=2, log_completions=False)
+    kwargs = dict(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.letter_reward,
+        rl_algorithm=rl_algorithm,
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        reward_model_name="tiny",
+        reward_train_batch_size=2,
+        reward_num_train_epochs=2,
+        num_generations=2,
+        max_new_tokens=6,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        agent_learning_rate=1e-3,
+        reward_learning_rate=1e-3,
+        rollout_buffer_size=2,
+        eval_interval=2,
+        eval_num_samples=2,
+        log_completions=False,
+    )
     kwargs.update(overrides)
     seed_everything(0)  # the reward model's (and critics') fresh heads draw from the global RNG
     return MARLHF(**kwargs)
 
 
-def fit_marlhf(module, tmp_path, max_epochs=2, callbacks=(), ckpt_path=None, name="run", items=ITEMS[:4],
-               collects=None):
+def fit_marlhf(
+    module, tmp_path, max_epochs=2, callbacks=(), ckpt_path=None, name="run", items=ITEMS[:4], collects=None
+):
     """``collects``: a list that gets the epoch of every collection call of the data module."""
     seed_everything(0)
     checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)
-    trainer = Trainer(max_epochs=max_epochs, logger=CSVLogger(tmp_path, name=name), enable_checkpointing=checkpointing,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                      log_every_n_steps=1, callbacks=list(callbacks), accelerator="cpu", devices=1)
-    data = PreferenceDataModule(dataset=items, eval_dataset=ITEMS[:2], prompts_per_step=2, eval_batch_size=2,
-                                show_progress=False)
+    trainer = Trainer(
+        max_epochs=max_epochs,
+        logger=CSVLogger(tmp_path, name=name),
+        enable_checkpointing=checkpointing,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        callbacks=list(callbacks),
+        accelerator="cpu",
+        devices=1,
+    )
+    data = PreferenceDataModule(
+        dataset=items, eval_dataset=ITEMS[:2], prompts_per_step=2, eval_batch_size=2, show_progress=False
+    )
     if collects is not None:
         collect = data.collect_pairs
         data.collect_pairs = lambda items: collects.append(module.current_epoch) or collect(items)
@@ -183,8 +211,7 @@ def test_rl_stage_uses_raw_reward_model_scores_and_evaluation_the_task_reward(al
         task_calls.append((module.current_epoch, state["eval"]))
         return toy.letter_reward(*agent_completions)
 
-    module = make_marlhf(algo, reward_func=task_reward, reward_processor=lambda r: r + 100.0,
-                         log_completions=True)
+    module = make_marlhf(algo, reward_func=task_reward, reward_processor=lambda r: r + 100.0, log_completions=True)
 
     evaluation_record = module.evaluation_record
 
@@ -200,9 +227,16 @@ def test_rl_stage_uses_raw_reward_model_scores_and_evaluation_the_task_reward(al
 
     def spy_score(*args, **kwargs):
         scores = score_joint(*args, **kwargs)
-        rm_calls.append({"epoch": module.current_epoch, "eval": state["eval"], "batch": state["batch"],
-                         "grad": torch.is_grad_enabled(), "training": module.reward_model.training,
-                         "scores": scores.detach().float().tolist()})
+        rm_calls.append(
+            {
+                "epoch": module.current_epoch,
+                "eval": state["eval"],
+                "batch": state["batch"],
+                "grad": torch.is_grad_enabled(),
+                "training": module.reward_model.training,
+                "scores": scores.detach().float().tolist(),
+            }
+        )
         return scores
 
     module.reward_model.score_joint = spy_score
@@ -264,29 +298,38 @@ def tiny_model():
     return MODEL_FACTORIES["tiny"]()
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"rl_algorithm": "ppo"}, "rl_algorithm must be one of: magrpo, mareinforce, maremax, marloo, maac, iac"),
-    ({"num_generations": 1}, "num_generations must be >= 2 for MAGRPO-family MARLHF backends."),
-    ({"num_generations": 0, "rl_algorithm": "iac"}, "num_generations must be >= 1."),
-    ({"reward_learning_rate": 0}, "reward_learning_rate must be > 0."),
-    ({"reward_num_train_epochs": 0}, "reward_num_train_epochs must be >= 1."),
-    ({"reward_train_batch_size": 0}, "reward_train_batch_size must be >= 1."),
-    ({"reward_max_length": 0}, "reward_max_length must be >= 1 or null."),
-    ({"critic_learning_rate": 0}, "critic_learning_rate must be > 0 or null."),
-    ({"critic_type": "w", "rl_algorithm": "maac"}, "critic_type must be one of: v, q (got 'w')."),
-    ({"value_loss_coef": 0}, "value_loss_coef must be > 0."),
-    ({"value_clip_range": 0}, "value_clip_range must be > 0 or null."),
-    ({"num_turns": 2}, "MARLHF currently supports num_turns=1 only."),
-    ({"joint_mode": "cross"}, "MARLHF preference generation currently supports aligned joint_mode only."),
-    ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2."),
-    ({"reward_func": None}, "reward_func must be a callable"),
-    ({"agents": "objects", "reward_model_name": None},
-     "reward_model_name must be provided: the agents are model objects without a name"),
-    ({"agents": "objects", "rl_algorithm": "maac"},
-     "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without a name"),
-    ({"agents": "objects", "rl_algorithm": "iac"},
-     "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without a name"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"rl_algorithm": "ppo"}, "rl_algorithm must be one of: magrpo, mareinforce, maremax, marloo, maac, iac"),
+        ({"num_generations": 1}, "num_generations must be >= 2 for MAGRPO-family MARLHF backends."),
+        ({"num_generations": 0, "rl_algorithm": "iac"}, "num_generations must be >= 1."),
+        ({"reward_learning_rate": 0}, "reward_learning_rate must be > 0."),
+        ({"reward_num_train_epochs": 0}, "reward_num_train_epochs must be >= 1."),
+        ({"reward_train_batch_size": 0}, "reward_train_batch_size must be >= 1."),
+        ({"reward_max_length": 0}, "reward_max_length must be >= 1 or null."),
+        ({"critic_learning_rate": 0}, "critic_learning_rate must be > 0 or null."),
+        ({"critic_type": "w", "rl_algorithm": "maac"}, "critic_type must be one of: v, q (got 'w')."),
+        ({"value_loss_coef": 0}, "value_loss_coef must be > 0."),
+        ({"value_clip_range": 0}, "value_clip_range must be > 0 or null."),
+        ({"num_turns": 2}, "MARLHF currently supports num_turns=1 only."),
+        ({"joint_mode": "cross"}, "MARLHF preference generation currently supports aligned joint_mode only."),
+        ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2."),
+        ({"reward_func": None}, "reward_func must be a callable"),
+        (
+            {"agents": "objects", "reward_model_name": None},
+            "reward_model_name must be provided: the agents are model objects without a name",
+        ),
+        (
+            {"agents": "objects", "rl_algorithm": "maac"},
+            "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without a name",
+        ),
+        (
+            {"agents": "objects", "rl_algorithm": "iac"},
+            "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without a name",
+        ),
+    ],
+)
 def test_invalid_config_fails_before_loading_models(overrides, message, monkeypatch, tiny_model):
     model, tok = tiny_model
     if overrides.get("agents") == "objects":  # built in memory: no name to load a reward model or critic from
@@ -304,10 +347,13 @@ def test_invalid_config_fails_before_loading_models(overrides, message, monkeypa
         make_marlhf(**overrides)
 
 
-@pytest.mark.parametrize("overrides,field", [
-    ({"reward_model_name": "./no/such/reward_model"}, "reward_model_name"),
-    ({"rl_algorithm": "maac", "critic_model_name": "./no/such/critic"}, "critic_model_name"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"reward_model_name": "./no/such/reward_model"}, "reward_model_name"),
+        ({"rl_algorithm": "maac", "critic_model_name": "./no/such/critic"}, "critic_model_name"),
+    ],
+)
 def test_a_reward_model_or_critic_that_cannot_be_loaded_is_named_by_its_field(overrides, field, monkeypatch):
     monkeypatch.setitem(MODEL_FACTORIES, "tiny", lambda **_: pytest.fail("a model was loaded before validation"))
     with pytest.raises(FileNotFoundError, match=f"^{field} = '"):
@@ -335,11 +381,13 @@ def test_reward_model_defaults_to_the_agents_name_for_lists_and_named_objects(mo
 
 def test_model_objects_with_named_reward_and_critic_models(tiny_model):
     model, tok = tiny_model
-    module = make_marlhf("iac", agents=[model, model], tokenizers=tok, reward_model_name="tiny",
-                         use_separate_critic=False)  # the value head sits on the actor: no critic source needed
+    module = make_marlhf(
+        "iac", agents=[model, model], tokenizers=tok, reward_model_name="tiny", use_separate_critic=False
+    )  # the value head sits on the actor: no critic source needed
     assert isinstance(module.rl, IAC) and module.reward_model.backbone is not model
-    module = make_marlhf("maac", agents=[model, model], tokenizers=tok, reward_model_name="tiny",
-                         critic_model_name="tiny")
+    module = make_marlhf(
+        "maac", agents=[model, model], tokenizers=tok, reward_model_name="tiny", critic_model_name="tiny"
+    )
     assert isinstance(module.rl, MAAC) and module.reward_model.backbone is not model
 
 
@@ -370,10 +418,14 @@ def test_save_pretrained_writes_agents_and_a_reloadable_reward_model(algo, tmp_p
     torch.testing.assert_close(reloaded.reward_head.weight, module.reward_model.reward_head.weight)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "transformers 5 reloads an exported tiny tokenizer as Qwen2Tokenizer (config.json says qwen2), whose "
-    "pre-tokenizer splits every digit, unlike the in-memory tiny BPE: 'Agent 1' is 'Ġ1' before export and "
-    "'Ġ','1' after, so a reloaded reward model (or agent) scores texts with digits differently"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "transformers 5 reloads an exported tiny tokenizer as Qwen2Tokenizer (config.json says qwen2), whose "
+        "pre-tokenizer splits every digit, unlike the in-memory tiny BPE: 'Agent 1' is 'Ġ1' before export and "
+        "'Ġ','1' after, so a reloaded reward model (or agent) scores texts with digits differently"
+    ),
+)
 def test_reloaded_tiny_tokenizer_splits_digits_like_the_original(tmp_path):
     rm = JointRewardModel.from_pretrained("tiny")
     rm.save_pretrained(tmp_path / "rm")
@@ -387,15 +439,20 @@ def test_reloaded_tiny_tokenizer_splits_digits_like_the_original(tmp_path):
 def test_resume_in_the_rl_stage_neither_recollects_nor_retrains(algo, tmp_path):
     def run(ckpt_path=None, callbacks=(), name="run"):
         module = make_marlhf(algo)
-        counts = {"collect_pairs": [], "reward_model_step": count_calls(module, "update"),
-                  "update": count_calls(module.rl, "update")}
-        trainer, data = fit_marlhf(module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name,
-                                   collects=counts["collect_pairs"])
+        counts = {
+            "collect_pairs": [],
+            "reward_model_step": count_calls(module, "update"),
+            "update": count_calls(module.rl, "update"),
+        }
+        trainer, data = fit_marlhf(
+            module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name, collects=counts["collect_pairs"]
+        )
         return module, trainer, data, counts
 
     ckpt_dir = tmp_path / "ckpt"
     full, full_trainer, full_data, counts = run(
-        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1)])
+        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1)]
+    )
     rm_updates = len(counts["reward_model_step"])
     assert counts["collect_pairs"] and rm_updates and counts["update"]
 
@@ -444,12 +501,24 @@ def test_cli_fits_the_marlhf_config_with_tiny_models(tmp_path, monkeypatch):
     from comlrl_lightning.cli import main
 
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(CONFIG), "--trainer.enable_progress_bar=false",
-          "--model.init_args.agents=tiny", "--model.init_args.reward_model_name=tiny",
-          "--model.init_args.use_chat_template=false", "--model.init_args.max_new_tokens=4",
-          "--model.init_args.preference_num_candidates=3", "--model.init_args.num_generations=2",
-          "--model.init_args.eval_interval=2", "--model.init_args.eval_num_samples=2",
-          "--data.init_args.max_train_items=2", "--data.init_args.show_progress=false"])
+    main(
+        [
+            "fit",
+            "--config",
+            str(CONFIG),
+            "--trainer.enable_progress_bar=false",
+            "--model.init_args.agents=tiny",
+            "--model.init_args.reward_model_name=tiny",
+            "--model.init_args.use_chat_template=false",
+            "--model.init_args.max_new_tokens=4",
+            "--model.init_args.preference_num_candidates=3",
+            "--model.init_args.num_generations=2",
+            "--model.init_args.eval_interval=2",
+            "--model.init_args.eval_num_samples=2",
+            "--data.init_args.max_train_items=2",
+            "--data.init_args.show_progress=false",
+        ]
+    )
     metrics = next(tmp_path.glob("outputs/marlhf/*/metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))
     assert column(rows, "reward_model/loss") and column(rows, "loss") and column(rows, "eval/turn_1/reward_mean")
@@ -459,8 +528,9 @@ def test_cli_fits_the_marlhf_config_with_tiny_models(tmp_path, monkeypatch):
 def test_reference_kl_with_an_actor_critic_backend_fits(algo, tmp_path):
     """MARLHF with reference_kl_enabled and an actor-critic backend: the RL stage scores the samples against the
     frozen reference (it used to crash on the backend's first rollout)."""
-    module = make_marlhf(algo, reference_kl_enabled=True, reference_kl_coef=0.5, critic_model_name="tiny",
-                         eval_interval=0)
+    module = make_marlhf(
+        algo, reference_kl_enabled=True, reference_kl_coef=0.5, critic_model_name="tiny", eval_interval=0
+    )
     trainer, _ = fit_marlhf(module, tmp_path)
     assert trainer.global_step >= 2 and module.rl.last_rollout is not None
     assert module.rl.last_rollout.nodes[0].agents[0].sequence_kl is not None

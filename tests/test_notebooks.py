@@ -15,8 +15,12 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 
 
 def test_the_four_notebooks_are_there():
-    assert [p.stem for p in NOTEBOOKS] == ["01_quickstart", "02_your_own_environment", "03_preference_learning",
-                                           "04_analysing_a_run"]
+    assert [p.stem for p in NOTEBOOKS] == [
+        "01_quickstart",
+        "02_your_own_environment",
+        "03_preference_learning",
+        "04_analysing_a_run",
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -36,11 +40,17 @@ def test_notebook_is_stored_clean_with_a_model_parameter_cell(path):
 def test_notebook_runs_top_to_bottom(path, tmp_path):
     # The kernel inherits this process's environment (conftest.py: offline, one intra-op thread).
     notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(notebook, timeout=120, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError naming the cell on any error
-    images = [base64.b64decode(out["data"]["image/png"]) for cell in notebook.cells if cell.cell_type == "code"
-              for out in cell.outputs if "image/png" in out.get("data", {})]
+    images = [
+        base64.b64decode(out["data"]["image/png"])
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if "image/png" in out.get("data", {})
+    ]
     assert images and all(image.startswith(b"\x89PNG") for image in images), "figures should display"
     errors = [out for cell in notebook.cells for out in cell.get("outputs", []) if out.output_type == "error"]
     assert not errors

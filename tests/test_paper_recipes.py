@@ -16,16 +16,27 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_configs import SHARED, SMALL, fit_two_updates, needs_shared_data, small_config
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs" / "paper").glob("*.yaml"))
 
 # The values each recipe must keep (its experiment's, see each header and docs/reproduce.md).
-COLUMNS = ("agents", "num_generations", "num_turns", "joint_mode", "agent_learning_rate", "max_new_tokens",
-           "temperature", "top_p", "rollout_buffer_size", "early_termination_threshold", "parallel_training",
-           "max_epochs", "reward_shift")
+COLUMNS = (
+    "agents",
+    "num_generations",
+    "num_turns",
+    "joint_mode",
+    "agent_learning_rate",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "rollout_buffer_size",
+    "early_termination_threshold",
+    "parallel_training",
+    "max_epochs",
+    "reward_shift",
+)
 CODER, QWEN3_4B = "Qwen/Qwen2.5-Coder-3B", "Qwen/Qwen3-4B-Instruct-2507"
 PAPER = {
     "writing_tldr_magrpo": ("Qwen/Qwen3-1.7B", 4, 1, "aligned", 5e-6, 256, 0.7, 0.9, 1, None, None, 2, 0.0),
@@ -52,8 +63,13 @@ SETTING = re.compile(r"^# Setting: models (\S+) x (\d+) \(bf16\) \| K = (\d+) \|
 # evaluation (at the first batch), and a buffer of one tree (aligned: 1 + K + ... + K^(turns-1) nodes), drained as
 # one update per turn.
 K_TEST = 2
-TEST_SIZES = {**SMALL, "num_generations": K_TEST, "train_batch_size": None, "eval_interval": 2,
-              "micro_batch_tokens": None}
+TEST_SIZES = {
+    **SMALL,
+    "num_generations": K_TEST,
+    "train_batch_size": None,
+    "eval_interval": 2,
+    "micro_batch_tokens": None,
+}
 MEMORY_ONLY = ("dtype", "attn_implementation", "gradient_checkpointing")
 
 
@@ -86,9 +102,12 @@ def missing_requirement(recipe: Path) -> str | None:
 def stand_in(recipe: Path, root: Path) -> Path:
     """The recipe with tiny CPU stand-ins (see the module docstring), written under ``root``."""
     cfg = load(recipe)
-    cfg["trainer"].update(accelerator="cpu", devices=1, precision="32-true",
-                          logger={"class_path": "lightning.pytorch.loggers.CSVLogger",
-                                  "init_args": {"name": recipe.stem}})
+    cfg["trainer"].update(
+        accelerator="cpu",
+        devices=1,
+        precision="32-true",
+        logger={"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"name": recipe.stem}},
+    )
     args = cfg["model"]["init_args"]
     args.pop("parallel_training", None)
     args.pop("agent_devices", None)
@@ -97,9 +116,13 @@ def stand_in(recipe: Path, root: Path) -> Path:
     staged.parent.mkdir()
     staged.write_text(yaml.safe_dump(cfg))
     k = K_TEST if args.get("num_generations", 1) > 1 else 1
-    tree_nodes = sum(k ** t for t in range(args["num_turns"]))
-    return small_config(staged, root, models=model_ids(cfg),
-                        sizes={**TEST_SIZES, "num_generations": k, "rollout_buffer_size": tree_nodes})
+    tree_nodes = sum(k**t for t in range(args["num_turns"]))
+    return small_config(
+        staged,
+        root,
+        models=model_ids(cfg),
+        sizes={**TEST_SIZES, "num_generations": k, "rollout_buffer_size": tree_nodes},
+    )
 
 
 def test_every_recipe_is_in_the_table_and_the_docs():
@@ -114,8 +137,12 @@ def test_recipe_keeps_its_paper_values(recipe):
     assert dict(zip(COLUMNS, recipe_values(cfg))) == dict(zip(COLUMNS, PAPER[recipe.stem]))
     args = cfg["model"]["init_args"]
     model, num_agents, k, turns = SETTING.search(text).groups()
-    assert (model, int(num_agents), int(k), int(turns)) == (args["agents"], args["num_agents"],
-                                                            args["num_generations"], args["num_turns"])
+    assert (model, int(num_agents), int(k), int(turns)) == (
+        args["agents"],
+        args["num_agents"],
+        args["num_generations"],
+        args["num_turns"],
+    )
     assert f"# Command: python -m comlrl_lightning fit --config configs/paper/{recipe.name}\n" in text
     assert "# Hardware: " in text and "arXiv:2508.04652" in text
     assert args["model_config"]["dtype"] == "bfloat16"

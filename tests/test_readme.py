@@ -15,17 +15,26 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
 # The tiny model and a short run in place of the demo's SmolLM2 run: the same config otherwise.
-TINY = ["--model.init_args.agents=tiny", "--model.init_args.max_new_tokens=4", "--model.init_args.eval_num_samples=1",
-        "--model.init_args.keep_freed_cpu_memory=false", "--data.init_args.max_eval_items=2",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+TINY = [
+    "--model.init_args.agents=tiny",
+    "--model.init_args.max_new_tokens=4",
+    "--model.init_args.eval_num_samples=1",
+    "--model.init_args.keep_freed_cpu_memory=false",
+    "--data.init_args.max_eval_items=2",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
 
 
 def readme_commands() -> list[str]:
     """Every ``python -m comlrl_lightning ...`` of the README, in order, once each, without trailing comments."""
     found = []
     for block in re.findall(r"```[a-z]*\n(.*?)```", README, re.S):
-        found += [line.split("  #")[0].strip() for line in block.splitlines()
-                  if line.strip().startswith("python -m comlrl_lightning")]
+        found += [
+            line.split("  #")[0].strip()
+            for line in block.splitlines()
+            if line.strip().startswith("python -m comlrl_lightning")
+        ]
     spans = [(m.start(), m.group(1)) for m in re.finditer(r"(?<!`)`(python -m comlrl_lightning[^`]*)`", README)]
     blocks = [(README.index(c), c) for c in found]
     ordered = [c for _, c in sorted(blocks + spans)]
@@ -78,7 +87,7 @@ def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys
     a readable bar (lines, as stdout is not a terminal here) and last.ckpt; save_pretrained writes the team."""
     from comlrl_lightning.analysis import load_run
 
-    section = README[README.index("## Python API"):]
+    section = README[README.index("## Python API") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert '"smollm2-135m-instruct"' in code
     monkeypatch.chdir(tmp_path)

@@ -93,8 +93,16 @@ def test_freeze_backbone_trains_only_the_head():
 
 
 def test_bradley_terry_training_learns_a_preference(rm):
-    subjects = ["The answer", "This story", "The summary", "The code", "The plan", "The essay", "The reply",
-                "The result"]
+    subjects = [
+        "The answer",
+        "This story",
+        "The summary",
+        "The code",
+        "The plan",
+        "The essay",
+        "The reply",
+        "The result",
+    ]
     winners = [f"{s} is good." for s in subjects]
     losers = [f"{s} is bad." for s in subjects]
 

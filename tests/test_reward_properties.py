@@ -22,13 +22,18 @@ SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandom
 
 _NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
 _JUNK = st.text(alphabet=st.characters(codec="utf-8"), max_size=60)
-_REPEAT = st.sampled_from(["(", "[", "{", "-", "+", "~", "not ", "lambda: ", "'", '"', "\\", "\x00", "9", "f(", "a.",
-                           "[[", "{1: "])
-_LITERAL = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8)),
-                        lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
-                                                st.dictionaries(st.one_of(st.integers(), st.text(max_size=4),
-                                                                          st.tuples(st.integers())), inner,
-                                                                max_size=3)), max_leaves=12)
+_REPEAT = st.sampled_from(
+    ["(", "[", "{", "-", "+", "~", "not ", "lambda: ", "'", '"', "\\", "\x00", "9", "f(", "a.", "[[", "{1: "]
+)
+_LITERAL = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.tuples(inner, inner),
+        st.dictionaries(st.one_of(st.integers(), st.text(max_size=4), st.tuples(st.integers())), inner, max_size=3),
+    ),
+    max_leaves=12,
+)
 
 HOSTILE = st.one_of(
     st.text(max_size=400),
@@ -41,7 +46,7 @@ HOSTILE = st.one_of(
     st.builds(lambda name, body: f"```python\ndef {name}(*a):\n    {body}\n    return a\n```", _NAMES, _JUNK),
     st.builds(lambda v: json.dumps(v, default=str, skipkeys=True), _LITERAL),
     st.builds(lambda body: "{" + body + "}", _JUNK),
-    st.builds(lambda n: "Day " + str(n) + ": " + "x" * 3000, st.integers(-10**30, 10**30)),
+    st.builds(lambda n: "Day " + str(n) + ": " + "x" * 3000, st.integers(-(10**30), 10**30)),
 )
 
 
@@ -61,15 +66,18 @@ def bfcl_item():
         pytest.skip(f"BFCL data (bfcl-eval, installed by make install) is not available: {error}")
 
 
-@pytest.mark.parametrize("completion", [
-    "f(opts={1: 'a', 'b': 2})",          # mixed-type keys: json.dumps(sort_keys=True) raised TypeError
-    "f(opts={(1, 2): 'a'})",             # a tuple key
-    "spotify.play(artist='x', duration=" + "9" * 310 + ")",  # float(...) of a 310-digit int raised OverflowError
-    "f(x=" + "-" * 3000 + "1)",          # ast.parse raised RecursionError
-    "f(x=" + "+" * 3000 + "1)",
-    "[" * 5000,
-    "f(x=" + "[" * 2000 + "]" * 2000 + ")",  # literal_eval / comparisons past the recursion limit
-])
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "f(opts={1: 'a', 'b': 2})",  # mixed-type keys: json.dumps(sort_keys=True) raised TypeError
+        "f(opts={(1, 2): 'a'})",  # a tuple key
+        "spotify.play(artist='x', duration=" + "9" * 310 + ")",  # float(...) of a 310-digit int raised OverflowError
+        "f(x=" + "-" * 3000 + "1)",  # ast.parse raised RecursionError
+        "f(x=" + "+" * 3000 + "1)",
+        "[" * 5000,
+        "f(x=" + "[" * 2000 + "]" * 2000 + ")",  # literal_eval / comparisons past the recursion limit
+    ],
+)
 def test_bfcl_scores_the_completions_that_crashed_it(bfcl_item, completion):
     from comlrl_lightning.envs import tools
 
@@ -186,16 +194,18 @@ def test_classeval_merge_never_raises(classeval_item, text):
 def test_classeval_reward_never_raises(classeval_item, a, b):
     from comlrl_lightning.envs import classeval
 
-    check(classeval.classeval_reward([a], [b], batch_items=[classeval_item]), classeval.REWARD_MIN,
-          classeval.REWARD_MAX)
+    check(
+        classeval.classeval_reward([a], [b], batch_items=[classeval_item]), classeval.REWARD_MIN, classeval.REWARD_MAX
+    )
 
 
 def test_a_bfcl_fit_survives_a_batch_of_hostile_completions(tmp_path, bfcl_item, monkeypatch):
     """MAGRPO on BFCL items whose sampled completions are replaced by hostile ones (the sampler is patched to
     answer them): the fit runs its updates and logs rewards."""
+    from test_magrpo import column, fit, make_module, read_metrics
+
     from comlrl_lightning.envs import tools
     from comlrl_lightning.rollout.backends import hf
-    from test_magrpo import column, fit, make_module, read_metrics
 
     hostile = ["f(opts={1: 'a', 'b': 2})", "f(x=" + "-" * 3000 + "1)", "f(x=" + "9" * 310 + ")", "[" * 5000]
     real = hf.sample_completions

@@ -152,8 +152,10 @@ class TestRewardCallerValues:
         with pytest.raises(ValueError, match="returned 1 values for 3 joint actions"):
             RewardCaller(lambda a: 1.0).raw([C0])
 
-    @pytest.mark.parametrize("value", ["1.0", None, {"r": 1.0}, ["x", "y", "z"], ["1.0", "0.5", "2"],
-                                       [True, False, True], True, [1.0, None, 2.0]])
+    @pytest.mark.parametrize(
+        "value",
+        ["1.0", None, {"r": 1.0}, ["x", "y", "z"], ["1.0", "0.5", "2"], [True, False, True], True, [1.0, None, 2.0]],
+    )
     def test_non_numeric_return_is_type_error(self, value):
         """Strings and booleans are rejected, not converted ("1.0" -> 1.0, True -> 1.0 would hide a bug)."""
         with pytest.raises(TypeError, match="reward_func must return a list of (floats|numbers)"):
@@ -176,13 +178,17 @@ class TestRewardCallerValues:
         with pytest.raises(ZeroDivisionError):  # the reward's own error still surfaces as itself
             RewardCaller(lambda a: 1 / 0, timeout=5).raw([C0])
 
-    @pytest.mark.parametrize("reward,agents", [(lambda a: [1.0], 2), (lambda a, b, c: [1.0], 2),
-                                                (lambda *, prompts: [1.0], 1)])
+    @pytest.mark.parametrize(
+        "reward,agents", [(lambda a: [1.0], 2), (lambda a, b, c: [1.0], 2), (lambda *, prompts: [1.0], 1)]
+    )
     def test_a_reward_with_the_wrong_signature_shows_the_expected_one(self, reward, agents):
         from comlrl_lightning.rollout.rewards import check_reward_signature
 
-        with pytest.raises(TypeError, match=r"cannot take the completions of \d agents.*expected signature is "
-                                            r"reward_func\(\*agent_completions, prompts=None, batch_items=None\)"):
+        with pytest.raises(
+            TypeError,
+            match=r"cannot take the completions of \d agents.*expected signature is "
+            r"reward_func\(\*agent_completions, prompts=None, batch_items=None\)",
+        ):
             check_reward_signature(reward, agents)
 
     def test_reward_processor_applied_by_process_and_call_not_raw(self):
@@ -261,8 +267,11 @@ class TestBuildFormatters:
             return f"Write about {item['topic']}."
 
         (f,) = build_formatters(topic_prompt, 1)
-        with pytest.raises(KeyError, match=r"formatter .*topic_prompt needs the key 'topic', which the dataset item "
-                                           r"\{'prompt': 'cats'\} does not have \(its keys: \['prompt'\]\)"):
+        with pytest.raises(
+            KeyError,
+            match=r"formatter .*topic_prompt needs the key 'topic', which the dataset item "
+            r"\{'prompt': 'cats'\} does not have \(its keys: \['prompt'\]\)",
+        ):
             f({"prompt": "cats"})
 
     def test_external_prompts_param_only_when_not_none(self):
@@ -373,8 +382,7 @@ class TestExternalTransition:
         }
 
     def test_reference_signature_works(self):
-        def transition(prompt, agent_completions, num_agents, prompt_history_per_agent,
-                       response_history_per_agent):
+        def transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
             return [f"{prompt}|{c}|{len(h)}" for c, h in zip(agent_completions, prompt_history_per_agent)]
 
         assert call_external_transition(transition, **TRANSITION_KW) == ["raw prompt|c0|1", "raw prompt|c1|1"]

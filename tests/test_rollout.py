@@ -14,9 +14,10 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from comlrl_lightning.rollout import generation, weights
+from comlrl_lightning.rollout import weights
 from comlrl_lightning.rollout.backends import hf as hf_backend
 from comlrl_lightning.rollout.backends import hf_copies as generation_mod
+from comlrl_lightning.rollout.backends.hf import TopKTopPSampler, sample_completions
 from comlrl_lightning.rollout.rewards import RewardCaller, ScaleShift, build_formatters
 from comlrl_lightning.rollout.sampling import (
     CACHE_KEYWORD,
@@ -34,9 +35,7 @@ from comlrl_lightning.rollout.sampling import (
     token_logprobs,
     trim_prompt_padding,
 )
-from comlrl_lightning.rollout.backends.hf import TopKTopPSampler, sample_completions
 from comlrl_lightning.rollout.tree import RolloutEngine, normalize_joint_mode
-
 
 # =========================================================================== completion mask
 
@@ -105,7 +104,9 @@ def test_token_logprobs_match_unpadded_reference(tiny):
     # Group 1: 1 row, width 3 -- EOS at position 0.
     c1 = torch.tensor([[eos, pad, pad]])
     # Group 2: 2 rows, width 7 -- EOS at the very end / EOS in the middle.
-    c2 = torch.stack([torch.cat([rand(6), torch.tensor([eos])]), torch.cat([rand(3), torch.tensor([eos, pad, pad, pad])])])
+    c2 = torch.stack(
+        [torch.cat([rand(6), torch.tensor([eos])]), torch.cat([rand(3), torch.tensor([eos, pad, pad, pad])])]
+    )
     comps = [c0, c1, c2]
     eos_ids = eos_token_ids(model, tok)
     masks = [completion_mask_from_ids(c, eos_ids) for c in comps]
@@ -154,8 +155,9 @@ def test_rows_sharing_a_prompt_encode_it_once_with_the_single_forwards_logprobs_
     assert (prompt_of == prompt_of[[0, 0, 0, 3, 3, 3, 6, 6, 6]]).all()
     P, T = inputs.input_ids.shape[1] - 6, 6
     seen = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
-                                           with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     weights = torch.randn(9, 6, generator=torch.Generator().manual_seed(2))
     grads = {}
     try:
@@ -199,8 +201,9 @@ def test_scoring_under_gradient_checkpointing_scores_whole_rows(tiny):
     enable_checkpointing(ckpt)
     ckpt.train()
     seen = []
-    ckpt.register_forward_pre_hook(lambda m, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
-                                   with_kwargs=True)
+    ckpt.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     logp = token_logprobs(ckpt, inputs)
     assert seen == [tuple(inputs.input_ids.shape)]
     assert forward_tokens(ckpt, inputs) == inputs.input_ids.numel()
@@ -226,6 +229,7 @@ def test_micro_batches_by_rows_and_by_token_budget():
     inp = build_scoring_inputs(prompts, torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.bool), 0)
     assert micro_batches(inp) == [slice(0, 4)]
     assert micro_batches(inp, max_rows=3) == [slice(0, 3), slice(3, 4)]
+
     # widths 5, 3, 4, 7, bucketed by length: rows 1 (3), 2 (4), 0 (5), 3 (7). [3, 4] costs 2 × 4 = 8 ≤ 10; adding 5
     # → 3 × 5 = 15 > 10; [5]; adding 7 → 14 > 10; [7] alone
     def plan(**limits):
@@ -251,8 +255,12 @@ def test_a_token_budget_counts_a_shared_prompt_once(tiny):
     assert len(micro_batches(inp, max_tokens=15, share_prompts=False)) == 8  # 10 tokens a row: one row each
     assert [p.tolist() for p in micro_batches(inp, max_tokens=30)] == [list(range(8))]  # 2 x 7 + 8 x 2
     # Rows without prompt tokens (an empty prompt, no chat template) have nothing to share: priced whole.
-    empty = build_scoring_inputs([torch.tensor([], dtype=torch.long)] * 3, torch.ones(3, 2, dtype=torch.long),
-                                 torch.ones(3, 2, dtype=torch.bool), 0)
+    empty = build_scoring_inputs(
+        [torch.tensor([], dtype=torch.long)] * 3,
+        torch.ones(3, 2, dtype=torch.long),
+        torch.ones(3, 2, dtype=torch.bool),
+        0,
+    )
     assert [p.tolist() for p in micro_batches(empty, max_tokens=4)] == [[0, 1], [2]]
 
 
@@ -303,8 +311,14 @@ def test_sample_completions_layout_and_mask(tiny):
     proc = _ForceEos(model, width, steps, eos)
     model.train()
     torch.manual_seed(0)
-    out = sample_completions(model, tok, PROMPTS, 3, SamplingConfig(max_new_tokens=6),
-                             generation_kwargs={"logits_processor": LogitsProcessorList([proc])})
+    out = sample_completions(
+        model,
+        tok,
+        PROMPTS,
+        3,
+        SamplingConfig(max_new_tokens=6),
+        generation_kwargs={"logits_processor": LogitsProcessorList([proc])},
+    )
     assert model.training is True  # restored
     assert proc.training_flags and not any(proc.training_flags)  # generated in eval mode
     model.eval()
@@ -353,8 +367,9 @@ def test_each_prompt_is_prefilled_once_and_samples_the_tokens_generate_alone_wou
     cfg = SamplingConfig(max_new_tokens=12, temperature=1.0, top_p=0.9, top_k=50)
     enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     widths = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
-                                           with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     try:
         for seed in range(5):
             widths.clear()
@@ -365,10 +380,14 @@ def test_each_prompt_is_prefilled_once_and_samples_the_tokens_generate_alone_wou
             torch.manual_seed(seed)
             with torch.no_grad():
                 fold = {k: v.repeat_interleave(4, 0) for k, v in enc.items()}  # what num_return_sequences=4 does
-                alone = model.generate(**fold, do_sample=False, max_new_tokens=12,
-                                       logits_processor=LogitsProcessorList([TopKTopPSampler(cfg)]),
-                                       eos_token_id=tok.eos_token_id,
-                                       pad_token_id=tok.pad_token_id)[:, enc.input_ids.shape[1]:]
+                alone = model.generate(
+                    **fold,
+                    do_sample=False,
+                    max_new_tokens=12,
+                    logits_processor=LogitsProcessorList([TopKTopPSampler(cfg)]),
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                )[:, enc.input_ids.shape[1] :]
             width = ours.completion_ids.shape[1]
             assert torch.equal(ours.completion_ids, alone[:, :width]), f"seed {seed}: different tokens"
     finally:
@@ -456,7 +475,7 @@ def test_shared_prefix_attention_is_attention_over_the_repeated_prefix():
     mask[:K, ..., :2] = False  # the first prompt is left-padded by 2
     module = type("Attention", (), {"layer_idx": 0, "num_key_value_groups": G, "is_causal": True})()
     full_keys, full_values = layer.repeated()
-    assert torch.equal(full_keys[K:2 * K, :, :P], layer.prefix_keys[1:].expand(K, -1, -1, -1))
+    assert torch.equal(full_keys[K : 2 * K, :, :P], layer.prefix_keys[1:].expand(K, -1, -1, -1))
     token = shared_prefix._ACTIVE.set(cache)
     try:
         for m in (mask, None):
@@ -529,6 +548,7 @@ def test_the_decoding_products_keep_the_form_that_times_clearly_faster(monkeypat
         def run(layer, x):
             time.sleep(0.002)
             return form(layer, x)
+
         return run
 
     for slow, expected in (("_plain", True), ("_by_columns", False)):
@@ -612,14 +632,16 @@ def test_agents_sharing_one_model_sample_in_one_call(tiny):
     shapes = []
     hook = model.register_forward_pre_hook(lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True)
     try:
-        out = HFGenerate().sample([model, model], [tok, tok], [["Two", "The fox"], ["Write"]], 2,
-                                  SamplingConfig(max_new_tokens=3))
+        out = HFGenerate().sample(
+            [model, model], [tok, tok], [["Two", "The fox"], ["Write"]], 2, SamplingConfig(max_new_tokens=3)
+        )
     finally:
         hook.remove()
     assert shapes[0][0] == 3 and {rows for rows, _ in shapes[1:]} == {6}, shapes  # 3 prompts, 6 rows: one call
     assert [c.completion_ids.shape[0] for c in out] == [4, 2] and [len(c.prompt_ids) for c in out] == [2, 1]
-    assert out[1].texts == [tok.decode(ids[m], skip_special_tokens=True)
-                            for ids, m in zip(out[1].completion_ids, out[1].completion_mask)]
+    assert out[1].texts == [
+        tok.decode(ids[m], skip_special_tokens=True) for ids, m in zip(out[1].completion_ids, out[1].completion_mask)
+    ]
 
 
 def test_kept_sampling_logprobs_are_what_a_scoring_forward_gives(tiny):
@@ -632,8 +654,12 @@ def test_kept_sampling_logprobs_are_what_a_scoring_forward_gives(tiny):
     out = sample_completions(model, tok, PROMPTS, 3, cfg, batch_size=1)
     assert out.logprobs is not None and out.logprobs.shape == out.completion_ids.shape
     groups = [slice(0, 3), slice(3, 6)]
-    inputs = collate_rows(out.prompt_ids, [out.completion_ids[s] for s in groups],
-                          [out.completion_mask[s] for s in groups], tok.pad_token_id)
+    inputs = collate_rows(
+        out.prompt_ids,
+        [out.completion_ids[s] for s in groups],
+        [out.completion_mask[s] for s in groups],
+        tok.pad_token_id,
+    )
     with torch.no_grad():
         scored = token_logprobs(model, inputs)
     torch.testing.assert_close(out.logprobs, scored, atol=1e-4, rtol=1e-4)
@@ -696,13 +722,16 @@ def test_a_bf16_generation_copy_is_made_once_and_refreshed_only_after_the_weight
     # bf16 copy of the updated weights gives (a stale pack would give the old weights' logits).
     clone = copies[id(other)]
     assert any(isinstance(m, generation_mod.PackedLinear) for m in clone.modules()) == generation_mod.packing_works(
-        generation_mod.BF16_BLOCKED)
+        generation_mod.BF16_BLOCKED
+    )
     ids = tok("The quick brown fox", return_tensors="pt").input_ids
     with torch.no_grad():
         plain = copy.deepcopy(other).to(torch.bfloat16)(input_ids=ids).logits.float()
         assert torch.allclose(clone(input_ids=ids).logits.float(), plain, atol=1e-2)
-    assert all(isinstance(m, torch.nn.Embedding) or not isinstance(m, torch.nn.Linear) or not torch.equal(
-        m.weight, m0.weight) for m, m0 in zip(other.modules(), model.modules())), "a linear layer did not change"
+    assert all(
+        isinstance(m, torch.nn.Embedding) or not isinstance(m, torch.nn.Linear) or not torch.equal(m.weight, m0.weight)
+        for m, m0 in zip(other.modules(), model.modules())
+    ), "a linear layer did not change"
 
 
 def test_a_half_precision_copy_on_a_cpu_without_its_matrix_instructions_is_warned_about(tiny, monkeypatch, caplog):
@@ -713,7 +742,7 @@ def test_a_half_precision_copy_on_a_cpu_without_its_matrix_instructions_is_warne
     model, _ = tiny
     assert generation_mod.cpu_multiplies_in(torch.float32)
     for has_units, warned in ((False, 1), (True, 0)):
-        monkeypatch.setattr(generation_mod, "cpu_multiplies_in", lambda dtype: has_units)
+        monkeypatch.setattr(generation_mod, "cpu_multiplies_in", lambda dtype, has_units=has_units: has_units)
         generation_mod._warn_emulated.cache_clear()
         copies = generation_mod.SamplingCopies("bfloat16")
         with caplog.at_level("WARNING", logger=generation_mod.__name__):
@@ -723,8 +752,10 @@ def test_a_half_precision_copy_on_a_cpu_without_its_matrix_instructions_is_warne
         messages = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
         assert len(messages) == warned, messages
         assert all("generation_dtype: bfloat16" in m and "generation_dtype: model" in m for m in messages)
-        assert all(("generation_dtype: float16" in m) == generation_mod.packing_works(generation_mod.FP16_WEIGHTS)
-                   for m in messages)
+        assert all(
+            ("generation_dtype: float16" in m) == generation_mod.packing_works(generation_mod.FP16_WEIGHTS)
+            for m in messages
+        )
     # A float16 copy that is emulated (here: of a model loaded in bf16, which has no float32 tensors to share) names
     # generation_dtype: model only, not the value already set.
     monkeypatch.setattr(generation_mod, "cpu_multiplies_in", lambda dtype: False)
@@ -755,8 +786,11 @@ def test_packed_linear_gives_the_plain_product_with_the_packings_weights(packing
 
     for bias in (True, False):
         layer = torch.nn.Linear(64, 96, bias=bias).to(packing.takes)
-        xs = [torch.randn(4, 64).to(packing.takes), torch.randn(3, 7, 64).to(packing.takes),
-              torch.randn(33, 64).to(packing.takes)]
+        xs = [
+            torch.randn(4, 64).to(packing.takes),
+            torch.randn(3, 7, 64).to(packing.takes),
+            torch.randn(33, 64).to(packing.takes),
+        ]
         expected = [plain(layer, x) for x in xs]
         holder = torch.nn.Sequential(layer)
         assert generation_mod.pack_linears(holder, packing) == 1
@@ -857,8 +891,16 @@ def test_generation_dtype_is_a_checked_field_and_the_kl_reward_scores_instead_of
 
     with pytest.raises(ValueError, match="generation_dtype must be one of model, bfloat16, float16"):
         SamplingConfig(dtype="int8")
-    module = MAGRPO(agents="tiny", num_agents=2, reward_func=lambda a, b: [1.0] * len(a), num_generations=2,
-                    max_new_tokens=3, generation_dtype="bfloat16", reference_kl_enabled=True, reference_kl_coef=0.1)
+    module = MAGRPO(
+        agents="tiny",
+        num_agents=2,
+        reward_func=lambda a, b: [1.0] * len(a),
+        num_generations=2,
+        max_new_tokens=3,
+        generation_dtype="bfloat16",
+        reference_kl_enabled=True,
+        reference_kl_coef=0.1,
+    )
     assert module.sampling.dtype == "bfloat16" and module.sampling.keep_logprobs  # kept only when sampling in "model"
     rollout = module.engine.rollout(module.agents, module.tokenizers, [{"prompt": "Two"}])
     assert all(a.sampling_logprobs is None for n in rollout.nodes for a in n.agents)
@@ -875,8 +917,11 @@ def test_sample_completions_chunked_prompts(tiny):
             self.last, self.chunk, self.width = None, -1, 0
 
         def __call__(self, input_ids, scores):
-            continuing = (self.last is not None and input_ids.shape == (self.last.shape[0], self.last.shape[1] + 1)
-                          and torch.equal(input_ids[:, :-1], self.last))
+            continuing = (
+                self.last is not None
+                and input_ids.shape == (self.last.shape[0], self.last.shape[1] + 1)
+                and torch.equal(input_ids[:, :-1], self.last)
+            )
             if not continuing:  # first step of a new generate call
                 self.chunk, self.width = self.chunk + 1, input_ids.shape[1]
             self.last = input_ids.clone()
@@ -890,8 +935,15 @@ def test_sample_completions_chunked_prompts(tiny):
 
     proc = PerChunk()
     torch.manual_seed(0)
-    out = sample_completions(model, tok, prompts, 2, SamplingConfig(max_new_tokens=8), batch_size=1,
-                             generation_kwargs={"logits_processor": LogitsProcessorList([proc])})
+    out = sample_completions(
+        model,
+        tok,
+        prompts,
+        2,
+        SamplingConfig(max_new_tokens=8),
+        batch_size=1,
+        generation_kwargs={"logits_processor": LogitsProcessorList([proc])},
+    )
     assert [p.tolist() for p in out.prompt_ids] == [tok(p, add_special_tokens=False).input_ids for p in prompts]
     assert out.completion_ids.shape == (6, 3)  # right-padded to the longest chunk
     assert out.lengths.tolist() == [1, 1, 2, 2, 3, 3]
@@ -905,11 +957,21 @@ def test_sampled_completions_score_like_unpadded_reference(tiny):
     enc = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
     proc = _ForceEos(model, max(map(len, enc)), {0: 2, 2: 0, 3: 4}, eos)
     torch.manual_seed(1)
-    out = sample_completions(model, tok, PROMPTS, 2, SamplingConfig(max_new_tokens=5),
-                             generation_kwargs={"logits_processor": LogitsProcessorList([proc])})
+    out = sample_completions(
+        model,
+        tok,
+        PROMPTS,
+        2,
+        SamplingConfig(max_new_tokens=5),
+        generation_kwargs={"logits_processor": LogitsProcessorList([proc])},
+    )
     groups = [slice(0, 2), slice(2, 4)]
-    inputs = collate_rows(out.prompt_ids, [out.completion_ids[s] for s in groups],
-                          [out.completion_mask[s] for s in groups], tok.pad_token_id)
+    inputs = collate_rows(
+        out.prompt_ids,
+        [out.completion_ids[s] for s in groups],
+        [out.completion_mask[s] for s in groups],
+        tok.pad_token_id,
+    )
     with torch.no_grad():
         got = token_logprobs(model, inputs)
     for r in range(4):
@@ -944,8 +1006,16 @@ class FakeSampler:
         self.calls = []
 
     def __call__(self, model, tokenizer, prompts, num_samples, sampling, batch_size=None, generation_kwargs=None):
-        self.calls.append(dict(agent=model.name, tokenizer=tokenizer, prompts=list(prompts), K=num_samples,
-                               batch_size=batch_size, generation_kwargs=generation_kwargs))
+        self.calls.append(
+            dict(
+                agent=model.name,
+                tokenizer=tokenizer,
+                prompts=list(prompts),
+                K=num_samples,
+                batch_size=batch_size,
+                generation_kwargs=generation_kwargs,
+            )
+        )
         K, M = num_samples, len(prompts)
         texts = [f"{model.name}:{p}#{k}" for p in prompts for k in range(K)]
         ids = torch.arange(M * K * self.T).view(M * K, self.T) + 1
@@ -983,8 +1053,15 @@ class Transition:
         self.calls = []
 
     def __call__(self, prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
-        self.calls.append(dict(prompt=prompt, agent_completions=agent_completions, num_agents=num_agents,
-                               prompt_history=prompt_history_per_agent, response_history=response_history_per_agent))
+        self.calls.append(
+            dict(
+                prompt=prompt,
+                agent_completions=agent_completions,
+                num_agents=num_agents,
+                prompt_history=prompt_history_per_agent,
+                response_history=response_history_per_agent,
+            )
+        )
         ks = "".join(str(parse(c)[2]) for c in agent_completions)
         return [f"{h[-1]}>{ks}" for h in prompt_history_per_agent]
 
@@ -1001,18 +1078,39 @@ TOKS = ["tokA", "tokB"]
 
 # Example 2 of docs/algorithms.md: root r = [1, 2]; child of action 0 has [0.5, 1.5], child of action 1 [3, 5].
 E2_TABLE = {
-    ("p", (0, 0)): 1.0, ("p", (1, 1)): 2.0,
-    ("p>00", (0, 0)): 0.5, ("p>00", (1, 1)): 1.5,
-    ("p>11", (0, 0)): 3.0, ("p>11", (1, 1)): 5.0,
+    ("p", (0, 0)): 1.0,
+    ("p", (1, 1)): 2.0,
+    ("p>00", (0, 0)): 0.5,
+    ("p>00", (1, 1)): 1.5,
+    ("p>11", (0, 0)): 3.0,
+    ("p>11", (1, 1)): 5.0,
 }
 
 
-def make_engine(reward, *, N=2, K=2, H=1, joint_mode="aligned", transition=None, passthrough=True, formatters=None,
-                processor=None, **kw):
+def make_engine(
+    reward,
+    *,
+    N=2,
+    K=2,
+    H=1,
+    joint_mode="aligned",
+    transition=None,
+    passthrough=True,
+    formatters=None,
+    processor=None,
+    **kw,
+):
     return RolloutEngine(
-        num_agents=N, formatters=build_formatters(formatters, N), reward=RewardCaller(reward, processor),
-        sampling=SamplingConfig(max_new_tokens=4), num_generations=K, num_turns=H, joint_mode=joint_mode,
-        external_transition=transition, external_prompt_passthrough=passthrough, **kw,
+        num_agents=N,
+        formatters=build_formatters(formatters, N),
+        reward=RewardCaller(reward, processor),
+        sampling=SamplingConfig(max_new_tokens=4),
+        num_generations=K,
+        num_turns=H,
+        joint_mode=joint_mode,
+        external_transition=transition,
+        external_prompt_passthrough=passthrough,
+        **kw,
     )
 
 
@@ -1106,8 +1204,9 @@ def test_early_termination_strictly_greater(fake):
 
 def test_early_termination_per_node_three_turns(fake):
     # Threshold 2: root (1.5) and "p>00" (1.0) expand, "p>11" (4.0) is a leaf.
-    engine = make_engine(TableReward(E2_TABLE, default=0.25), H=3, transition=Transition(),
-                         early_termination_threshold=2.0)
+    engine = make_engine(
+        TableReward(E2_TABLE, default=0.25), H=3, transition=Transition(), early_termination_threshold=2.0
+    )
     roll = engine.rollout(MODELS, TOKS, [{"prompt": "p"}])
     assert [len(level) for level in roll.levels] == [1, 2, 2]
     root = roll.roots[0]
@@ -1154,7 +1253,8 @@ def test_cross_two_turns_and_three_agents(fake):
     assert roll.num_joint_actions == 4 + 16
     assert _values(roll.roots[0].returns) == [2.0, 3.0, 5.0, 9.0]  # children all return 1
     assert [c["agent_completions"] for c in transition.calls] == [
-        [f"A:p#{i}", f"B:p#{j}"] for i, j in itertools.product(range(2), repeat=2)]
+        [f"A:p#{i}", f"B:p#{j}"] for i, j in itertools.product(range(2), repeat=2)
+    ]
 
     # N = 3: 8 joint actions, credit of agent i sample k = sum over the 4 actions using it.
     def reward3(a, b, c):
@@ -1174,9 +1274,13 @@ def test_cross_and_crossed_identical(fake):
     def run(mode):
         reward = TableReward(CROSS_TABLE, default=0.5)
         roll = make_engine(reward, H=2, joint_mode=mode, transition=Transition()).rollout(
-            MODELS, TOKS, [{"prompt": "p"}])
-        return ([(n.joint_index.tolist(), _values(n.returns), [_values(a.credit) for a in n.agents])
-                 for n in roll.nodes], reward.calls, roll.num_joint_actions)
+            MODELS, TOKS, [{"prompt": "p"}]
+        )
+        return (
+            [(n.joint_index.tolist(), _values(n.returns), [_values(a.credit) for a in n.agents]) for n in roll.nodes],
+            reward.calls,
+            roll.num_joint_actions,
+        )
 
     assert run("cross") == run("crossed")
 
@@ -1192,8 +1296,13 @@ def test_single_agent_cross_is_grpo(fake):
 def test_external_transition_contract(fake, passthrough):
     transition = Transition()
     reward = TableReward()
-    engine = make_engine(reward, H=3, transition=transition, passthrough=passthrough,
-                         formatters=[lambda it: "A[" + it["prompt"] + "]", lambda it: "B[" + it["prompt"] + "]"])
+    engine = make_engine(
+        reward,
+        H=3,
+        transition=transition,
+        passthrough=passthrough,
+        formatters=[lambda it: "A[" + it["prompt"] + "]", lambda it: "B[" + it["prompt"] + "]"],
+    )
     item = {"prompt": "p", "id": 7}
     roll = engine.rollout(MODELS, TOKS, [item])
     assert item == {"prompt": "p", "id": 7}
@@ -1204,8 +1313,13 @@ def test_external_transition_contract(fake, passthrough):
     first = transition.calls[:2]
     for j, call in enumerate(first):
         responses = [f"A:A[p]#{j}", f"B:B[p]#{j}"]
-        assert call == dict(prompt="p", agent_completions=responses, num_agents=2,
-                            prompt_history=[["A[p]"], ["B[p]"]], response_history=[[r] for r in responses])
+        assert call == dict(
+            prompt="p",
+            agent_completions=responses,
+            num_agents=2,
+            prompt_history=[["A[p]"], ["B[p]"]],
+            response_history=[[r] for r in responses],
+        )
     for j in range(2):
         external = [f"A[p]>{j}{j}", f"B[p]>{j}{j}"]
         child = root.children[j]
@@ -1224,8 +1338,10 @@ def test_external_transition_contract(fake, passthrough):
     child0 = root.children[0]
     assert call["prompt"] == "p"
     assert call["agent_completions"] == [child0.agents[0].texts[1], child0.agents[1].texts[1]]
-    assert call["response_history"] == [["A:A[p]#0", child0.agents[0].texts[1]],
-                                        ["B:B[p]#0", child0.agents[1].texts[1]]]
+    assert call["response_history"] == [
+        ["A:A[p]#0", child0.agents[0].texts[1]],
+        ["B:B[p]#0", child0.agents[1].texts[1]],
+    ]
     assert [h[0] for h in call["prompt_history"]] == ["A[p]", "B[p]"]
     if passthrough:
         assert call["prompt_history"] == [["A[p]", "A[p]>00"], ["B[p]", "B[p]>00"]]
@@ -1243,12 +1359,22 @@ def test_batched_levels_one_call_per_agent_and_reward(fake):
     table.update({("q", (0, 0)): 9.0, ("q", (1, 1)): 9.0})  # "q" terminates early (mean 9 > 5)
     reward = TableReward(table, default=0.1)
     items = [{"prompt": "p"}, {"prompt": "q"}, {"prompt": "r"}]
-    engine = make_engine(reward, H=2, transition=Transition(), early_termination_threshold=5.0,
-                         generation_batch_size=2, generation_kwargs={"foo": 1})
+    engine = make_engine(
+        reward,
+        H=2,
+        transition=Transition(),
+        early_termination_threshold=5.0,
+        generation_batch_size=2,
+        generation_kwargs={"foo": 1},
+    )
     roll = engine.rollout(MODELS, TOKS, items)
 
     assert [(c["agent"], c["tokenizer"], len(c["prompts"])) for c in fake.calls] == [
-        ("A", "tokA", 3), ("B", "tokB", 3), ("A", "tokA", 4), ("B", "tokB", 4)]
+        ("A", "tokA", 3),
+        ("B", "tokB", 3),
+        ("A", "tokA", 4),
+        ("B", "tokB", 4),
+    ]
     assert fake.calls[2]["prompts"] == ["p>00", "p>11", "r>00", "r>11"]
     assert all(c["batch_size"] == 2 and c["generation_kwargs"] == {"foo": 1} and c["K"] == 2 for c in fake.calls)
     assert [len(c["completions"][0]) for c in reward.calls] == [6, 8]
@@ -1261,8 +1387,11 @@ def test_batched_levels_one_call_per_agent_and_reward(fake):
 
     # Batching changes nothing: every tree equals the tree of its item rolled out alone.
     for item, batched_root in zip(items, roll.roots):
-        alone = make_engine(TableReward(table, default=0.1), H=2, transition=Transition(),
-                            early_termination_threshold=5.0).rollout(MODELS, TOKS, [item]).roots[0]
+        alone = (
+            make_engine(TableReward(table, default=0.1), H=2, transition=Transition(), early_termination_threshold=5.0)
+            .rollout(MODELS, TOKS, [item])
+            .roots[0]
+        )
         assert torch.equal(alone.returns, batched_root.returns)
         assert sorted(alone.children) == sorted(batched_root.children)
         for j in alone.children:
@@ -1273,7 +1402,8 @@ def test_batched_levels_one_call_per_agent_and_reward(fake):
 def test_parallel_agents_same_result(fake):
     def run(parallel):
         roll = make_engine(TableReward(E2_TABLE), H=2, transition=Transition(), parallel_agents=parallel).rollout(
-            MODELS, TOKS, [{"prompt": "p"}, {"prompt": "x"}])
+            MODELS, TOKS, [{"prompt": "p"}, {"prompt": "x"}]
+        )
         return [(n.agents[0].texts, n.agents[1].texts, _values(n.returns)) for n in roll.nodes]
 
     assert run(True) == run(False)
@@ -1295,7 +1425,11 @@ def test_constructor_errors():
         make_engine(TableReward(), joint_mode="bogus")
     assert "bogus" in str(err.value)
     assert [normalize_joint_mode(m) for m in ("align", "Aligned", "cross", "crossed")] == [
-        "aligned", "aligned", "cross", "cross"]
+        "aligned",
+        "aligned",
+        "cross",
+        "cross",
+    ]
 
 
 def test_evaluation_style_single_chain(fake):

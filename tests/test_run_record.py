@@ -23,8 +23,13 @@ from comlrl_lightning.cli import main
 from comlrl_lightning.envs import toy
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--trainer.enable_progress_bar=false",
-         "--model.init_args.max_new_tokens=4", "--trainer.enable_model_summary=false"]
+QUICK = [
+    "--config",
+    str(REPO / "configs" / "quickstart.yaml"),
+    "--trainer.enable_progress_bar=false",
+    "--model.init_args.max_new_tokens=4",
+    "--trainer.enable_model_summary=false",
+]
 ITEMS = [{"topic": f"topic {i}"} for i in range(8)]
 
 
@@ -34,9 +39,18 @@ def rows_of(path: Path) -> list[dict[str, str]]:
 
 
 def tiny_module(**overrides):
-    kwargs = dict(agents="tiny", num_agents=2, reward_func=toy.story_reward,
-                  formatters=[toy.opening_prompt, toy.closing_prompt], num_generations=2, max_new_tokens=4,
-                  rollout_buffer_size=2, eval_interval=2, eval_num_samples=2, log_completions=False)
+    kwargs = dict(
+        agents="tiny",
+        num_agents=2,
+        reward_func=toy.story_reward,
+        formatters=[toy.opening_prompt, toy.closing_prompt],
+        num_generations=2,
+        max_new_tokens=4,
+        rollout_buffer_size=2,
+        eval_interval=2,
+        eval_num_samples=2,
+        log_completions=False,
+    )
     return MAGRPO(**{**kwargs, **overrides})
 
 
@@ -46,8 +60,15 @@ def test_one_row_per_update_at_its_step_with_evaluation_on_the_same_axis(tmp_pat
     one row at steps 0, 1, 2 (the updates done before it), holding the rollout reward of the 2 batches it trained
     on; evaluations are rows at the step of the weights they evaluate, the last one (``eval_at_end``) at 3."""
     seed_everything(0)
-    trainer = Trainer(max_steps=3, logger=CSVLogger(tmp_path, name="run"), enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_steps=3,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(tiny_module(), datamodule=TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:2], prompts_per_step=1))
     rows = rows_of(tmp_path / "run" / "version_0" / "metrics.csv")
     training = [r for r in rows if r["loss"]]
@@ -68,14 +89,25 @@ def test_validate_and_test_rows_sit_at_the_checkpoints_step(tmp_path):
     seed_everything(0)
     module = tiny_module(eval_interval=0, eval_at_end=False)
     data = TaskDataModule(dataset=ITEMS, eval_dataset=ITEMS[:2], prompts_per_step=2)
-    trainer = Trainer(max_steps=2, logger=CSVLogger(tmp_path, name="run"), enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer = Trainer(
+        max_steps=2,
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=data)
     checkpoint = tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt"
     assert checkpoint.exists()  # RunCheckpoints replaced Lightning's default ModelCheckpoint
     fresh = tiny_module(eval_interval=0)
-    evaluator = Trainer(logger=CSVLogger(tmp_path, name="eval"), enable_progress_bar=False, accelerator="cpu",
-                        devices=1, enable_model_summary=False)
+    evaluator = Trainer(
+        logger=CSVLogger(tmp_path, name="eval"),
+        enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        enable_model_summary=False,
+    )
     (metrics,) = evaluator.validate(fresh, datamodule=data, ckpt_path=str(checkpoint), verbose=False)
     (row,) = rows_of(tmp_path / "eval" / "version_0" / "metrics.csv")
     assert int(row["step"]) == 2 and float(row["env_step"]) == module.env_step
@@ -107,8 +139,14 @@ def test_a_plain_trainer_gets_the_clis_conventions(tmp_path, monkeypatch, capsys
 
     mine = TQDMProgressBar(refresh_rate=5)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "mine", save_top_k=0)
-    trainer = Trainer(max_steps=1, accelerator="cpu", devices=1, callbacks=[mine, checkpoint], logger=False,
-                      enable_model_summary=False)
+    trainer = Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        devices=1,
+        callbacks=[mine, checkpoint],
+        logger=False,
+        enable_model_summary=False,
+    )
     trainer.fit(tiny_module(eval_interval=0, eval_at_end=False), datamodule=TaskDataModule(dataset=ITEMS))
     assert trainer.progress_bar_callback is mine and trainer.checkpoint_callbacks == [checkpoint]
 
@@ -120,9 +158,17 @@ def test_every_logger_gets_its_own_run_folder_wandb_and_several_loggers(tmp_path
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    with_wandb = ["--trainer.logger", "lightning.pytorch.loggers.WandbLogger", "--trainer.logger.init_args.offline",
-             "true", "--trainer.logger.init_args.project", "proj", "--trainer.max_steps=1",
-             "--trainer.default_root_dir", str(tmp_path / "w")]
+    with_wandb = [
+        "--trainer.logger",
+        "lightning.pytorch.loggers.WandbLogger",
+        "--trainer.logger.init_args.offline",
+        "true",
+        "--trainer.logger.init_args.project",
+        "proj",
+        "--trainer.max_steps=1",
+        "--trainer.default_root_dir",
+        str(tmp_path / "w"),
+    ]
     folders = []
     for _ in range(2):
         cli = main(["fit", *QUICK, *with_wandb])
@@ -135,13 +181,24 @@ def test_every_logger_gets_its_own_run_folder_wandb_and_several_loggers(tmp_path
 
         wandb.finish()  # a run per process, as from the command line (in one process W&B would go on with it)
     assert folders[0] != folders[1] and not (tmp_path / "w" / "config.yaml").exists()
-    assert len((folders[0] / "completions.jsonl").read_text().splitlines()) == \
-        len((folders[1] / "completions.jsonl").read_text().splitlines())  # nobody appended to the first run's
+    assert len((folders[0] / "completions.jsonl").read_text().splitlines()) == len(
+        (folders[1] / "completions.jsonl").read_text().splitlines()
+    )  # nobody appended to the first run's
 
-    both = '[{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"name": "both"}}, ' \
-           '{"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"name": "both"}}]'
-    cli = main(["fit", *QUICK, "--trainer.max_steps=1", "--trainer.default_root_dir", str(tmp_path / "two"),
-                f"--trainer.logger={both}"])
+    both = (
+        '[{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"name": "both"}}, '
+        '{"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"name": "both"}}]'
+    )
+    cli = main(
+        [
+            "fit",
+            *QUICK,
+            "--trainer.max_steps=1",
+            "--trainer.default_root_dir",
+            str(tmp_path / "two"),
+            f"--trainer.logger={both}",
+        ]
+    )
     assert len(cli.trainer.loggers) == 2
     folder = tmp_path / "two" / "both" / "version_0"
     names = {p.name for p in folder.iterdir()}
@@ -157,10 +214,24 @@ def test_a_fit_logged_to_a_file_prints_a_line_per_update_and_sigterm_saves_and_e
 
     log = tmp_path / "fit.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "comlrl_lightning", "fit", *QUICK[:2],
-                                 "--model.init_args.max_new_tokens=4", "--data.init_args.prompts_per_step=1",
-                                 "--trainer.max_steps=200", "--trainer.default_root_dir", str(tmp_path / "runs")],
-                                cwd=tmp_path, stdout=out, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "comlrl_lightning",
+                "fit",
+                *QUICK[:2],
+                "--model.init_args.max_new_tokens=4",
+                "--data.init_args.prompts_per_step=1",
+                "--trainer.max_steps=200",
+                "--trainer.default_root_dir",
+                str(tmp_path / "runs"),
+            ],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 240
         while not re.search(r"^update 3/200 ", log.read_text(), re.M):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
@@ -169,14 +240,16 @@ def test_a_fit_logged_to_a_file_prints_a_line_per_update_and_sigterm_saves_and_e
         _, err = proc.communicate(timeout=120)
     text = log.read_text()
     for n in (1, 2, 3):
-        assert re.search(rf"^update {n}/200 \| reward [-\d.]+ \| loss [-\de.]+ \| .*(s/update|updates/s) \| ETA \S+$",
-                         text, re.M), text
+        assert re.search(
+            rf"^update {n}/200 \| reward [-\d.]+ \| loss [-\de.]+ \| .*(s/update|updates/s) \| ETA \S+$", text, re.M
+        ), text
     assert re.search(r"^evaluation at update \d+ \(env_step \d+\): eval/turn_1/reward_mean ", text, re.M), text
     assert "\r" not in text and "final evaluation" not in text  # no evaluation delays a pre-empted job
     assert proc.returncode == 143, err[-2000:]
     assert "SIGTERM: finishing this step, then writing a checkpoint" in err
-    step = torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
-                      weights_only=False)["global_step"]
+    step = torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)[
+        "global_step"
+    ]
     assert 3 <= step < 200
 
 
@@ -216,8 +289,16 @@ def test_ctrl_c_writes_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch):
     run = [*QUICK, "--trainer.max_steps=4", "--model.init_args.eval_interval=0", "--checkpoint_every_n_updates=50"]
     full = main(["fit", *run, "--trainer.default_root_dir", str(tmp_path / "full")])
     handler = signal.getsignal(signal.SIGINT)
-    stopped = main(["fit", *run, "--trainer.default_root_dir", str(tmp_path / "cut"),
-                    "--model.init_args.reward_func", "comlrl_lightning.envs.toy.interrupted_story_reward"])
+    stopped = main(
+        [
+            "fit",
+            *run,
+            "--trainer.default_root_dir",
+            str(tmp_path / "cut"),
+            "--model.init_args.reward_func",
+            "comlrl_lightning.envs.toy.interrupted_story_reward",
+        ]
+    )
     assert stopped.trainer.comlrl_interrupted_by == signal.SIGINT and 0 < stopped.trainer.global_step < 4
     assert signal.getsignal(signal.SIGINT) is handler  # the handlers are put back
     last = tmp_path / "cut" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
@@ -242,8 +323,17 @@ def test_validate_test_predict_load_the_checkpoint_they_name_and_log_into_its_ru
 
     monkeypatch.chdir(tmp_path)
     root = ["--trainer.default_root_dir", str(tmp_path)]
-    fit = main(["fit", *QUICK, *root, "--trainer.max_steps=2", "--model.init_args.eval_interval=0",
-                "--checkpoint_every_n_updates=1", "--checkpoint_total_limit=null"])
+    fit = main(
+        [
+            "fit",
+            *QUICK,
+            *root,
+            "--trainer.max_steps=2",
+            "--model.init_args.eval_interval=0",
+            "--checkpoint_every_n_updates=1",
+            "--checkpoint_total_limit=null",
+        ]
+    )
     run = tmp_path / "quickstart" / "version_0"
     fit_config = (run / "config.yaml").read_text()
     trained = {k: v.clone() for k, v in fit.model.state_dict().items()}

@@ -80,8 +80,13 @@ def test_uncatchable_loop_killed_by_parent_and_max_timeouts():
     # each test has a sandbox of its own: the one killed for time does not take the next test with it
     assert r.passed == 2 and r.errors == ["Timeout"]
     # max_timeouts: after 1 timeout the remaining tests are not run
-    r = run_tests("def f():\n    while True: pass", ["f()", "assert 1", "assert 1"], timeout_per_test=0.5,
-                  timeout_total=5.0, max_timeouts=1)
+    r = run_tests(
+        "def f():\n    while True: pass",
+        ["f()", "assert 1", "assert 1"],
+        timeout_per_test=0.5,
+        timeout_total=5.0,
+        max_timeouts=1,
+    )
     assert r.passed == 0 and r.errors == ["Timeout"] * 3
 
 
@@ -152,8 +157,12 @@ def test_environment_secrets_not_visible(monkeypatch):
     monkeypatch.setenv("SANDBOX_SECRET", "s3cr3t")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-s3cr3t")
     prog = "import os\nprint(sorted(os.environ.items()))"
-    r = run_tests(prog, ["assert 'SANDBOX_SECRET' not in os.environ", "assert 'AWS_SECRET_ACCESS_KEY' not in os.environ"],
-                  setup="import os", **FAST)
+    r = run_tests(
+        prog,
+        ["assert 'SANDBOX_SECRET' not in os.environ", "assert 'AWS_SECRET_ACCESS_KEY' not in os.environ"],
+        setup="import os",
+        **FAST,
+    )
     assert r.passed == 2
     assert "s3cr3t" not in r.stdout and "SANDBOX_SECRET" not in r.stdout
     # the parent's /proc/<pid>/environ is off limits too
@@ -162,8 +171,12 @@ def test_environment_secrets_not_visible(monkeypatch):
 
 
 def test_subprocess_blocked():
-    for prog in ("import subprocess\nsubprocess.run(['ls'])", "import os\nos.system('ls')",
-                 "import ctypes", "import _posixsubprocess"):
+    for prog in (
+        "import subprocess\nsubprocess.run(['ls'])",
+        "import os\nos.system('ls')",
+        "import ctypes",
+        "import _posixsubprocess",
+    ):
         r = run_tests(prog, ["assert True"], **FAST)
         assert r.passed == 0 and r.errors == ["SandboxViolation"], prog
     r = run_tests("import subprocess, json, collections", ["assert True"], **FAST)  # importing is fine
@@ -187,8 +200,13 @@ def test_stdout_cannot_forge_results_and_is_truncated():
 
 def test_run_many_parallel_and_ordered():
     # the program is loaded again for each test, so the second of work is in a call, made by one test per job
-    jobs = [(f"import time\nX = {i}\ndef slow():\n    time.sleep(1)\n    return X", [f"assert slow() == {i}", "assert X == 0"])
-            for i in range(4)]
+    jobs = [
+        (
+            f"import time\nX = {i}\ndef slow():\n    time.sleep(1)\n    return X",
+            [f"assert slow() == {i}", "assert X == 0"],
+        )
+        for i in range(4)
+    ]
     t0 = time.monotonic()
     results = run_many(jobs, workers=2, timeout_per_test=3.0, timeout_total=10.0)
     elapsed = time.monotonic() - t0
@@ -200,6 +218,10 @@ def test_run_many_parallel_and_ordered():
 
 def test_files_in_the_working_directory_can_be_created_and_removed():
     """Relative paths resolve against the sandbox's own directory (dir_fd = AT_FDCWD), so cleanup works."""
-    res = run_tests("import os", ['open("c.txt", "w").close()\nos.remove("c.txt")\nassert not os.path.exists("c.txt")'],
-                    setup="import os", timeout_per_test=5)
+    res = run_tests(
+        "import os",
+        ['open("c.txt", "w").close()\nos.remove("c.txt")\nassert not os.path.exists("c.txt")'],
+        setup="import os",
+        timeout_per_test=5,
+    )
     assert (res.passed, res.errors) == (1, [])

@@ -84,15 +84,15 @@ SPAWN_ROUTES = {
     "os.system": "import posix\nassert posix.system('sleep {mark} &') == 0",
     "fork_exec": "import posix\nif posix.fork() == 0:\n    posix.execv('/bin/sleep', ['sleep', '{mark}'])",
     "subprocess": "import importlib, subprocess\nimportlib.reload(subprocess)\n"
-                  "subprocess.Popen(['sleep', '{mark}'], start_new_session=True)",
+    "subprocess.Popen(['sleep', '{mark}'], start_new_session=True)",
     "_posixsubprocess": "import _posixsubprocess, importlib, subprocess\nimportlib.reload(subprocess)\n"
-                        "subprocess._fork_exec = getattr(subprocess, '_fork_exec', _posixsubprocess.fork_exec)\n"
-                        "subprocess.run(['sleep', '{mark}'], timeout=60)",
+    "subprocess._fork_exec = getattr(subprocess, '_fork_exec', _posixsubprocess.fork_exec)\n"
+    "subprocess.run(['sleep', '{mark}'], timeout=60)",
     "posix_spawn": "import posix\nposix.posix_spawn('/bin/sleep', ['sleep', '{mark}'], {{}})",
     "pty": "import posix\npid, fd = posix.forkpty()\nif pid == 0:\n    posix.execv('/bin/sleep', ['sleep', '{mark}'])",
     "exec_in_place": "import posix\nposix.execv('/bin/sleep', ['sleep', '{mark}'])",
     "double_fork_setsid": "import posix\nif posix.fork() == 0:\n    posix.setsid()\n    if posix.fork() == 0:\n"
-                          "        posix.execv('/bin/sleep', ['sleep', '{mark}'])\n    posix._exit(0)",
+    "        posix.execv('/bin/sleep', ['sleep', '{mark}'])\n    posix._exit(0)",
     "thread": "import threading, time\nthreading.Thread(target=time.sleep, args=({mark},), daemon=True).start()",
 }
 
@@ -100,7 +100,7 @@ SPAWN_ROUTES = {
 @needs("seccomp")
 @pytest.mark.parametrize("route", sorted(SPAWN_ROUTES))
 def test_no_process_is_created_by_any_spawn_route(route):
-    mark = f"31.{secrets.randbelow(10 ** 9):09d}"
+    mark = f"31.{secrets.randbelow(10**9):09d}"
     program = GUARD_OFF + SPAWN_ROUTES[route].format(mark=mark) + "\nSPAWNED = True"
     r = run_tests(program, ["assert SPAWNED"], **FAST)
     assert r.passed == 0, r
@@ -186,10 +186,13 @@ def test_only_harmless_devices():
     program = GUARD_OFF + (
         "import os\ndef devices():\n    return sorted(os.listdir('/dev'))\n"
         "def open_any(names):\n    ok = []\n    for n in names:\n        try:\n            open(n, 'rb').close()\n"
-        "            ok.append(n)\n        except OSError:\n            pass\n    return ok")
+        "            ok.append(n)\n        except OSError:\n            pass\n    return ok"
+    )
     harmless = {"null", "zero", "full", "random", "urandom", "fd", "stdin", "stdout", "stderr"}
-    tests = [f"assert set(devices()) <= {harmless!r}",
-             "assert open_any(['/dev/sda', '/dev/vda', '/dev/mem', '/dev/kmsg', '/dev/tty', '/dev/shm']) == []"]
+    tests = [
+        f"assert set(devices()) <= {harmless!r}",
+        "assert open_any(['/dev/sda', '/dev/vda', '/dev/mem', '/dev/kmsg', '/dev/tty', '/dev/shm']) == []",
+    ]
     assert run_tests(program, tests, **FAST).passed == 2
 
 
@@ -197,7 +200,9 @@ def test_only_harmless_devices():
 def test_trainer_environment_and_processes_are_invisible(monkeypatch):
     secret = "s3cr3t-" + secrets.token_hex(8)
     monkeypatch.setenv("SANDBOX_TRAINER_SECRET", secret)
-    program = GUARD_OFF + f"""
+    program = (
+        GUARD_OFF
+        + f"""
 import os
 def pids():
     return sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
@@ -212,9 +217,17 @@ def loot():
     print("".join(out))
     return "".join(out)
 """
+    )
     # the job's PID namespace holds its spawner (PID 1), the test's sandbox and the test's evaluator process
-    r = run_tests(program, [f"assert {secret!r} not in loot()", "assert len(pids()) <= 3 and 1 in pids()",
-                            f"assert {os.getpid()} not in pids() or {os.getpid()} <= 3"], **FAST)
+    r = run_tests(
+        program,
+        [
+            f"assert {secret!r} not in loot()",
+            "assert len(pids()) <= 3 and 1 in pids()",
+            f"assert {os.getpid()} not in pids() or {os.getpid()} <= 3",
+        ],
+        **FAST,
+    )
     assert r.passed == 3, r
     assert secret not in r.stdout
 
@@ -226,7 +239,9 @@ def test_other_processes_cannot_be_signalled_reniced_or_pinned():
         me, them = os.getpid(), decoy.pid
         state = lambda: [(os.getpriority(os.PRIO_PROCESS, p), os.sched_getaffinity(p)) for p in (me, them)]  # noqa
         before = state()
-        program = GUARD_OFF + f"""
+        program = (
+            GUARD_OFF
+            + f"""
 import os, posix, signal
 def attack():
     done = []
@@ -246,6 +261,7 @@ def attack():
             pass
     return done
 """
+        )
         r = run_tests(program, ["assert attack() == []"], **FAST)
         assert r.passed == 1, r
         assert decoy.poll() is None and state() == before
@@ -266,10 +282,12 @@ def test_no_network(tcp_server):
 @needs("tmpfs_workdir")
 def test_disk_quota():
     free_before = shutil.disk_usage(os.path.dirname(os.path.realpath(tempfile.gettempdir()))).free
-    program = GUARD_OFF + ("def fill():\n    n = 0\n    try:\n        for i in range(64):\n"
-                           "            with open(f'blob{i}', 'wb') as f:\n                for _ in range(16):\n"
-                           "                    f.write(bytes(1 << 20))\n                    n += 1 << 20\n"
-                           "    except OSError:\n        pass\n    return n")
+    program = GUARD_OFF + (
+        "def fill():\n    n = 0\n    try:\n        for i in range(64):\n"
+        "            with open(f'blob{i}', 'wb') as f:\n                for _ in range(16):\n"
+        "                    f.write(bytes(1 << 20))\n                    n += 1 << 20\n"
+        "    except OSError:\n        pass\n    return n"
+    )
     t0 = time.monotonic()
     r = run_tests(program, ["assert fill() <= 9 << 20"], disk_mb=8, **FAST)
     assert r.passed == 1 and time.monotonic() - t0 < 10
@@ -284,13 +302,13 @@ def _rss_kb() -> int:
 
 FLOODS = {
     "stdout": "import os\ndef f(x):\n    chunk = b'x' * (1 << 20)\n    for _ in range(100):\n        os.write(1, chunk)\n"
-              "    return 0",
+    "    return 0",
     "stderr": "import sys\ndef f(x):\n    for _ in range(100):\n        sys.stderr.write('y' * (1 << 20))\n    return 0",
     "reply_channel": "import os\ndef f(x):\n    chunk = b'[' * (1 << 20)\n    for _ in range(100):\n"
-                     "        os.write(4, chunk)\n    return 0",
+    "        os.write(4, chunk)\n    return 0",
     "huge_result": "def f(x):\n    return 'z' * (100 << 20)",
     "result_lines": "import os\ndef f(x):\n    for _ in range(100000):\n        os.write(4, b'[\"ok\", null, null]\\n')\n"
-                    "    return 0",
+    "    return 0",
 }
 
 
@@ -306,10 +324,13 @@ def test_floods_do_not_reach_the_trainer(flood):
 
 
 def test_self_inflicted_ends_cost_the_test_only():
-    program = GUARD_OFF + ("import os, posix, signal, sys\ndef stop(x):\n    posix.kill(0, signal.SIGSTOP)\n"
-                           "def leave(x):\n    sys.exit(1)\ndef die(x):\n    os._exit(1)\ndef ok(x):\n    return x")
-    r = run_tests(program, ["stop(1)", "leave(1)", "die(1)", "assert ok(2) == 2"], timeout_per_test=1.0,
-                  timeout_total=20.0)
+    program = GUARD_OFF + (
+        "import os, posix, signal, sys\ndef stop(x):\n    posix.kill(0, signal.SIGSTOP)\n"
+        "def leave(x):\n    sys.exit(1)\ndef die(x):\n    os._exit(1)\ndef ok(x):\n    return x"
+    )
+    r = run_tests(
+        program, ["stop(1)", "leave(1)", "die(1)", "assert ok(2) == 2"], timeout_per_test=1.0, timeout_total=20.0
+    )
     assert r.passed == 1 and r.errors == ["Timeout", "SystemExit", "Crash"], r
     if os.geteuid() == 0:
         assert settled(lambda: not sandbox_uid_processes())

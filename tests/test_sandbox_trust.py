@@ -58,8 +58,11 @@ def test_a_test_never_takes_a_name_the_program_imports():
 def test_without_named_entry_points_only_what_the_program_defines_reaches_the_tests():
     """The generic API's default: the functions, classes and variables the program defines, never its imports
     nor a builtin's name."""
-    job = sandbox.Job("import math, os as system\nfrom json import dumps\nX = 1\ndef f():\n    pass\n"
-                      "class C:\n    pass\ndef len(x):\n    return 0\n", [])
+    job = sandbox.Job(
+        "import math, os as system\nfrom json import dumps\nX = 1\ndef f():\n    pass\n"
+        "class C:\n    pass\ndef len(x):\n    return 0\n",
+        [],
+    )
     assert job.names() == ("X", "f", "C")
     assert sandbox.Job("import math", [], entry_points=["math"]).names() == ("math",)
 
@@ -82,8 +85,10 @@ def test_mbpp_596_computes_its_expected_value_with_the_trusted_sys(mbpp_items):
 
     item = mbpp_items[596]
     assert "import sys" in item["trusted_imports"]
-    forged = ("def tuple_size(t, _=globals().__setitem__('sys', type('S', (), {'getsizeof': staticmethod("
-              "lambda o: 0)}))):\n    return 0\n")
+    forged = (
+        "def tuple_size(t, _=globals().__setitem__('sys', type('S', (), {'getsizeof': staticmethod("
+        "lambda o: 0)}))):\n    return 0\n"
+    )
     honest_wrong = "def tuple_size(t):\n    return 0\n"
     honest = "import sys\ndef tuple_size(t):\n    return sys.getsizeof(t)\n"
     aux = "def aux():\n    return 0\n"
@@ -123,8 +128,10 @@ def test_classeval_tests_use_the_trusted_imports(classeval_items):
     from comlrl_lightning.envs import classeval
 
     item = classeval_items["DataStatistics4"]
-    forged = ("import math\nmath.isnan = lambda x: True\nclass DataStatistics4:\n"
-              "    @staticmethod\n    def kurtosis(data):\n        return 0.0\n")
+    forged = (
+        "import math\nmath.isnan = lambda x: True\nclass DataStatistics4:\n"
+        "    @staticmethod\n    def kurtosis(data):\n        return 0.0\n"
+    )
     job = classeval.sandbox_job(forged, item)
     test = next(t for t in job.tests if "'test_kurtosis_2'" in t)
     r = run_tests(job.program, [test], setup=job.setup, entry_points=job.entry_points, **FAST)
@@ -140,17 +147,25 @@ def test_an_uninterruptible_c_call_in_a_test_costs_that_test_only():
     SIGALRM cannot interrupt it: the test's own process is killed at its timeout and the next test runs (the
     whole job used to run on until the trainer killed it after ``timeout_total``, every remaining test lost)."""
     program = "def f():\n    return 10 ** 10\ndef g():\n    return 1\n"
-    r = run_tests(program, ["assert sum(itertools.repeat(1, f())) > 0", "assert g() == 1"],
-                  setup="import itertools", timeout_per_test=1.0, timeout_total=30.0)
+    r = run_tests(
+        program,
+        ["assert sum(itertools.repeat(1, f())) > 0", "assert g() == 1"],
+        setup="import itertools",
+        timeout_per_test=1.0,
+        timeout_total=30.0,
+    )
     assert (r.passed, r.errors) == (1, ["Timeout"]), r
 
 
-@pytest.mark.parametrize("program, test, error", [
-    ("def f():\n    return range(4 * 10 ** 7)\n", "assert sorted(f())", "ResultTooLarge"),
-    ("def f():\n    return range(10 ** 18)\n", "assert sum(f()) > 0", "ResultTooLarge"),
-    ("def f():\n    while True:\n        yield 'x' * (6 << 20)\n", "assert len(list(f())) == 0", "ResultTooLarge"),
-    ("def f():\n    return 4 * 10 ** 9\n", "assert len('x' * f()) > 0", "MemoryError"),
-])
+@pytest.mark.parametrize(
+    "program, test, error",
+    [
+        ("def f():\n    return range(4 * 10 ** 7)\n", "assert sorted(f())", "ResultTooLarge"),
+        ("def f():\n    return range(10 ** 18)\n", "assert sum(f()) > 0", "ResultTooLarge"),
+        ("def f():\n    while True:\n        yield 'x' * (6 << 20)\n", "assert len(list(f())) == 0", "ResultTooLarge"),
+        ("def f():\n    return 4 * 10 ** 9\n", "assert len('x' * f()) > 0", "MemoryError"),
+    ],
+)
 def test_what_the_program_returns_cannot_exhaust_the_evaluator(program, test, error):
     r = run_tests(program, [test, "assert True"], **FAST)
     assert (r.passed, r.errors) == (1, [error]), r
@@ -173,8 +188,11 @@ def test_without_namespaces_a_root_trainers_jobs_run_correctly_under_their_own_u
     layers = isolation_layers()
     assert not layers["pid_ns"] and layers["uid"] >= sandbox.SANDBOX_UID_BASE
     program = "import hashlib, numbers, os\ndef f(x):\n    return (x + 1, os.getuid())\n"
-    r = run_tests(program, ["assert f(1)[0] == 2", f"assert f(1)[1] == {layers['uid']} or f(1)[1] != 0",
-                            "import wave\nassert wave"], **FAST)
+    r = run_tests(
+        program,
+        ["assert f(1)[0] == 2", f"assert f(1)[1] == {layers['uid']} or f(1)[1] != 0", "import wave\nassert wave"],
+        **FAST,
+    )
     assert r.passed == 3, r
     assert run_tests("def f(x):\n    return 0\n", ["assert f(1) == 2"], **FAST).errors == ["AssertionError"]
 
@@ -209,11 +227,16 @@ def test_the_job_reaches_the_evaluator_through_a_pipe_never_a_file(monkeypatch):
 def test_another_processs_proc_entry_is_refused_before_its_magic_links_are_followed(how):
     """``/proc/<pid>/fd/N`` is checked before it is resolved: ``realpath`` turned it into the file it leads to
     (the trainer's deleted payload file), which the guard then took for an ordinary file."""
-    opener = ("import os\ndef f():\n    pid = os.getppid()\n"
-              + ("    os.symlink(f'/proc/{pid}/fd', 'link')\n    path = 'link/0'\n" if how == "symlink" else
-                 "    path = f'/proc/{pid}/fd/0'\n")
-              + "    try:\n        open(path, 'rb').close()\n    except PermissionError:\n        pass\n"
-              "    return 1\n")
+    opener = (
+        "import os\ndef f():\n    pid = os.getppid()\n"
+        + (
+            "    os.symlink(f'/proc/{pid}/fd', 'link')\n    path = 'link/0'\n"
+            if how == "symlink"
+            else "    path = f'/proc/{pid}/fd/0'\n"
+        )
+        + "    try:\n        open(path, 'rb').close()\n    except PermissionError:\n        pass\n"
+        "    return 1\n"
+    )
     r = run_tests(opener, ["assert f() == 1"], **FAST)
     assert r.errors == ["SandboxViolation"], r
 
@@ -238,8 +261,11 @@ def test_a_sandbox_that_fails_its_canary_stops_the_run(monkeypatch):
     the first use checks a canary and raises instead."""
     monkeypatch.setattr(sandbox, "_layers", None)
     real = sandbox._run
-    monkeypatch.setattr(sandbox, "_run", lambda job, limits, isolation: (
-        sandbox.ExecutionResult(0, len(job.tests), 0, ["Crash"] * len(job.tests)), {}))
+    monkeypatch.setattr(
+        sandbox,
+        "_run",
+        lambda job, limits, isolation: (sandbox.ExecutionResult(0, len(job.tests), 0, ["Crash"] * len(job.tests)), {}),
+    )
     with pytest.raises(SandboxUnavailable, match="canary"):
         run_tests("def f():\n    return 1\n", ["assert f() == 1"])
     with pytest.raises(SandboxUnavailable):  # remembered: the run stops at every reward, not once
@@ -258,17 +284,21 @@ def test_shared_memory_does_not_outlive_the_job(namespaces, monkeypatch):
             pytest.skip("without namespaces only a root trainer runs jobs")
         monkeypatch.setenv(sandbox.NO_NAMESPACES_ENV, "1")
     name = "comlrl-" + secrets.token_hex(6)
-    program = GUARD_OFF + (f"import _posixshmem, os\ndef f():\n    try:\n        fd = _posixshmem.shm_open('/{name}', "
-                           "os.O_CREAT | os.O_RDWR, 0o644)\n        os.write(fd, b'note')\n    except OSError:\n"
-                           "        pass\n    return 1\n")
+    program = GUARD_OFF + (
+        f"import _posixshmem, os\ndef f():\n    try:\n        fd = _posixshmem.shm_open('/{name}', "
+        "os.O_CREAT | os.O_RDWR, 0o644)\n        os.write(fd, b'note')\n    except OSError:\n"
+        "        pass\n    return 1\n"
+    )
     assert run_tests(program, ["assert f() == 1"], **FAST).passed == 1
     assert not os.path.exists(f"/dev/shm/{name}")
 
 
 # ------------------------------------------------------------------------------ 5. small leaks
 def test_the_programs_exit_never_swallows_a_failing_assert():
-    program = ("class Quiet:\n    def __enter__(self):\n        return self\n    def __exit__(self, *a):\n"
-               "        return True\ndef cm():\n    return Quiet()\ndef f(x):\n    return 0\n")
+    program = (
+        "class Quiet:\n    def __enter__(self):\n        return self\n    def __exit__(self, *a):\n"
+        "        return True\ndef cm():\n    return Quiet()\ndef f(x):\n    return 0\n"
+    )
     r = run_tests(program, ["with cm():\n    assert f(1) == 2", "with cm():\n    assert f(1) == 0"], **FAST)
     assert (r.passed, r.errors) == (1, ["AssertionError"]), r
 
@@ -281,15 +311,19 @@ def test_violations_are_counted_where_the_program_cannot_erase_them():
     honest = "def f(x):\n    return 2\n"
     assert run_tests(caught + erase + honest, ["assert f(1) == 2"], **FAST).errors == ["SandboxViolation"]
     assert run_tests("import os\nos.close(5)\n" + honest, ["assert f(1) == 2"], **FAST).errors == ["SandboxViolation"]
-    late = "import os\ndef f(x):\n    try:\n        os.system('true')\n    except Exception:\n        pass\n    return 2\n"
+    late = (
+        "import os\ndef f(x):\n    try:\n        os.system('true')\n    except Exception:\n        pass\n    return 2\n"
+    )
     assert run_tests(late, ["assert f(1) == 2", "assert True"], **FAST).errors == ["SandboxViolation"]
 
 
 @needs("seccomp")
 def test_system_v_ipc_is_denied():
     """One test's sandbox left a System V message for the next one's (one IPC namespace serves a job)."""
-    program = GUARD_OFF + ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\ndef queues():\n"
-                           "    return libc.msgget(0, 0o1600)\ndef segments():\n    return libc.shmget(0, 4096, 0o1600)\n")
+    program = GUARD_OFF + (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\ndef queues():\n"
+        "    return libc.msgget(0, 0o1600)\ndef segments():\n    return libc.shmget(0, 4096, 0o1600)\n"
+    )
     r = run_tests(program, ["assert queues() == -1", "assert segments() == -1"], **FAST)
     assert r.passed == 2, r
 
@@ -298,8 +332,10 @@ def test_system_v_ipc_is_denied():
 def test_the_working_directory_is_not_executable():
     """A compiled extension written to the working directory carried a message from test to test; nothing in
     it can be mapped executable now."""
-    program = GUARD_OFF + ("import mmap, os\ndef mapped():\n    with open('blob', 'wb') as f:\n"
-                           "        f.write(b'\\0' * 4096)\n    fd = os.open('blob', os.O_RDONLY)\n    try:\n"
-                           "        mmap.mmap(fd, 4096, prot=mmap.PROT_READ | mmap.PROT_EXEC)\n        return True\n"
-                           "    except OSError:\n        return False\n")
+    program = GUARD_OFF + (
+        "import mmap, os\ndef mapped():\n    with open('blob', 'wb') as f:\n"
+        "        f.write(b'\\0' * 4096)\n    fd = os.open('blob', os.O_RDONLY)\n    try:\n"
+        "        mmap.mmap(fd, 4096, prot=mmap.PROT_READ | mmap.PROT_EXEC)\n        return True\n"
+        "    except OSError:\n        return False\n"
+    )
     assert run_tests(program, ["assert not mapped()"], **FAST).passed == 1

@@ -35,34 +35,34 @@ GUARD_OFF = SERVER + "SERVER.guard['busy'] = True\n"
 
 FORGERS = {
     "builtins_replaced": "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), {})\n"
-                         "builtins.exec = lambda *a, **k: None\nbuiltins.compile = lambda *a, **k: None\n"
-                         "builtins.isinstance = lambda *a: True\nbuiltins.len = lambda *a: 0\n"
-                         "def f(x):\n    return 0",
-    "serialiser_patched": "import json\njson.dumps = lambda *a, **k: '[\"ok\", [\"i\", \"2\"], null]'\n"
-                          "json.loads = lambda *a, **k: ['ok', ['i', '2'], None]\ndef f(x):\n    return 0",
+    "builtins.exec = lambda *a, **k: None\nbuiltins.compile = lambda *a, **k: None\n"
+    "builtins.isinstance = lambda *a: True\nbuiltins.len = lambda *a: 0\n"
+    "def f(x):\n    return 0",
+    "serialiser_patched": 'import json\njson.dumps = lambda *a, **k: \'["ok", ["i", "2"], null]\'\n'
+    "json.loads = lambda *a, **k: ['ok', ['i', '2'], None]\ndef f(x):\n    return 0",
     "runner_patched": SERVER + "SERVER.answer = lambda line: ['ok', ['i', '2'], None]\n"
-                               "type(SERVER).answer = lambda self, line: ['ok', ['i', '2'], None]\n"
-                               "def f(x):\n    return 0",
+    "type(SERVER).answer = lambda self, line: ['ok', ['i', '2'], None]\n"
+    "def f(x):\n    return 0",
     "frame_to_reporter": SERVER + "SERVER.send(['ready', None, True, {}])\n"
-                                  "for _ in range(10):\n    SERVER.send(['ok', ['i', '2'], None])\n"
-                                  "def f(x):\n    return 0",
+    "for _ in range(10):\n    SERVER.send(['ok', ['i', '2'], None])\n"
+    "def f(x):\n    return 0",
     "fake_lines_on_every_fd": "import os, json\n"
-                              "lines = [json.dumps(m) + '\\n' for m in ({'phase': 'test', 'i': i, 'error': None} "
-                              "for i in range(5))] + ['[\"ok\", [\"i\", \"2\"], null]\\n'] * 5\n"
-                              "for fd in range(64):\n    for line in lines:\n        try:\n"
-                              "            os.write(fd, line.encode())\n        except OSError:\n            pass\n"
-                              "def f(x):\n    return 0",
+    "lines = [json.dumps(m) + '\\n' for m in ({'phase': 'test', 'i': i, 'error': None} "
+    'for i in range(5))] + [\'["ok", ["i", "2"], null]\\n\'] * 5\n'
+    "for fd in range(64):\n    for line in lines:\n        try:\n"
+    "            os.write(fd, line.encode())\n        except OSError:\n            pass\n"
+    "def f(x):\n    return 0",
     "always_equal": "class Yes:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
-                    "    def __hash__(self): return 0\n    def __bool__(self): return True\n"
-                    "def f(x):\n    return Yes()",
+    "    def __hash__(self): return 0\n    def __bool__(self): return True\n"
+    "def f(x):\n    return Yes()",
     "class_claims_int": "class Two:\n    __class__ = int\n    def __eq__(self, other): return True\n"
-                        "def f(x):\n    return Two()",
+    "def f(x):\n    return Two()",
     "str_subclass": "class S(str):\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
-                    "    __hash__ = str.__hash__\ndef f(x):\n    return S('nope')",
+    "    __hash__ = str.__hash__\ndef f(x):\n    return S('nope')",
     "int_subclass": "class I(int):\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
-                    "    __hash__ = int.__hash__\ndef f(x):\n    return I(0)",
+    "    __hash__ = int.__hash__\ndef f(x):\n    return I(0)",
     "list_subclass": "class L(list):\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
-                     "def f(x):\n    return L()",
+    "def f(x):\n    return L()",
     "exit_from_call": "import sys\ndef f(x):\n    sys.exit(0)",
     "base_exception_from_call": "class Stop(BaseException):\n    pass\ndef f(x):\n    raise Stop()",
     "os_exit_from_call": "import os\ndef f(x):\n    os._exit(0)",
@@ -91,7 +91,9 @@ def test_expected_values_are_not_in_the_sandbox():
     file it can see does not find it (in the old in-process design this program found it in its own memory). The
     same program finds a token the program holds."""
     token = "tok" + secrets.token_hex(16)
-    seeker = GUARD_OFF + """
+    seeker = (
+        GUARD_OFF
+        + """
 import ctypes, os, re
 PATTERN = re.compile(rb"tok[0-9a-f]{32}")
 def f(x):
@@ -131,6 +133,7 @@ def f(x):
                     pass
     return found[0].decode() if found else None
 """
+    )
     r = run_tests(seeker, [f"assert f(0) == {token!r}"], timeout_per_test=20.0, timeout_total=40.0)
     assert r.total == 1 and r.passed == 0 and r.errors == ["AssertionError"], r
     planted = seeker + f"HIDDEN = {token[:3]!r} + {token[3:]!r}\n"
@@ -181,12 +184,15 @@ def values():
 
 
 def test_program_exceptions_map_to_builtin_types():
-    program = ("class Broke(ValueError):\n    pass\ndef f(x):\n    if x < 0:\n        raise Broke('neg')\n"
-               "    return {}[x]")
-    tests = ["try:\n    f(-1)\nexcept ValueError as e:\n    assert type(e).__name__ == 'Broke' and str(e) == 'neg'\n"
-             "else:\n    assert False",
-             "try:\n    f(1)\nexcept KeyError as e:\n    assert e.args == (1,)\nelse:\n    assert False",
-             "import unittest\nwith unittest.TestCase().assertRaises(Broke):\n    f(-2)"]
+    program = (
+        "class Broke(ValueError):\n    pass\ndef f(x):\n    if x < 0:\n        raise Broke('neg')\n    return {}[x]"
+    )
+    tests = [
+        "try:\n    f(-1)\nexcept ValueError as e:\n    assert type(e).__name__ == 'Broke' and str(e) == 'neg'\n"
+        "else:\n    assert False",
+        "try:\n    f(1)\nexcept KeyError as e:\n    assert e.args == (1,)\nelse:\n    assert False",
+        "import unittest\nwith unittest.TestCase().assertRaises(Broke):\n    f(-2)",
+    ]
     assert run_tests(program, tests, **FAST).passed == 3
 
 
@@ -219,8 +225,10 @@ def fill(lst, d):
 
 
 def test_tests_are_isolated_from_each_other():
-    program = "import os\nSEEN = []\ndef f(x):\n    SEEN.append(x)\n    open(f'file{x}', 'w').close()\n" \
-              "    return len(SEEN), sorted(os.listdir('.'))"
+    program = (
+        "import os\nSEEN = []\ndef f(x):\n    SEEN.append(x)\n    open(f'file{x}', 'w').close()\n"
+        "    return len(SEEN), sorted(os.listdir('.'))"
+    )
     r = run_tests(program, ["assert f(1) == (1, ['file1'])", "assert f(2) == (1, ['file2'])"], **FAST)
     assert r.passed == 2, r
 
@@ -230,8 +238,12 @@ def test_wall_clock_timeouts_cost_one_test():
     r = run_tests(program, ["f(1)", "assert f(0) == 2", "f(1)"], timeout_per_test=0.5, timeout_total=10.0)
     assert r.passed == 1 and r.errors == ["Timeout", "Timeout"] and r.timeouts == 2
     # a test that catches the timeout and goes on still ends, as a timeout
-    r = run_tests(program, ["while True:\n    try:\n        f(1)\n    except BaseException:\n        pass"],
-                  timeout_per_test=0.5, timeout_total=10.0)
+    r = run_tests(
+        program,
+        ["while True:\n    try:\n        f(1)\n    except BaseException:\n        pass"],
+        timeout_per_test=0.5,
+        timeout_total=10.0,
+    )
     assert r.errors == ["Timeout"]
 
 
@@ -253,9 +265,16 @@ def test_coophumaneval_reward_cannot_be_forged_from_a_default_argument(che_item)
     passes the format gate) scores no more than the same wrong main without the payload (1.5 of 4.5)."""
     aux = "def aux(n):\n    return n > 1 and all(n % i for i in range(2, n))"
     wrong = "def x_or_y(n, x, y{}):\n    return y if aux(n) else x"
-    payloads = [FORGERS[k].replace("def f(x):", "def _f(x):") for k in
-                ("builtins_replaced", "serialiser_patched", "runner_patched", "frame_to_reporter",
-                 "fake_lines_on_every_fd")]
+    payloads = [
+        FORGERS[k].replace("def f(x):", "def _f(x):")
+        for k in (
+            "builtins_replaced",
+            "serialiser_patched",
+            "runner_patched",
+            "frame_to_reporter",
+            "fake_lines_on_every_fd",
+        )
+    ]
     mains = [wrong.format("")] + [wrong.format(f", _=exec({p!r}, {{}})") for p in payloads]
     reward = C.CodingReward(timeout_per_test=2.0, workers=2)
     rows = reward.breakdown([aux] * len(mains), mains, [che_item])

@@ -24,9 +24,18 @@ from comlrl_lightning.data import ranks
 from comlrl_lightning.data.tasks import EpochSampler, ShardedBatches
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--model.init_args.agents", "tiny", "--model.init_args.max_new_tokens", "4",
-        "--model.init_args.use_chat_template", "false", "--trainer.enable_progress_bar", "false",
-        "--trainer.accelerator", "cpu"]
+TINY = [
+    "--model.init_args.agents",
+    "tiny",
+    "--model.init_args.max_new_tokens",
+    "4",
+    "--model.init_args.use_chat_template",
+    "false",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.accelerator",
+    "cpu",
+]
 
 
 def free_port() -> int:
@@ -35,24 +44,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-FSDP = ["--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
-        "--trainer.strategy.init_args.data_parallel_size", "2", "--trainer.strategy.init_args.tensor_parallel_size", "1"]
+FSDP = [
+    "--trainer.strategy",
+    "lightning.pytorch.strategies.ModelParallelStrategy",
+    "--trainer.strategy.init_args.data_parallel_size",
+    "2",
+    "--trainer.strategy.init_args.tensor_parallel_size",
+    "1",
+]
 
 
-def launch(tmp_path: Path, config: str, *args: str, devices: int = 2, env: dict | None = None,
-           strategy: tuple[str, ...] = ("--trainer.strategy", "ddp")) -> subprocess.Popen:
+def launch(
+    tmp_path: Path,
+    config: str,
+    *args: str,
+    devices: int = 2,
+    env: dict | None = None,
+    strategy: tuple[str, ...] = ("--trainer.strategy", "ddp"),
+) -> subprocess.Popen:
     tmp_path.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-m", "comlrl_lightning", "fit", "--config", str(REPO / "configs" / f"{config}.yaml"), *TINY,
-         *strategy, "--trainer.devices", str(devices), "--trainer.callbacks+=ddp_probe.Probe",
-         "--trainer.default_root_dir", str(tmp_path / "run"), *args],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO / "tests"), "PROBE_DIR": str(tmp_path / "probe"),
-             "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})})
+        [
+            sys.executable,
+            "-m",
+            "comlrl_lightning",
+            "fit",
+            "--config",
+            str(REPO / "configs" / f"{config}.yaml"),
+            *TINY,
+            *strategy,
+            "--trainer.devices",
+            str(devices),
+            "--trainer.callbacks+=ddp_probe.Probe",
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            *args,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO / "tests"),
+            "PROBE_DIR": str(tmp_path / "probe"),
+            "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            **(env or {}),
+        },
+    )
 
 
-def ddp_fit(tmp_path: Path, config: str, *args: str, world: int = 2, fsdp: bool = False,
-            export: bool = False) -> list[dict]:
+def ddp_fit(
+    tmp_path: Path, config: str, *args: str, world: int = 2, fsdp: bool = False, export: bool = False
+) -> list[dict]:
     """Run a 2-process fit (DDP, or models sharded with FSDP2); the probes of its ranks. ``export``: every rank
     calls the module's ``save_pretrained(tmp_path / "export")`` when the fit ends."""
     env = {"EXPORT_DIR": str(tmp_path / "export")} if export else None
@@ -118,11 +164,18 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     from comlrl_lightning.algorithms.team import check_strategy
     from comlrl_lightning.config_errors import ConfigurationError
 
-    def module(parallel="none", lora=None, name="MAGRPO", generation_dtype="model", backend="hf", sleep=False,
-               devices=None):
-        return SimpleNamespace(parallel_training=parallel, lora=lora, algorithm_name=name,
-                               generation_dtype=generation_dtype, generation_backend=backend,
-                               vllm_enable_sleep_mode=sleep, agent_devices=devices)
+    def module(
+        parallel="none", lora=None, name="MAGRPO", generation_dtype="model", backend="hf", sleep=False, devices=None
+    ):
+        return SimpleNamespace(
+            parallel_training=parallel,
+            lora=lora,
+            algorithm_name=name,
+            generation_dtype=generation_dtype,
+            generation_backend=backend,
+            vllm_enable_sleep_mode=sleep,
+            agent_devices=devices,
+        )
 
     with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported.*ModelParallel"):
         check_strategy(SimpleNamespace(strategy=FSDPStrategy(), world_size=2), module())
@@ -132,11 +185,15 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     with pytest.raises(ConfigurationError, match="agent_devices/critic_devices without parallel_training: mp"):
         check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module(devices=["cpu"]))
     check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), module("mp"))
-    sharded = SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), world_size=2)
+    sharded = SimpleNamespace(
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), world_size=2
+    )
     check_strategy(sharded, module())
     with pytest.raises(ConfigurationError, match="with a LoRA team"):
         check_strategy(sharded, module(lora={"base": "tiny"}))
-    with pytest.raises(ConfigurationError, match="generation_backend: vllm with trainer.strategy ModelParallelStrategy"):
+    with pytest.raises(
+        ConfigurationError, match="generation_backend: vllm with trainer.strategy ModelParallelStrategy"
+    ):
         check_strategy(sharded, module(backend="vllm"))
     with pytest.raises(ConfigurationError, match="vllm_enable_sleep_mode: true needs a GPU"):
         check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), module(backend="vllm", sleep=True))
@@ -144,8 +201,10 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
         check_strategy(sharded, module(generation_dtype="bfloat16"))
     check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module(generation_dtype="bfloat16"))
     with pytest.raises(ConfigurationError, match="tensor_parallel_size must be 1"):
-        check_strategy(SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
-                                       world_size=2), module())
+        check_strategy(
+            SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2), world_size=2),
+            module(),
+        )
 
 
 # ----------------------------------------------------------------------------------------------- 2 processes (gloo)
@@ -153,13 +212,37 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
 # launched once per module: the DDP runs the FSDP tests compare against are the plain DDP tests' runs.
 
 # 9 items, 2 per rank and step: global batches of 4, 4 and 1 — rank 1's share of the last one is empty.
-QUICKSTART_9 = ["--data.init_args.max_train_items", "9", "--model.init_args.max_grad_norm", "1.0",
-                "--model.init_args.eval_interval", "2", "--model.init_args.eval_num_samples", "3",
-                "--trainer.max_epochs", "1", "--trainer.max_steps", "-1"]
+QUICKSTART_9 = [
+    "--data.init_args.max_train_items",
+    "9",
+    "--model.init_args.max_grad_norm",
+    "1.0",
+    "--model.init_args.eval_interval",
+    "2",
+    "--model.init_args.eval_num_samples",
+    "3",
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.max_steps",
+    "-1",
+]
 # IAC with a critic LM per agent, evaluated after every update; every rank calls save_pretrained as the fit ends.
-IAC_CRITICS = ["--data.init_args.max_train_items", "4", "--trainer.max_epochs", "1", "--trainer.max_steps", "-1",
-               "--model.init_args.eval_interval", "1", "--model.init_args.max_grad_norm", "1.0",
-               "--model.init_args.use_separate_critic", "true", "--model.init_args.critic_model", "tiny"]
+IAC_CRITICS = [
+    "--data.init_args.max_train_items",
+    "4",
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.max_steps",
+    "-1",
+    "--model.init_args.eval_interval",
+    "1",
+    "--model.init_args.max_grad_norm",
+    "1.0",
+    "--model.init_args.use_separate_critic",
+    "true",
+    "--model.init_args.critic_model",
+    "tiny",
+]
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +287,20 @@ def test_iac_on_two_processes(iac_ddp):
 
 def test_madpo_collects_a_share_per_rank_and_trains_on_every_pair_once_per_epoch(tmp_path):
     pairs_file = tmp_path / "pairs.json"
-    probes = ddp_fit(tmp_path, "madpo", "--data.init_args.max_train_items", "6", "--trainer.max_epochs", "1",
-                     "--model.init_args.eval_interval", "0", "--data.init_args.pairs_file", str(pairs_file),
-                     "--model.init_args.train_batch_size", "2")
+    probes = ddp_fit(
+        tmp_path,
+        "madpo",
+        "--data.init_args.max_train_items",
+        "6",
+        "--trainer.max_epochs",
+        "1",
+        "--model.init_args.eval_interval",
+        "0",
+        "--data.init_args.pairs_file",
+        str(pairs_file),
+        "--model.init_args.train_batch_size",
+        "2",
+    )
     assert_same_weights_after_every_step(probes)
     written = json.loads(pairs_file.read_text())
     keys = [json.dumps([p["prompts"], p["winner_completions"], p["loser_completions"]]) for p in written["pairs"]]
@@ -216,9 +310,20 @@ def test_madpo_collects_a_share_per_rank_and_trains_on_every_pair_once_per_epoch
 
 
 def test_madpo_iter_writes_each_replay_shard_once_and_every_rank_reads_it(tmp_path):
-    probes = ddp_fit(tmp_path, "madpo_iter", "--data.init_args.max_train_items", "4",
-                     "--model.init_args.eval_interval", "0", "--model.init_args.preference_num_candidates", "2",
-                     "--model.init_args.num_train_epochs", "1", "--model.init_args.log_reward_distribution", "true")
+    probes = ddp_fit(
+        tmp_path,
+        "madpo_iter",
+        "--data.init_args.max_train_items",
+        "4",
+        "--model.init_args.eval_interval",
+        "0",
+        "--model.init_args.preference_num_candidates",
+        "2",
+        "--model.init_args.num_train_epochs",
+        "1",
+        "--model.init_args.log_reward_distribution",
+        "true",
+    )
     assert_same_weights_after_every_step(probes)
     root = tmp_path / "run" / "madpo_iter" / "version_0"
     shards = sorted(p.name for p in (root / "preference_replay").iterdir())
@@ -230,10 +335,21 @@ def test_madpo_iter_writes_each_replay_shard_once_and_every_rank_reads_it(tmp_pa
 
 # The run's checkpoints every 2 updates, all kept (the default keeps the newest only): a run resumes from the
 # checkpoint its own step 2 wrote, mid-run, as after a crash.
-KEEP_EVERY_2 = ["--trainer.callbacks+=comlrl_lightning.callbacks.checkpoints.RunCheckpoints",
-                "--trainer.callbacks.every_n_updates", "2", "--trainer.callbacks.save_top_k", "-1"]
-QUICKSTART_16 = ["--data.init_args.max_train_items", "16", "--trainer.max_steps", "4",
-                 "--model.init_args.eval_interval", "0"]
+KEEP_EVERY_2 = [
+    "--trainer.callbacks+=comlrl_lightning.callbacks.checkpoints.RunCheckpoints",
+    "--trainer.callbacks.every_n_updates",
+    "2",
+    "--trainer.callbacks.save_top_k",
+    "-1",
+]
+QUICKSTART_16 = [
+    "--data.init_args.max_train_items",
+    "16",
+    "--trainer.max_steps",
+    "4",
+    "--model.init_args.eval_interval",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -242,8 +358,19 @@ def two_nodes(tmp_path_factory) -> tuple[Path, list[dict]]:
     one machine: 16 items in 4 global batches of 4, a checkpoint every 2 updates."""
     tmp_path = tmp_path_factory.mktemp("two_nodes")
     port = str(free_port())
-    nodes = [launch(tmp_path, "quickstart", *QUICKSTART_16, *KEEP_EVERY_2, "--trainer.num_nodes", "2", devices=1,
-                    env={"NODE_RANK": str(n), "MASTER_PORT": port}) for n in (0, 1)]
+    nodes = [
+        launch(
+            tmp_path,
+            "quickstart",
+            *QUICKSTART_16,
+            *KEEP_EVERY_2,
+            "--trainer.num_nodes",
+            "2",
+            devices=1,
+            env={"NODE_RANK": str(n), "MASTER_PORT": port},
+        )
+        for n in (0, 1)
+    ]
     for node in nodes:
         output, _ = node.communicate(timeout=600)
         assert node.returncode == 0, output[-4000:]
@@ -275,8 +402,20 @@ def test_a_two_process_run_resumes_exactly(tmp_path, two_nodes, monkeypatch):
 
     monkeypatch.setenv("PROBE_DIR", str(tmp_path / "single" / "probe"))
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), *TINY, *common, "--ckpt_path", str(step2),
-          "--trainer.callbacks+=ddp_probe.Probe", "--trainer.default_root_dir", str(tmp_path / "single" / "run")])
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "quickstart.yaml"),
+            *TINY,
+            *common,
+            "--ckpt_path",
+            str(step2),
+            "--trainer.callbacks+=ddp_probe.Probe",
+            "--trainer.default_root_dir",
+            str(tmp_path / "single" / "run"),
+        ]
+    )
     assert not ranks.active()
     single = probes(tmp_path / "single", 1)
     assert [s["global_step"] for s in single[0]["steps"]] == [3, 4]
@@ -290,11 +429,23 @@ def test_api_comparator_requests_are_split_across_ranks_never_sent_twice(tmp_pat
     exactly one rank, once per round and role."""
     from comlrl_lightning.envs.toy import story_tasks
 
-    process = launch(tmp_path, "madpo_iter_api", "--model.init_args.comparator_api_url", server.url,
-                     "--model.init_args.num_iterations", "2", "--data.init_args.max_train_items", "4",
-                     "--data.init_args.prompts_per_step", "2", "--model.init_args.eval_interval", "0",
-                     "--model.init_args.comparator_api_max_concurrency", "1",
-                     env={"COMPARATOR_API_KEY": "not-a-real-key"})
+    process = launch(
+        tmp_path,
+        "madpo_iter_api",
+        "--model.init_args.comparator_api_url",
+        server.url,
+        "--model.init_args.num_iterations",
+        "2",
+        "--data.init_args.max_train_items",
+        "4",
+        "--data.init_args.prompts_per_step",
+        "2",
+        "--model.init_args.eval_interval",
+        "0",
+        "--model.init_args.comparator_api_max_concurrency",
+        "1",
+        env={"COMPARATOR_API_KEY": "not-a-real-key"},
+    )
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output[-4000:]
     assert_same_weights_after_every_step(probes(tmp_path, 2))
@@ -325,14 +476,26 @@ def test_fsdp_shards_the_agents_trains_as_ddp_does_and_resumes_exactly(tmp_path,
 
 
 def test_madpo_iter_with_sharded_agents_collects_trains_and_writes_policy_checkpoints_once(tmp_path):
-    probes = ddp_fit(tmp_path, "madpo_iter", "--data.init_args.max_train_items", "4",
-                     "--model.init_args.eval_interval", "2", "--model.init_args.preference_num_candidates", "2",
-                     "--model.init_args.num_train_epochs", "1", fsdp=True)
+    probes = ddp_fit(
+        tmp_path,
+        "madpo_iter",
+        "--data.init_args.max_train_items",
+        "4",
+        "--model.init_args.eval_interval",
+        "2",
+        "--model.init_args.preference_num_candidates",
+        "2",
+        "--model.init_args.num_train_epochs",
+        "1",
+        fsdp=True,
+    )
     assert_same_weights_after_every_step(probes)
     assert len({s["digest"] for s in probes[0]["steps"]}) == len(probes[0]["steps"]), "an update left the weights"
     root = tmp_path / "run" / "madpo_iter" / "version_0"
-    assert sorted(p.name for p in (root / "preference_replay").iterdir()) == ["iteration_0001.json",
-                                                                              "iteration_0002.json"]
+    assert sorted(p.name for p in (root / "preference_replay").iterdir()) == [
+        "iteration_0001.json",
+        "iteration_0002.json",
+    ]
     checkpoints = sorted(p.name for p in (root / "policy_checkpoints").iterdir())
     assert checkpoints == ["initial", "iteration_0000", "iteration_0001"], checkpoints
     assert (root / "policy_checkpoints" / "iteration_0001" / "agent_1" / "config.json").is_file()
@@ -367,24 +530,57 @@ def test_fsdp_shards_separate_critics_as_ddp_trains_them_and_exports_them_whole(
     sharded = ddp_fit(tmp_path / "fsdp", "iac", *IAC_CRITICS, fsdp=True, export=True)
     ddp_dir, replicated = iac_ddp
     assert_same_weights_after_every_step(sharded)
-    assert_same_training(sharded, replicated, ["agent_0/grad_norm", "agent_1/grad_norm", "critic_0/grad_norm",
-                                               "critic_1/grad_norm", "turn_1/value_pred_mean"])
-    files = [f"agent_{i}/{part}" for i in range(2) for part in
-             ("model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors")]
+    assert_same_training(
+        sharded,
+        replicated,
+        [
+            "agent_0/grad_norm",
+            "agent_1/grad_norm",
+            "critic_0/grad_norm",
+            "critic_1/grad_norm",
+            "turn_1/value_pred_mean",
+        ],
+    )
+    files = [
+        f"agent_{i}/{part}"
+        for i in range(2)
+        for part in ("model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors")
+    ]
     assert_same_export(tmp_path / "fsdp" / "export", ddp_dir / "export", files)
 
 
 def test_fsdp_shards_the_reward_model_and_a_centralized_critic_in_marlhf(tmp_path):
     """MARLHF with MAAC as its RL stage: the reward model (trained in epoch 0, frozen after), the agents and the
     joint critic are all sharded; every update matches DDP's and the exported reward model is DDP's."""
-    common = ["--data.init_args.max_train_items", "4", "--trainer.max_epochs", "2", "--trainer.max_steps", "-1",
-              "--model.init_args.eval_interval", "0", "--model.init_args.max_grad_norm", "1.0",
-              "--model.init_args.reward_model_name", "tiny", "--model.init_args.rl_algorithm", "maac",
-              "--model.init_args.critic_model_name", "tiny"]
+    common = [
+        "--data.init_args.max_train_items",
+        "4",
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.max_steps",
+        "-1",
+        "--model.init_args.eval_interval",
+        "0",
+        "--model.init_args.max_grad_norm",
+        "1.0",
+        "--model.init_args.reward_model_name",
+        "tiny",
+        "--model.init_args.rl_algorithm",
+        "maac",
+        "--model.init_args.critic_model_name",
+        "tiny",
+    ]
     sharded = ddp_fit(tmp_path / "fsdp", "marlhf", *common, fsdp=True, export=True)
     replicated = ddp_fit(tmp_path / "ddp", "marlhf", *common, export=True)
     assert_same_weights_after_every_step(sharded)
     assert_same_training(sharded, replicated, ["reward_model/grad_norm", "agent_0/grad_norm", "critic_0/grad_norm"])
-    assert_same_export(tmp_path / "fsdp" / "export", tmp_path / "ddp" / "export",
-                       ["reward_model/model.safetensors", "reward_model/value_head.safetensors",
-                        "critic/model.safetensors", "agent_1/model.safetensors"])
+    assert_same_export(
+        tmp_path / "fsdp" / "export",
+        tmp_path / "ddp" / "export",
+        [
+            "reward_model/model.safetensors",
+            "reward_model/value_head.safetensors",
+            "critic/model.safetensors",
+            "agent_1/model.safetensors",
+        ],
+    )

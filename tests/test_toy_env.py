@@ -35,9 +35,13 @@ def test_brevity_and_letter_rewards():
 
 
 def test_revise_transition_returns_one_prompt_per_agent():
-    prompts = toy.revise_transition(prompt="a kite", agent_completions=["Up it went.", "Down it came."],
-                                    num_agents=2, prompt_history_per_agent=[[], []],
-                                    response_history_per_agent=[[], []])
+    prompts = toy.revise_transition(
+        prompt="a kite",
+        agent_completions=["Up it went.", "Down it came."],
+        num_agents=2,
+        prompt_history_per_agent=[[], []],
+        response_history_per_agent=[[], []],
+    )
     assert len(prompts) == 2 and "Part 1: Up it went." in prompts[1] and "Rewrite part 2" in prompts[1]
 
 

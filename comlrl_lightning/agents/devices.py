@@ -36,8 +36,11 @@ __all__ = [
 ]
 
 AUTO = "auto"
-PARALLEL_TRAINING = Choice("parallel_training", {"none": ("null",), "mp": ()},
-                           message="parallel_training only supports: {allowed}. Got {value!r}.")
+PARALLEL_TRAINING = Choice(
+    "parallel_training",
+    {"none": ("null",), "mp": ()},
+    message="parallel_training only supports: {allowed}. Got {value!r}.",
+)
 PARALLEL_MODES = PARALLEL_TRAINING.values
 
 DeviceSpec = Union[None, str, int, torch.device, Sequence[Union[str, int, torch.device]]]
@@ -100,9 +103,7 @@ def resolve_devices(spec: DeviceSpec, n: int, kind: str = "agent_devices") -> li
     if len(entries) == 1:
         entries = entries * n
     elif len(entries) != n:
-        raise ValueError(
-            f"{kind} length ({len(entries)}) must be 1 or n. Here n = {n}; got {list(spec)!r}."
-        )
+        raise ValueError(f"{kind} length ({len(entries)}) must be 1 or n. Here n = {n}; got {list(spec)!r}.")
     auto = None
     out = []
     for i, entry in enumerate(entries):
@@ -146,7 +147,9 @@ def normalize_parallel_training(value: Any) -> str:
     except ValueError as error:
         hint = ""
         if isinstance(value, str) and value.strip().lower() in ("ddp", "auto", "fsdp"):
-            hint = (" Data-parallel training is the Lightning Trainer's job: launch one process per device with its "
-                    "strategy (YAML/CLI: trainer.strategy: ddp; Python: Trainer(strategy='ddp', devices=N)), "
-                    "docs/scaling.md.")
+            hint = (
+                " Data-parallel training is the Lightning Trainer's job: launch one process per device with its "
+                "strategy (YAML/CLI: trainer.strategy: ddp; Python: Trainer(strategy='ddp', devices=N)), "
+                "docs/scaling.md."
+            )
         raise ValueError(f"parallel_training only supports: none, mp. Got {value!r}.{hint}") from error

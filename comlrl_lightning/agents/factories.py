@@ -202,9 +202,7 @@ If the test fails, read the error message, fix the bug, and run the test again.
 Good code is easy to read, easy to test, and easy to change.
 """
 
-TINY_CORPUS: tuple[str, ...] = tuple(
-    line for line in _CORPUS_SENTENCES.strip("\n").split("\n") if line.strip()
-)
+TINY_CORPUS: tuple[str, ...] = tuple(line for line in _CORPUS_SENTENCES.strip("\n").split("\n") if line.strip())
 
 # Per-preset architecture defaults. Keyword overrides: hidden_size, num_layers, num_heads, num_kv_heads,
 # intermediate_size, vocab_size (BPE target), max_position_embeddings, seed.
@@ -549,9 +547,7 @@ def _convert_smollm2_to_cache(gguf: Path, target: Path, fingerprint: dict[str, A
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if importlib.util.find_spec("gguf") is None:
-        raise ImportError(
-            f"Loading '{SMOLLM2_NAME}' from its GGUF file needs the 'gguf' package: pip install gguf"
-        )
+        raise ImportError(f"Loading '{SMOLLM2_NAME}' from its GGUF file needs the 'gguf' package: pip install gguf")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:

@@ -140,15 +140,24 @@ def _refuse_team_folder(text: str, where: str, field: str) -> None:
     """A folder ``MultiAgentModule.save_pretrained`` wrote for the whole team (``agent_0/``, ``agent_1/``, ...) given
     where one agent's folder belongs: say which folders to give instead (from_pretrained would fail on it)."""
     folder = os.path.expanduser(text)
-    if not os.path.isdir(folder) or any(os.path.isfile(os.path.join(folder, f))
-                                        for f in ("config.json", "adapter_config.json")):
+    if not os.path.isdir(folder) or any(
+        os.path.isfile(os.path.join(folder, f)) for f in ("config.json", "adapter_config.json")
+    ):
         return
-    members = sorted((d for d in os.listdir(folder) if d.startswith("agent_") and d[6:].isdigit()
-                      and os.path.isdir(os.path.join(folder, d))), key=lambda d: int(d[6:]))
+    members = sorted(
+        (
+            d
+            for d in os.listdir(folder)
+            if d.startswith("agent_") and d[6:].isdigit() and os.path.isdir(os.path.join(folder, d))
+        ),
+        key=lambda d: int(d[6:]),
+    )
     if members:
         folders = ", ".join(os.path.join(text, d) for d in members)
-        raise ValueError(f"{where} = {text!r} is a team folder written by save_pretrained (it holds "
-                         f"{', '.join(d + '/' for d in members)}): give one folder per agent, {field}: [{folders}].")
+        raise ValueError(
+            f"{where} = {text!r} is a team folder written by save_pretrained (it holds "
+            f"{', '.join(d + '/' for d in members)}): give one folder per agent, {field}: [{folders}]."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -166,8 +175,9 @@ def check_model_sources(sources: Any, field: str) -> None:
         _normalize_source(sources, None, field)
 
 
-def _normalize_tokenizer_specs(tokenizers: Any, sources: list[Any], field: str = "agents",
-                               tokenizer_field: str = "tokenizers") -> list[Any]:
+def _normalize_tokenizer_specs(
+    tokenizers: Any, sources: list[Any], field: str = "agents", tokenizer_field: str = "tokenizers"
+) -> list[Any]:
     """One tokenizer spec per agent: a tokenizer object, a string (id/path/factory name) or None."""
     n = len(sources)
     if tokenizers is None:
@@ -192,17 +202,14 @@ def _normalize_tokenizer_specs(tokenizers: Any, sources: list[Any], field: str =
                 specs.append(tok)
             else:
                 raise TypeError(
-                    f"{tokenizer_field}[{i}] must be a tokenizer, a name/path string or None; "
-                    f"got {type(tok).__name__}."
+                    f"{tokenizer_field}[{i}] must be a tokenizer, a name/path string or None; got {type(tok).__name__}."
                 )
     else:
         raise TypeError(
             f"{tokenizer_field} must be a tokenizer, a name/path string, or a list of them (one per model); "
             f"got {type(tokenizers).__name__}."
         )
-    missing = [
-        i for i, (src, tok) in enumerate(zip(sources, specs)) if tok is None and not isinstance(src, str)
-    ]
+    missing = [i for i, (src, tok) in enumerate(zip(sources, specs)) if tok is None and not isinstance(src, str)]
     if missing:
         raise ValueError(
             f"Tokenizer(s) must be provided when {field} are model objects "
@@ -231,9 +238,7 @@ def validate_agent_sources(
     The optional keywords check ``dtype``, ``model_kwargs`` (against a factory's signature) and
     ``special_tokens`` the same way :func:`load_agents` will use them.
     """
-    if num_agents is not None and (
-        isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1
-    ):
+    if num_agents is not None and (isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1):
         raise ValueError(f"num_agents must be >= 1 (an integer); got {num_agents!r}.")
     if agents is None or (isinstance(agents, (str, Sequence)) and len(agents) == 0):
         raise ValueError(
@@ -258,8 +263,7 @@ def validate_agent_sources(
         sources = [_normalize_source(entry, i, field) for i, entry in enumerate(entries)]
     else:
         raise TypeError(
-            f"{field} must be a model name/path string, a loaded model, or a list of them; "
-            f"got {type(agents).__name__}."
+            f"{field} must be a model name/path string, a loaded model, or a list of them; got {type(agents).__name__}."
         )
     _normalize_tokenizer_specs(tokenizers, sources, field, tokenizer_field)
     kwargs = _merge_model_kwargs(dtype, None, model_kwargs)
@@ -280,9 +284,7 @@ def _normalize_dtype(dtype: Any) -> Any:
         value = getattr(torch, name, None)
         if isinstance(value, torch.dtype):
             return value
-    raise ValueError(
-        f"dtype must be a torch.dtype or one of 'float32', 'bfloat16', 'float16', 'auto'; got {dtype!r}."
-    )
+    raise ValueError(f"dtype must be a torch.dtype or one of 'float32', 'bfloat16', 'float16', 'auto'; got {dtype!r}.")
 
 
 def _normalize_special_tokens(special_tokens: Any) -> dict[str, Any] | None:
@@ -294,9 +296,7 @@ def _normalize_special_tokens(special_tokens: Any) -> dict[str, Any] | None:
         out = dict(special_tokens)
         bad = sorted(set(out) - _SPECIAL_TOKEN_KEYS)
         if bad:
-            raise ValueError(
-                f"special_tokens has unknown keys {bad}; allowed: {sorted(_SPECIAL_TOKEN_KEYS)}."
-            )
+            raise ValueError(f"special_tokens has unknown keys {bad}; allowed: {sorted(_SPECIAL_TOKEN_KEYS)}.")
         for key, value in out.items():
             if key in ("additional_special_tokens", "extra_special_tokens"):
                 if isinstance(value, str):
@@ -548,8 +548,14 @@ def load_agents(
     tokenizer's pad/eos ids.
     """
     sources = validate_agent_sources(
-        agents, num_agents, tokenizers, dtype=dtype, model_kwargs=model_kwargs, special_tokens=special_tokens,
-        field=field, tokenizer_field=tokenizer_field,
+        agents,
+        num_agents,
+        tokenizers,
+        dtype=dtype,
+        model_kwargs=model_kwargs,
+        special_tokens=special_tokens,
+        field=field,
+        tokenizer_field=tokenizer_field,
     )
     tok_specs = _normalize_tokenizer_specs(tokenizers, sources, field, tokenizer_field)
     kwargs = _merge_model_kwargs(dtype, attn_implementation, model_kwargs)
@@ -637,8 +643,9 @@ def infer_model_name(obj: Any) -> str:
     return type(obj).__name__
 
 
-def save_agents(models: Sequence[Any], tokenizers: Any, output_dir: str | os.PathLike,
-                state_dicts: Sequence[Any] | None = None) -> list[Path]:
+def save_agents(
+    models: Sequence[Any], tokenizers: Any, output_dir: str | os.PathLike, state_dicts: Sequence[Any] | None = None
+) -> list[Path]:
     """Write each agent to ``output_dir/agent_{i}/`` (``save_pretrained`` of model and tokenizer); ``state_dicts``
     (one per agent, None: the model's own) gives the weights to write — a sharded agent's gathered whole.
 

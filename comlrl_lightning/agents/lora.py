@@ -8,7 +8,8 @@ reference policy of the KL penalty is the base itself with the adapters switched
 not another copy.
 
 ``save_pretrained(dir)`` writes ``dir/agent_i/`` per agent (``adapter_config.json``, ``adapter_model.safetensors``);
-:func:`load_lora_team` reads such folders back onto a freshly loaded base (docs/scaling.md#lora-teams).
+given back as ``agents``, such folders load as a LoRA team on a freshly loaded base (``algorithms/team.py:
+lora_plan``; docs/scaling.md#lora-teams).
 """
 
 from __future__ import annotations
@@ -52,33 +53,45 @@ class LoRATeam(nn.Module):
             to load them onto.
     """
 
-    def __init__(self, base: nn.Module, num_agents: int, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-                 target_modules: str | Sequence[str] = "all-linear", adapters: Sequence[str | os.PathLike] = (),
-                 base_name: str | None = None):
+    def __init__(
+        self,
+        base: nn.Module,
+        num_agents: int,
+        rank: int = 8,
+        alpha: float = 16.0,
+        dropout: float = 0.0,
+        target_modules: str | Sequence[str] = "all-linear",
+        adapters: Sequence[str | os.PathLike] = (),
+        base_name: str | None = None,
+    ):
         super().__init__()
         from peft import LoraConfig, PeftModel, get_peft_model
 
         base.requires_grad_(False)
         if adapters:
-            self.peft = PeftModel.from_pretrained(base, str(adapters[0]), adapter_name=adapter_name(0),
-                                                  is_trainable=True)
+            self.peft = PeftModel.from_pretrained(
+                base, str(adapters[0]), adapter_name=adapter_name(0), is_trainable=True
+            )
             for i, folder in enumerate(adapters[1:], start=1):
                 self.peft.load_adapter(str(folder), adapter_name=adapter_name(i), is_trainable=True)
             num_agents = len(adapters)
         else:
             targets = target_modules if isinstance(target_modules, str) else list(target_modules)
-            config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                                task_type="CAUSAL_LM")
+            config = LoraConfig(
+                r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, task_type="CAUSAL_LM"
+            )
             try:
                 self.peft = get_peft_model(base, config, adapter_name=adapter_name(0))
             except ValueError as err:  # peft: "Target modules {...} not found in the base model"
                 from comlrl_lightning.config_errors import ConfigurationError
 
-                linear = sorted({name.rsplit(".", 1)[-1] for name, module in base.named_modules()
-                                 if isinstance(module, nn.Linear)})
+                linear = sorted(
+                    {name.rsplit(".", 1)[-1] for name, module in base.named_modules() if isinstance(module, nn.Linear)}
+                )
                 raise ConfigurationError(
                     f"lora_target_modules {targets!r} does not fit this model ({str(err).splitlines()[0]}); its linear "
-                    f"layers are named {', '.join(linear)} (or use all-linear).") from err
+                    f"layers are named {', '.join(linear)} (or use all-linear)."
+                ) from err
             for i in range(1, num_agents):
                 self.peft.add_adapter(adapter_name(i), config)
         if base_name is not None:

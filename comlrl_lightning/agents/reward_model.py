@@ -67,8 +67,9 @@ def joint_text(prompts: Sequence[str], responses: Sequence[str]) -> str:
     if isinstance(prompts, str) or isinstance(responses, str):
         raise TypeError("joint_text takes one prompt and one response per agent (sequences of strings).")
     if len(prompts) != len(responses):
-        raise ValueError(f"joint_text needs one prompt per response (got {len(prompts)} prompts for "
-                         f"{len(responses)} responses).")
+        raise ValueError(
+            f"joint_text needs one prompt per response (got {len(prompts)} prompts for {len(responses)} responses)."
+        )
     sections = [JOINT_TEXT_HEADER]
     for i, (prompt, response) in enumerate(zip(prompts, responses)):
         sections.append(f"Agent {i + 1} prompt:\n{prompt}")
@@ -203,8 +204,9 @@ class JointRewardModel(nn.Module):
         """Texts -> padded, truncated ``input_ids``/``attention_mask`` on the model's device."""
         if self.tokenizer is None:
             raise ValueError("JointRewardModel needs a tokenizer to score texts (pass tokenizer=...).")
-        enc = self.tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True,
-                             max_length=self.max_length)
+        enc = self.tokenizer(
+            list(texts), return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
+        )
         device = self.device
         return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
 
@@ -220,7 +222,7 @@ class JointRewardModel(nn.Module):
         if not texts:
             return torch.zeros(0, dtype=torch.float32, device=self.device)
         step = len(texts) if batch_size is None else int(batch_size)
-        scores = [self(**self.tokenize(texts[i:i + step])) for i in range(0, len(texts), step)]
+        scores = [self(**self.tokenize(texts[i : i + step])) for i in range(0, len(texts), step)]
         return scores[0] if len(scores) == 1 else torch.cat(scores)
 
     def score_joint(
@@ -236,8 +238,9 @@ class JointRewardModel(nn.Module):
 
     # --- persistence --------------------------------------------------------------------------------------
 
-    def save_pretrained(self, save_directory: str | os.PathLike, state_dict: dict[str, Tensor] | None = None,
-                        **kwargs: Any) -> None:
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, state_dict: dict[str, Tensor] | None = None, **kwargs: Any
+    ) -> None:
         """Backbone (a normal HF model directory), tokenizer, head (``value_head.safetensors`` +
         ``value_head_config.json``) and ``reward_model_config.json`` (hidden_size, max_length,
         freeze_backbone). ``state_dict``: this model's weights to write instead of its own (a sharded model's,
@@ -251,8 +254,11 @@ class JointRewardModel(nn.Module):
             return
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(directory))
-        config = {"hidden_size": self.hidden_size, "max_length": self.max_length,
-                  "freeze_backbone": self.freeze_backbone}
+        config = {
+            "hidden_size": self.hidden_size,
+            "max_length": self.max_length,
+            "freeze_backbone": self.freeze_backbone,
+        }
         (directory / REWARD_MODEL_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
     @classmethod
@@ -287,9 +293,16 @@ class JointRewardModel(nn.Module):
         _check_max_length(max_length)
         if isinstance(source, CausalLMWithValueHead):
             source = source.model
-        models, toks = load_agents(source, num_agents=1, tokenizers=tokenizer, dtype=dtype,
-                                   attn_implementation=attn_implementation, model_kwargs=model_kwargs or None,
-                                   field="reward_model_name", tokenizer_field="reward_tokenizer")
+        models, toks = load_agents(
+            source,
+            num_agents=1,
+            tokenizers=tokenizer,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            model_kwargs=model_kwargs or None,
+            field="reward_model_name",
+            tokenizer_field="reward_tokenizer",
+        )
         head_state = None
         if isinstance(source, (str, os.PathLike)):
             path = Path(os.fspath(source)).expanduser()
@@ -318,13 +331,17 @@ def joint_texts(prompts_per_agent: Sequence[Sequence[str]], responses_per_agent:
     prompts = [list(p) for p in prompts_per_agent]
     responses = [list(r) for r in responses_per_agent]
     if len(prompts) != len(responses) or not responses:
-        raise ValueError(f"MARLHF reward model expected one completion list per agent (got {len(responses)} "
-                         f"response lists and {len(prompts)} prompt lists).")
+        raise ValueError(
+            f"MARLHF reward model expected one completion list per agent (got {len(responses)} "
+            f"response lists and {len(prompts)} prompt lists)."
+        )
     num_joint = len(responses[0])
     for i, (p, r) in enumerate(zip(prompts, responses)):
         if len(p) != num_joint or len(r) != num_joint:
-            raise ValueError(f"Every agent needs one prompt and one response per joint action: agent {i} has "
-                             f"{len(p)} prompts and {len(r)} responses for {num_joint} joint actions.")
+            raise ValueError(
+                f"Every agent needs one prompt and one response per joint action: agent {i} has "
+                f"{len(p)} prompts and {len(r)} responses for {num_joint} joint actions."
+            )
     return [joint_text([p[j] for p in prompts], [r[j] for r in responses]) for j in range(num_joint)]
 
 
@@ -394,8 +411,9 @@ class RewardModelReward:
 
         if agent_prompts is not None:
             if isinstance(agent_prompts, str) or len(agent_prompts) != num_agents:
-                raise ValueError("MARLHF reward model expected one prompt list per agent in agent_prompts "
-                                 f"({num_agents} agents).")
+                raise ValueError(
+                    f"MARLHF reward model expected one prompt list per agent in agent_prompts ({num_agents} agents)."
+                )
             return [broadcast(p, f"agent_prompts[{i}]") for i, p in enumerate(agent_prompts)]
         if self.formatters is not None:
             if batch_items is None:
@@ -403,8 +421,10 @@ class RewardModelReward:
             items = broadcast(batch_items, "batch_items")
             return [[self._formatter(i, num_agents)(item) for item in items] for i in range(num_agents)]
         if prompts is None:
-            raise ValueError("RewardModelReward needs each agent's prompt: pass agent_prompts=, prompts=, or build "
-                             "it with formatters and pass batch_items=.")
+            raise ValueError(
+                "RewardModelReward needs each agent's prompt: pass agent_prompts=, prompts=, or build "
+                "it with formatters and pass batch_items=."
+            )
         shared = broadcast([prompts] if isinstance(prompts, str) else prompts, "prompts")
         return [list(shared) for _ in range(num_agents)]
 

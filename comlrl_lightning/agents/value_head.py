@@ -128,8 +128,10 @@ class CausalLMWithValueHead(nn.Module):
     def __init__(self, model: nn.Module, attach_value_head: bool = True, value_head_hidden_dim: int | None = None):
         super().__init__()
         if isinstance(model, CausalLMWithValueHead):
-            raise TypeError("model is already a CausalLMWithValueHead; use CausalLMWithValueHead.from_pretrained "
-                            "to re-wrap it, or pass its .model.")
+            raise TypeError(
+                "model is already a CausalLMWithValueHead; use CausalLMWithValueHead.from_pretrained "
+                "to re-wrap it, or pass its .model."
+            )
         config = getattr(model, "config", None)
         if config is None:
             raise ValueError("Could not infer hidden size: the model has no config.")
@@ -276,12 +278,24 @@ class CausalLMWithValueHead(nn.Module):
         """
         decoder = self._decoder()
         if decoder is not None:
-            out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=False, return_dict=True)
+            out = decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                return_dict=True,
+            )
             hidden = out.last_hidden_state  # [B, L, H]
         else:  # no separable body: full pass, projecting only one position to the vocabulary
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=False, output_hidden_states=True, return_dict=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                output_hidden_states=True,
+                return_dict=True,
+                logits_to_keep=1,
+            )
             hidden = out.hidden_states[-1]  # [B, L, H]
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         if positions is None:
@@ -291,8 +305,9 @@ class CausalLMWithValueHead(nn.Module):
 
     # --- persistence --------------------------------------------------------------------------------------
 
-    def save_pretrained(self, save_directory: str | os.PathLike, state_dict: dict[str, Tensor] | None = None,
-                        **kwargs: Any) -> None:
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, state_dict: dict[str, Tensor] | None = None, **kwargs: Any
+    ) -> None:
         """Backbone via its ``save_pretrained`` (so ``AutoModelForCausalLM`` loads the directory), plus the head as
         ``value_head.safetensors`` and ``value_head_config.json`` (hidden_size, hidden_dim). ``state_dict``: this
         wrapper's weights to write instead of its own (a sharded model's, gathered whole)."""
@@ -301,8 +316,10 @@ class CausalLMWithValueHead(nn.Module):
         directory = Path(save_directory)
         parts = {"model.": None, "value_head.": None}
         if state_dict is not None:
-            parts = {prefix: {k.removeprefix(prefix): v for k, v in state_dict.items() if k.startswith(prefix)}
-                     for prefix in parts}
+            parts = {
+                prefix: {k.removeprefix(prefix): v for k, v in state_dict.items() if k.startswith(prefix)}
+                for prefix in parts
+            }
             kwargs["state_dict"] = parts["model."]
         self.model.save_pretrained(str(directory), **kwargs)
         if self.value_head is None or not kwargs.get("is_main_process", True):

@@ -4,4 +4,17 @@ from comlrl_lightning.algorithms.madpo import MADPO, MADPOIter
 from comlrl_lightning.algorithms.marlhf import MARLHF, MARLHFIter
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, CentralizedMAGRPO, MAReMax
 
-__all__ = ["CentralizedMAGRPO", "IAC", "MAAC", "MADPO", "MADPOIter", "MARLHF", "MARLHFIter", "MultiAgentModule", "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax"]
+__all__ = [
+    "CentralizedMAGRPO",
+    "IAC",
+    "MAAC",
+    "MADPO",
+    "MADPOIter",
+    "MARLHF",
+    "MARLHFIter",
+    "MultiAgentModule",
+    "MAGRPO",
+    "MAREINFORCE",
+    "MARLOO",
+    "MAReMax",
+]

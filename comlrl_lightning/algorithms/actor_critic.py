@@ -36,10 +36,10 @@ from torch import Tensor, nn
 
 from comlrl_lightning.agents import CausalLMWithValueHead, check_model_sources, load_agents, resolve_devices
 from comlrl_lightning.agents.sharding import full_state_dicts
-from comlrl_lightning.algorithms.fields import CriticFields, require
 from comlrl_lightning.algorithms.evaluation import turn_table
-from comlrl_lightning.algorithms.team import team_placement, trainable_parameters
+from comlrl_lightning.algorithms.fields import CriticFields, require
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
+from comlrl_lightning.algorithms.team import team_placement, trainable_parameters
 from comlrl_lightning.core.advantages import critic_advantages, discounted_returns, td_targets
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
 from comlrl_lightning.data import ranks
@@ -130,7 +130,9 @@ class AgentStep:
     completion_mask = property(lambda self: self._agent.completion_mask[self._k])
     environment_reward = property(lambda self: self._table("agent_rewards"))
     reward = property(lambda self: self._table("shaped_rewards"))  # r' = r − β·KL
-    reference_kl = property(lambda self: 0.0 if self._agent.sequence_kl is None else float(self._agent.sequence_kl[self._k]))
+    reference_kl = property(
+        lambda self: 0.0 if self._agent.sequence_kl is None else float(self._agent.sequence_kl[self._k])
+    )
     old_value = property(lambda self: self._table("values"))
     value_target = property(lambda self: self._table("targets"))
     returns = property(lambda self: self._table("mc_returns"))
@@ -155,10 +157,21 @@ class IAC(CriticFields, OnPolicyModule):
     centralized_critic = False
     reward_per_node = True
 
-    def __init__(self, num_generations: int = 1, discount: float = 0.9, top_k: int | None = None,
-                 rollout_buffer_size: int = 8, **kwargs: Any):
-        super().__init__(num_generations=num_generations, discount=discount, top_k=top_k,
-                         rollout_buffer_size=rollout_buffer_size, **kwargs)
+    def __init__(
+        self,
+        num_generations: int = 1,
+        discount: float = 0.9,
+        top_k: int | None = None,
+        rollout_buffer_size: int = 8,
+        **kwargs: Any,
+    ):
+        super().__init__(
+            num_generations=num_generations,
+            discount=discount,
+            top_k=top_k,
+            rollout_buffer_size=rollout_buffer_size,
+            **kwargs,
+        )
 
     def check_config(self) -> None:
         super().check_config()
@@ -167,31 +180,47 @@ class IAC(CriticFields, OnPolicyModule):
         self.value_clip_range = None if self.use_separate_critic else self.value_clip_range
         self.critic_learning_rate = self.critic_learning_rate or self.agent_learning_rates[0]
         name, separate = self.algorithm_name, self.use_separate_critic or self.centralized_critic
-        require(self.num_turns == 1 or self.num_generations == 1,
-                f"Multi-turn {name} currently supports num_generations == 1.")
+        require(
+            self.num_turns == 1 or self.num_generations == 1,
+            f"Multi-turn {name} currently supports num_generations == 1.",
+        )
         require(self.joint_mode == "aligned", f"{name} supports joint_mode aligned only (got {self.joint_mode!r}).")
-        require(self.reference_kl_placement == "reward",
-                f"{name} applies the reference KL to the reward only (reference_kl_placement must be reward).")
+        require(
+            self.reference_kl_placement == "reward",
+            f"{name} applies the reference KL to the reward only (reference_kl_placement must be reward).",
+        )
         require(self.collaboration is None, f"{name} does not support collaboration_mode centralized.")
         require(separate or self.critic_sources is None, "critics can only be provided when use_separate_critic=True.")
         where = f"for {name}" if self.centralized_critic else "when use_separate_critic=True"
-        require(not separate or self.critic_model is not None or bool(self.critic_sources) or self.lora is not None,
-                f"Either critic_model or critics must be provided {where}.")
+        require(
+            not separate or self.critic_model is not None or bool(self.critic_sources) or self.lora is not None,
+            f"Either critic_model or critics must be provided {where}.",
+        )
         count = 1 if self.centralized_critic else self.num_agents
         given = self.critic_sources
         if given is not None:
-            require(len(given) == count, f"critics length ({len(given)}) must match 1 critic for {name}."
-                    if self.centralized_critic else
-                    f"critics length ({len(given)}) must match the number of agents ({count}).")
+            require(
+                len(given) == count,
+                f"critics length ({len(given)}) must match 1 critic for {name}."
+                if self.centralized_critic
+                else f"critics length ({len(given)}) must match the number of agents ({count}).",
+            )
         mp = self.parallel_training == "mp"
-        require(not (mp and separate and self.critic_devices is None),
-                "parallel_training='mp' requires explicit critic_devices.")
+        require(
+            not (mp and separate and self.critic_devices is None),
+            "parallel_training='mp' requires explicit critic_devices.",
+        )
         if separate:
-            check_model_sources(list(given) if given is not None else self.critic_model,
-                                "critics" if given is not None else "critic_model")
+            check_model_sources(
+                list(given) if given is not None else self.critic_model,
+                "critics" if given is not None else "critic_model",
+            )
         if mp:
-            self.critic_device_list = resolve_devices(self.critic_devices, count, kind="critic_devices") \
-                if self.critic_devices is not None else None
+            self.critic_device_list = (
+                resolve_devices(self.critic_devices, count, kind="critic_devices")
+                if self.critic_devices is not None
+                else None
+            )
         else:  # as CoMLRL: actors and critics on ONE device, the first of agent_devices, else of critic_devices
             if self.agent_devices is None:
                 self.agent_devices = team_placement(self.critic_devices, self.num_agents, "critic_devices")
@@ -212,21 +241,33 @@ class IAC(CriticFields, OnPolicyModule):
         sources = list(given) if given is not None else [self.critic_model] * count
         if self.lora is not None and all(s in (None, self.lora["base"]) for s in sources):
             team = self.agents[0].team  # critics as adapters + value heads on the team's one base
-            self._modules["critics"] = nn.ModuleList([CausalLMWithValueHead(
-                team.add_view(f"critic_{j}"), value_head_hidden_dim=self.critic_value_head_hidden_dim)
-                for j in range(count)]).train()
+            self._modules["critics"] = nn.ModuleList(
+                [
+                    CausalLMWithValueHead(
+                        team.add_view(f"critic_{j}"), value_head_hidden_dim=self.critic_value_head_hidden_dim
+                    )
+                    for j in range(count)
+                ]
+            ).train()
             return
-        models, _ = load_agents(sources, num_agents=count, tokenizers=self.tokenizers[:1] * count
-                                if any(not isinstance(s, str) for s in sources) else None,
-                                field="critics" if given is not None else "critic_model")
-        self._modules["critics"] = nn.ModuleList([
-            CausalLMWithValueHead(m, value_head_hidden_dim=self.critic_value_head_hidden_dim) for m in models]).train()
+        models, _ = load_agents(
+            sources,
+            num_agents=count,
+            tokenizers=self.tokenizers[:1] * count if any(not isinstance(s, str) for s in sources) else None,
+            field="critics" if given is not None else "critic_model",
+        )
+        self._modules["critics"] = nn.ModuleList(
+            [CausalLMWithValueHead(m, value_head_hidden_dim=self.critic_value_head_hidden_dim) for m in models]
+        ).train()
         for i, critic in enumerate(self.critics):
             self.apply_gradient_checkpointing(critic)
             vocab, tokens = critic.model.get_input_embeddings().num_embeddings, len(self.tokenizers[i])
-            require(vocab >= tokens, f"critic {i} has {vocab} token embeddings but the agent's tokenizer has {tokens}: "
-                                     "critics read the agent's token ids, so they must share its tokenizer (use the "
-                                     "same model family).")
+            require(
+                vocab >= tokens,
+                f"critic {i} has {vocab} token embeddings but the agent's tokenizer has {tokens}: "
+                "critics read the agent's token ids, so they must share its tokenizer (use the "
+                "same model family).",
+            )
 
     @property
     def critics(self) -> nn.ModuleList:
@@ -242,8 +283,14 @@ class IAC(CriticFields, OnPolicyModule):
 
     def optimizer_groups(self) -> list[dict[str, Any]]:
         return super().optimizer_groups() + [
-            {"params": trainable_parameters(critic), "lr": self.critic_learning_rate,
-             "name": f"critic_{j}", "agents": []} for j, critic in enumerate(self.critics)]
+            {
+                "params": trainable_parameters(critic),
+                "lr": self.critic_learning_rate,
+                "name": f"critic_{j}",
+                "agents": [],
+            }
+            for j, critic in enumerate(self.critics)
+        ]
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
         return super().trained_models() + [([f"critic_{j}"], critic) for j, critic in enumerate(self.critics)]
@@ -299,9 +346,13 @@ class IAC(CriticFields, OnPolicyModule):
     def _tokenize_joint_texts(self, nodes: Sequence[Node]) -> None:
         """MAAC's critic reads ``[Agent i] prompt`` blocks (plus the joint action for Q), one text per action."""
         tok = self.tokenizers[0]
-        texts = [self.joint_critic_text([a.prompt for a in n.agents],
-                                        [a.texts[k] for a in n.agents] if self.critic_type == "q" else None)
-                 for n in nodes for k in range(n.rewards.shape[0])]
+        texts = [
+            self.joint_critic_text(
+                [a.prompt for a in n.agents], [a.texts[k] for a in n.agents] if self.critic_type == "q" else None
+            )
+            for n in nodes
+            for k in range(n.rewards.shape[0])
+        ]
         ids = tok(texts, add_special_tokens=False)["input_ids"]
         offset = 0
         for node in nodes:
@@ -314,28 +365,37 @@ class IAC(CriticFields, OnPolicyModule):
         text = "\n\n".join(f"[Agent {i}] {p}" for i, p in enumerate(step_prompts))
         if completions is not None:
             text += "\n\n[Joint Action]\n\n" + "\n\n".join(
-                f"[Agent {i} action]\n{c}" for i, c in enumerate(completions))
+                f"[Agent {i} action]\n{c}" for i, c in enumerate(completions)
+            )
         return text
 
     def sample_inputs(self, agent: int, samples: Sequence[JointSample]) -> ScoringInputs:
         """Agent ``agent``'s rows of joint ``samples`` (one completion each). Not ``agent_inputs``: that one
         (``OnPolicyModule``) takes nodes and scores every completion of them, e.g. for the reference KL."""
         rows = [(s.node.agents[agent], s.k) for s in samples]
-        return collate_rows([a.prompt_ids for a, _ in rows], [a.completion_ids[k : k + 1] for a, k in rows],
-                            [a.completion_mask[k : k + 1] for a, k in rows], self.tokenizers[agent].pad_token_id)
+        return collate_rows(
+            [a.prompt_ids for a, _ in rows],
+            [a.completion_ids[k : k + 1] for a, k in rows],
+            [a.completion_mask[k : k + 1] for a, k in rows],
+            self.tokenizers[agent].pad_token_id,
+        )
 
     def critic_inputs(self, critic: int, samples: Sequence[JointSample]) -> tuple[ScoringInputs, Tensor]:
         """Critic rows and, per row, the position whose value is read (the last real token)."""
         if self.centralized_critic:
             empty = torch.zeros((len(samples), 0), dtype=torch.long)
-            inputs = build_scoring_inputs([s.node.critic_ids[s.k] for s in samples], empty, empty.bool(),
-                                          self.tokenizers[0].pad_token_id)
+            inputs = build_scoring_inputs(
+                [s.node.critic_ids[s.k] for s in samples], empty, empty.bool(), self.tokenizers[0].pad_token_id
+            )
             return inputs, torch.full((len(samples),), inputs.input_ids.shape[1] - 1)
         inputs = self.sample_inputs(critic, samples)
         if self.critic_type == "v":  # V(h): the prompt only
-            inputs = build_scoring_inputs([s.node.agents[critic].prompt_ids for s in samples],
-                                          inputs.completion_ids[:, :0], inputs.completion_mask[:, :0],
-                                          self.tokenizers[critic].pad_token_id)
+            inputs = build_scoring_inputs(
+                [s.node.agents[critic].prompt_ids for s in samples],
+                inputs.completion_ids[:, :0],
+                inputs.completion_mask[:, :0],
+                self.tokenizers[critic].pad_token_id,
+            )
         width = inputs.input_ids.shape[1] - inputs.completion_ids.shape[1]
         return inputs, width + inputs.completion_mask.sum(-1) - 1
 
@@ -344,8 +404,12 @@ class IAC(CriticFields, OnPolicyModule):
         model = self.critic_for(critic)
         inputs, positions = self.critic_inputs(critic, samples)
         device = next(model.parameters()).device
-        return model.values_at(inputs.input_ids.to(device), inputs.attention_mask.to(device),
-                               inputs.position_ids.to(device), positions.to(device))
+        return model.values_at(
+            inputs.input_ids.to(device),
+            inputs.attention_mask.to(device),
+            inputs.position_ids.to(device),
+            positions.to(device),
+        )
 
     # ------------------------------------------------------------------ the update
     def buffer_records(self, rollout: Rollout) -> list[JointSample]:
@@ -366,10 +430,13 @@ class IAC(CriticFields, OnPolicyModule):
         rows, N, turn = len(samples), self.num_agents, samples[0].turn + 1
         inputs = [self.sample_inputs(i, samples) for i in range(N)]
         weights = [token_loss_weights(x.completion_mask, self.loss_aggregation, self.max_new_tokens) for x in inputs]
-        plans = [micro_batches(x, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i)))
-                 for i, x in enumerate(inputs)]
-        self.check_update_fits([(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], r)))
-                                for i in range(N) for r in plans[i]])
+        plans = [
+            micro_batches(x, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i)))
+            for i, x in enumerate(inputs)
+        ]
+        self.check_update_fits(
+            [(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], r))) for i in range(N) for r in plans[i]]
+        )
         value_terms = 1 if self.centralized_critic else N
         for i in range(N):
             for part_rows in plans[i]:
@@ -381,17 +448,27 @@ class IAC(CriticFields, OnPolicyModule):
                 diagnostics = {f"agent_{i}/policy_loss": loss.detach(), f"turn_{turn}/policy_loss": loss.detach() / N}
                 if not self.centralized_critic:
                     vloss = self._value_loss(i, part, rows)
-                    diagnostics.update({f"agent_{i}/value_loss": vloss.detach(),
-                                        f"turn_{turn}/value_loss": vloss.detach() / value_terms})
+                    diagnostics.update(
+                        {
+                            f"agent_{i}/value_loss": vloss.detach(),
+                            f"turn_{turn}/value_loss": vloss.detach() / value_terms,
+                        }
+                    )
                     loss = loss + self.value_loss_coef * vloss.to(loss.device)
                 yield loss, {**diagnostics, "loss": loss.detach()}
         if self.centralized_critic:  # the shared critic: on the team target, over the whole joint mini-batch
-            for part_rows in micro_batches(inputs[0], self.micro_batch_size, self.micro_batch_tokens,
-                                           share_prompts=False):  # the critic reads whole rows
+            for part_rows in micro_batches(
+                inputs[0], self.micro_batch_size, self.micro_batch_tokens, share_prompts=False
+            ):  # the critic reads whole rows
                 vloss = self._value_loss(0, take(samples, part_rows), rows)
-                yield self.value_loss_coef * vloss, {"critic/value_loss": vloss.detach(),
-                                                     f"turn_{turn}/value_loss": vloss.detach(),
-                                                     "loss": self.value_loss_coef * vloss.detach()}
+                yield (
+                    self.value_loss_coef * vloss,
+                    {
+                        "critic/value_loss": vloss.detach(),
+                        f"turn_{turn}/value_loss": vloss.detach(),
+                        "loss": self.value_loss_coef * vloss.detach(),
+                    },
+                )
 
     def _value_loss(self, critic: int, part: Sequence[JointSample], rows: int) -> Tensor:
         """Critic ``critic``'s loss on ``part`` of a mini-batch of ``rows`` (a mean over the mini-batch)."""
@@ -412,9 +489,13 @@ class IAC(CriticFields, OnPolicyModule):
         def mean(table: str) -> float:
             return float(torch.stack([getattr(s.node, table)[:, s.k] for s in samples]).mean())
 
-        metrics = {**super().batch_metrics(samples), f"turn_{turn}/reward_mean": mean("shaped_rewards"),
-                   f"turn_{turn}/expected_return": mean("mc_returns"), f"turn_{turn}/value_pred_mean": mean("values"),
-                   f"turn_{turn}/value_target_mean": mean("targets")}
+        metrics = {
+            **super().batch_metrics(samples),
+            f"turn_{turn}/reward_mean": mean("shaped_rewards"),
+            f"turn_{turn}/expected_return": mean("mc_returns"),
+            f"turn_{turn}/value_pred_mean": mean("values"),
+            f"turn_{turn}/value_target_mean": mean("targets"),
+        }
         if self.metrics_callback is not None:
             for key, value in (self.metrics_callback(self.agent_steps(samples)) or {}).items():
                 metrics[f"turn_{turn}/{key}"] = float(value)

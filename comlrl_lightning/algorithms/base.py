@@ -32,11 +32,16 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
-from comlrl_lightning.agents import (CausalLMWithValueHead, load_agents, resolve_devices, save_agents)
+from comlrl_lightning.agents import CausalLMWithValueHead, load_agents, resolve_devices, save_agents
 from comlrl_lightning.agents.loading import validate_agent_sources
 from comlrl_lightning.agents.lora import LoRATeam
-from comlrl_lightning.agents.memory import (activation_bytes, available_bytes, enable_checkpointing, keep_freed_memory,
-                                            missing_state_bytes)
+from comlrl_lightning.agents.memory import (
+    activation_bytes,
+    available_bytes,
+    enable_checkpointing,
+    keep_freed_memory,
+    missing_state_bytes,
+)
 from comlrl_lightning.agents.sharding import (
     full_state_dicts,
     gathered,
@@ -46,9 +51,6 @@ from comlrl_lightning.agents.sharding import (
     shard,
 )
 from comlrl_lightning.algorithms import evaluation
-from comlrl_lightning.algorithms.optimization import LearningRateSchedule, UpdateScheduler, adamw_kernel
-from comlrl_lightning.algorithms.team import (check_strategy, lora_plan, team_for, team_placement,
-                                             trainable_parameters)
 from comlrl_lightning.algorithms.fields import (
     AgentFields,
     EvaluationFields,
@@ -57,25 +59,39 @@ from comlrl_lightning.algorithms.fields import (
     TaskFields,
     require,
 )
+from comlrl_lightning.algorithms.optimization import LearningRateSchedule, UpdateScheduler, adamw_kernel
+from comlrl_lightning.algorithms.team import check_strategy, lora_plan, team_for, team_placement, trainable_parameters
 from comlrl_lightning.algorithms.user_state import load_user_states, save_user_states
 from comlrl_lightning.callbacks.checkpoints import wandb_identity
 from comlrl_lightning.config_errors import ConfigurationError
 from comlrl_lightning.data import ranks
 from comlrl_lightning.data.files import RESUMED_FROM, run_root
-from comlrl_lightning.rollout.seeding import rng_state, set_rng_state
 from comlrl_lightning.rollout import generation, weights
 from comlrl_lightning.rollout.generation import backend_problem, make_backend
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
-from comlrl_lightning.rollout.sampling import (SamplingConfig, ScoringInputs, forward_tokens, select_rows,
-                                              token_logprobs)
+from comlrl_lightning.rollout.sampling import SamplingConfig, ScoringInputs, forward_tokens, select_rows, token_logprobs
+from comlrl_lightning.rollout.seeding import rng_state, set_rng_state
 from comlrl_lightning.rollout.tree import RolloutEngine
 
-MODEL_CONFIG_KEYS = ("dtype", "torch_dtype", "attn_implementation", "special_tokens", "model_kwargs",
-                     "gradient_checkpointing")
+MODEL_CONFIG_KEYS = (
+    "dtype",
+    "torch_dtype",
+    "attn_implementation",
+    "special_tokens",
+    "model_kwargs",
+    "gradient_checkpointing",
+)
 
 
-class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFields, EvaluationFields, LightningModule,
-                       metaclass=abc.ABCMeta):
+class MultiAgentModule(
+    AgentFields,
+    TaskFields,
+    SamplingFields,
+    OptimizationFields,
+    EvaluationFields,
+    LightningModule,
+    metaclass=abc.ABCMeta,
+):
     """Base of every algorithm family: the team, the task, sampling, the optimizer, evaluation, checkpoints.
 
     A family adds its field groups and overrides the small hooks it needs: :meth:`check_config` (rules across
@@ -90,10 +106,12 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         self.automatic_optimization = False
         self.check_config()
         self.save_hyperparameters(plain_hparams(self.effective_values()))
-        self.sampling = SamplingConfig(self.max_new_tokens, self.temperature, self.top_p, self.top_k,
-                                       dtype=self.generation_dtype)
-        self.task_reward = RewardCaller(self.team.reward_func, self.reward_processor, self.reward_timeout,
-                                        where=self.describe_step)
+        self.sampling = SamplingConfig(
+            self.max_new_tokens, self.temperature, self.top_p, self.top_k, dtype=self.generation_dtype
+        )
+        self.task_reward = RewardCaller(
+            self.team.reward_func, self.reward_processor, self.reward_timeout, where=self.describe_step
+        )
         self.prompt_formatters = build_formatters(self.team.formatters, self.num_agents)
         self.engine = self.build_engine()
         self.env_step = 0
@@ -106,44 +124,74 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         """The rules that involve several fields; run before any model loads. Families extend it."""
         config = dict(self.model_config or {})
         unknown = sorted(set(config) - set(MODEL_CONFIG_KEYS))
-        require(not unknown, f"model_config has unknown keys {unknown}; allowed: dtype, attn_implementation, "
-                             "special_tokens, model_kwargs, gradient_checkpointing.")
-        require(isinstance(config.get("gradient_checkpointing", False), bool),
-                f"model_config.gradient_checkpointing must be true or false (got {config.get('gradient_checkpointing')!r}).")
+        require(
+            not unknown,
+            f"model_config has unknown keys {unknown}; allowed: dtype, attn_implementation, "
+            "special_tokens, model_kwargs, gradient_checkpointing.",
+        )
+        require(
+            isinstance(config.get("gradient_checkpointing", False), bool),
+            f"model_config.gradient_checkpointing must be true or false (got {config.get('gradient_checkpointing')!r}).",
+        )
         self.gradient_checkpointing = config.get("gradient_checkpointing", False)
-        self.team = team_for(self.collaboration_mode, self.agent_sources, self.field_values["num_agents"],
-                             self.tokenizer_sources, self.formatters, self.reward_func, self.centralized_adapter)
+        self.team = team_for(
+            self.collaboration_mode,
+            self.agent_sources,
+            self.field_values["num_agents"],
+            self.tokenizer_sources,
+            self.formatters,
+            self.reward_func,
+            self.centralized_adapter,
+        )
         self.lora = lora_plan(self.team.agents, self.team.num_agents, self.field_values)
         if self.lora is not None:  # the team's sources: the base once per agent
             self.team.agents = [self.lora["base"]] * self.lora["num_agents"]
-            require(self.parallel_training == "none",
-                    "parallel_training='mp' places whole agents on devices; a LoRA team (lora_rank, or adapter folders "
-                    "as agents) shares one base model, so it runs where the trainer places it: remove "
-                    "parallel_training/agent_devices.")
+            require(
+                self.parallel_training == "none",
+                "parallel_training='mp' places whole agents on devices; a LoRA team (lora_rank, or adapter folders "
+                "as agents) shares one base model, so it runs where the trainer places it: remove "
+                "parallel_training/agent_devices.",
+            )
         self.collaboration = self.team.collaboration
-        problem = backend_problem(self.generation_backend, self.generation_kwargs, self.generation_dtype,
-                                  lora=self.lora is not None)
+        problem = backend_problem(
+            self.generation_backend, self.generation_kwargs, self.generation_dtype, lora=self.lora is not None
+        )
         require(problem is None, problem or "")
-        self.sources = validate_agent_sources(self.team.agents, self.team.num_agents, self.team.tokenizers,
-                                              dtype=config.get("dtype", config.get("torch_dtype")),
-                                              model_kwargs=config.get("model_kwargs"),
-                                              special_tokens=config.get("special_tokens"))
+        self.sources = validate_agent_sources(
+            self.team.agents,
+            self.team.num_agents,
+            self.team.tokenizers,
+            dtype=config.get("dtype", config.get("torch_dtype")),
+            model_kwargs=config.get("model_kwargs"),
+            special_tokens=config.get("special_tokens"),
+        )
         self.num_agents = len(self.sources)
-        devices = self.field_values["agent_devices"]
-        require(self.parallel_training != "mp" or devices is not None,
-                "parallel_training='mp' requires explicit agent_devices.")
-        # mp: each agent on its own device. Otherwise, as CoMLRL: the whole team on ONE device, the first named
-        # (none named, or auto: where the trainer puts the module). None: the trainer places the team.
-        self.agent_devices = resolve_devices(devices, self.num_agents, kind="agent_devices") \
-            if self.parallel_training == "mp" else team_placement(devices, self.num_agents, "agent_devices")
-        rates = self.agent_learning_rate
-        rates = list(rates) if isinstance(rates, (list, tuple)) else [rates] * self.num_agents
-        require(len(rates) == self.num_agents,
-                f"agent_learning_rate must be one value or one per agent ({self.num_agents}), got {len(rates)}.")
-        self.agent_learning_rates = [float(r) for r in rates]
+        self.place_team()
         roles = self.collaboration.num_roles if self.collaboration is not None else self.num_agents
         check_reward_signature(self.reward_func, roles)
         build_formatters(self.formatters, roles)  # one per role (or one for all), each callable
+
+    def place_team(self) -> None:
+        """Each agent's device and learning rate."""
+        devices = self.field_values["agent_devices"]
+        require(
+            self.parallel_training != "mp" or devices is not None,
+            "parallel_training='mp' requires explicit agent_devices.",
+        )
+        # mp: each agent on its own device. Otherwise, as CoMLRL: the whole team on ONE device, the first named
+        # (none named, or auto: where the trainer puts the module). None: the trainer places the team.
+        self.agent_devices = (
+            resolve_devices(devices, self.num_agents, kind="agent_devices")
+            if self.parallel_training == "mp"
+            else team_placement(devices, self.num_agents, "agent_devices")
+        )
+        rates = self.agent_learning_rate
+        rates = list(rates) if isinstance(rates, (list, tuple)) else [rates] * self.num_agents
+        require(
+            len(rates) == self.num_agents,
+            f"agent_learning_rate must be one value or one per agent ({self.num_agents}), got {len(rates)}.",
+        )
+        self.agent_learning_rates = [float(r) for r in rates]
 
     def effective_values(self) -> dict[str, Any]:
         """The fields as the run uses them, which the hyper-parameters are saved from: a field's value, or the
@@ -160,10 +208,16 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         """The module's rollout engine: the team's formatters, task reward, sampling settings, chat template and
         generation backend, plus a family's ``options`` (samples per prompt, turns, joint mode, ...). The base
         engine samples one single-turn trajectory per item: what evaluation needs."""
-        return RolloutEngine(num_agents=self.num_agents, formatters=self.prompt_formatters, reward=self.task_reward,
-                             sampling=self.sampling, use_chat_template=self.use_chat_template,
-                             generation_kwargs=self.generation_kwargs, backend=self.generation_engine,
-                             **{"num_generations": 1, **options})
+        return RolloutEngine(
+            num_agents=self.num_agents,
+            formatters=self.prompt_formatters,
+            reward=self.task_reward,
+            sampling=self.sampling,
+            use_chat_template=self.use_chat_template,
+            generation_kwargs=self.generation_kwargs,
+            backend=self.generation_engine,
+            **{"num_generations": 1, **options},
+        )
 
     @property
     def generation_engine(self) -> generation.GenerationBackend:
@@ -171,10 +225,14 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         through it."""
         if getattr(self, "_generation_engine", None) is None:
             self._generation_engine = make_backend(
-                self.generation_backend, batch_size=self.generation_batch_size,
-                generation_kwargs=self.generation_kwargs, concurrent=self.samples_concurrently,
-                gpu_memory_utilization=self.vllm_gpu_memory_utilization, enable_sleep_mode=self.vllm_enable_sleep_mode,
-                max_model_len=self.vllm_max_model_len)
+                self.generation_backend,
+                batch_size=self.generation_batch_size,
+                generation_kwargs=self.generation_kwargs,
+                concurrent=self.samples_concurrently,
+                gpu_memory_utilization=self.vllm_gpu_memory_utilization,
+                enable_sleep_mode=self.vllm_enable_sleep_mode,
+                max_model_len=self.vllm_max_model_len,
+            )
         return self._generation_engine
 
     # ------------------------------------------------------------------ models
@@ -208,15 +266,20 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         config = dict(self.model_config or {})
         lora = self.lora
         models, tokenizers = load_agents(
-            self.sources[:1] if lora else self.sources, num_agents=1 if lora else self.num_agents,
-            tokenizers=self.team.tokenizers, dtype=config.get("dtype", config.get("torch_dtype")),
+            self.sources[:1] if lora else self.sources,
+            num_agents=1 if lora else self.num_agents,
+            tokenizers=self.team.tokenizers,
+            dtype=config.get("dtype", config.get("torch_dtype")),
             attn_implementation=config.get("attn_implementation", "sdpa"),
-            model_kwargs=config.get("model_kwargs"), special_tokens=config.get("special_tokens"))
+            model_kwargs=config.get("model_kwargs"),
+            special_tokens=config.get("special_tokens"),
+        )
         for model in {id(m): m for m in models}.values():
             self.apply_gradient_checkpointing(model)
         if lora:  # ONE base, one adapter per agent (agents/lora.py)
-            team = LoRATeam(models[0], self.num_agents, adapters=lora["adapters"], base_name=lora["base"],
-                            **lora["settings"])
+            team = LoRATeam(
+                models[0], self.num_agents, adapters=lora["adapters"], base_name=lora["base"], **lora["settings"]
+            )
             models, tokenizers = team.views, tokenizers * self.num_agents
         self._modules["agents"] = nn.ModuleList(models).train()  # from_pretrained gives eval mode; CoMLRL trains
         self._tokenizers = tokenizers
@@ -284,9 +347,15 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     # ------------------------------------------------------------------ optimizer and schedule
     def optimizer_groups(self) -> list[dict[str, Any]]:
         """AdamW parameter groups: one per distinct agent model; families add critics/reward models."""
-        return [{"params": trainable_parameters(self.agents[ids[0]]),
-                 "lr": self.agent_learning_rates[ids[0]], "name": f"agent_{ids[0]}", "agents": ids}
-                for ids in self.agent_groups()]
+        return [
+            {
+                "params": trainable_parameters(self.agents[ids[0]]),
+                "lr": self.agent_learning_rates[ids[0]],
+                "name": f"agent_{ids[0]}",
+                "agents": ids,
+            }
+            for ids in self.agent_groups()
+        ]
 
     def configure_optimizers(self):
         groups = self.optimizer_groups()
@@ -299,7 +368,8 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             raise ConfigurationError(
                 f"lr_decay={self.lr_decay!r} needs the number of updates it spans: set model lr_decay_steps, or "
                 "trainer.max_steps (updates; a fit's update count is not known in advance: rollouts, pairs and "
-                "rounds vary).")
+                "rounds vary)."
+            )
         schedule = LearningRateSchedule(self.lr_warmup_steps, self.lr_decay, int(total or 1), self.lr_min_ratio)
         return {"optimizer": optimizer, "lr_scheduler": UpdateScheduler(optimizer, schedule)}
 
@@ -329,8 +399,11 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                     reduce_gradients(sharded)
                 else:
                     ranks.average_gradients((p for g in optimizer.param_groups for p in g["params"]), len(batch))
-            metrics = {**self.clip_and_measure_gradients(), **(self.batch_metrics(batch) if len(batch) else {}),
-                       **{key: float(value) for key, value in sums.items()}}
+            metrics = {
+                **self.clip_and_measure_gradients(),
+                **(self.batch_metrics(batch) if len(batch) else {}),
+                **{key: float(value) for key, value in sums.items()},
+            }
             for group in optimizer.param_groups:  # the rate this update used
                 metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
             trained = [any(p.grad is not None for p in group["params"]) for group in optimizer.param_groups]
@@ -413,7 +486,9 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         peak = max(cost.values()) + state
         if peak <= available:
             return
-        rows, width = max(((i.input_ids.shape[0], i.input_ids.shape[1]) for _, i in forwards), key=lambda rw: rw[0] * rw[1])
+        rows, width = max(
+            ((i.input_ids.shape[0], i.input_ids.shape[1]) for _, i in forwards), key=lambda rw: rw[0] * rw[1]
+        )
         gib = 2**30
         raise MemoryError(
             f"This update needs about {peak / gib:.1f} GB on {device} (its largest forward, {rows} rows × {width} "
@@ -422,7 +497,8 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
             f"micro_batch_tokens (tokens per forward, now {self.micro_batch_tokens}), micro_batch_size (rows per "
             f"forward, now {self.micro_batch_size}), model_config.gradient_checkpointing (now "
             f"{self.gradient_checkpointing}; ~2.5x less), or shorter sequences (max_new_tokens, now "
-            f"{self.max_new_tokens}).")
+            f"{self.max_new_tokens})."
+        )
 
     @contextlib.contextmanager
     def timed(self, phase: str):
@@ -470,14 +546,19 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         self.trainer.callback_metrics.update(values)
         return row
 
-    def log_metrics(self, metrics: Mapping[str, float], batch_size: int | None = None,
-                    progress: tuple[str, str] | None = None) -> None:
+    def log_metrics(
+        self, metrics: Mapping[str, float], batch_size: int | None = None, progress: tuple[str, str] | None = None
+    ) -> None:
         """A step that made one update: its row (``log_step([metrics])``), and ``progress`` (label, metric) on the
         bar."""
         self.log_step([metrics], progress=dict([progress]) if progress else None)
 
-    def log_step(self, updates: Sequence[Mapping[str, float]], sampled: Mapping[str, float] | None = None,
-                 progress: Mapping[str, str] | None = None) -> None:
+    def log_step(
+        self,
+        updates: Sequence[Mapping[str, float]],
+        sampled: Mapping[str, float] | None = None,
+        progress: Mapping[str, str] | None = None,
+    ) -> None:
         """Record one training step: a row per update it made, at that update's step (the updates done before it:
         the row at step s holds update s+1, made from the samples of the weights after s updates; an evaluation
         at step s evaluates those weights). ``sampled`` (rollout metrics of the step's fresh samples) waits for
@@ -527,8 +608,9 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
                 except Exception as err:  # noqa: BLE001 - user code: any error is reported the same way
                     text = err.args[0] if isinstance(err, KeyError) and err.args else err
                     name = f"formatters[{i}]" if len(self.prompt_formatters) > 1 else "formatters"
-                    raise ConfigurationError(f"{name} failed on the first item of the {split} ({type(err).__name__}: "
-                                             f"{text})") from err
+                    raise ConfigurationError(
+                        f"{name} failed on the first item of the {split} ({type(err).__name__}: {text})"
+                    ) from err
 
     def on_fit_start(self) -> None:
         # A resumed run's folder names its checkpoint: load_run joins the run to its start (no logger: no run folder).
@@ -569,8 +651,9 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         rows = inputs.input_ids.shape[0]
         step = self.micro_batch_size or rows
         try:
-            return torch.cat([token_logprobs(model, select_rows(inputs, slice(s, s + step))).cpu()
-                              for s in range(0, rows, step)])
+            return torch.cat(
+                [token_logprobs(model, select_rows(inputs, slice(s, s + step))).cpu() for s in range(0, rows, step)]
+            )
         finally:
             model.train(was_training)
 
@@ -581,8 +664,15 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     def evaluation_rollout(self, items: Sequence[Mapping[str, Any]]) -> Any:
         """One sampled trajectory per item over all turns (no early termination), scored with the task reward:
         what evaluation, ``test`` and ``predict`` play."""
-        return self.engine.rollout(self.policy_models(), self.tokenizers, items, num_generations=1,
-                                   early_termination=False, policy_version=self.global_step, reward=self.task_reward)
+        return self.engine.rollout(
+            self.policy_models(),
+            self.tokenizers,
+            items,
+            num_generations=1,
+            early_termination=False,
+            policy_version=self.global_step,
+            reward=self.task_reward,
+        )
 
     def evaluation_record(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         return self.record_of(self.evaluation_rollout(items), items)
@@ -594,11 +684,21 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
         """Metrics of the evaluation ``records`` of every rank (a data-parallel run evaluates a share per rank)."""
         rewards = self.joined_table(records, "rewards")
-        metrics = {"env_step": float(self.env_step),
-                   **evaluation.reward_metrics(rewards, getattr(self, "discount", 1.0))}
+        metrics = {
+            "env_step": float(self.env_step),
+            **evaluation.reward_metrics(rewards, getattr(self, "discount", 1.0)),
+        }
         if self.eval_logger is not None and self.eval_aggregator is not None:
-            metrics.update(evaluation.user_metrics(records, self.eval_logger, self.eval_aggregator, self.num_agents,
-                                                   self.collaboration, rewards.shape[1]))
+            metrics.update(
+                evaluation.user_metrics(
+                    records,
+                    self.eval_logger,
+                    self.eval_aggregator,
+                    self.num_agents,
+                    self.collaboration,
+                    rewards.shape[1],
+                )
+            )
         return metrics
 
     @property
@@ -677,11 +777,14 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Every rank's RNG (Lightning writes rank 0's checkpoint; each rank samples its own share).
-        checkpoint["comlrl_lightning"] = {"env_step": self.env_step, "rng": rng_state(),
-                                          "rank_rng": ranks.gather(rng_state()),
-                                          "sampled_since_update": list(self._sampled_since_update),
-                                          "user_state": save_user_states(self.field_values),
-                                          "wandb": wandb_identity(self.loggers)}
+        checkpoint["comlrl_lightning"] = {
+            "env_step": self.env_step,
+            "rng": rng_state(),
+            "rank_rng": ranks.gather(rng_state()),
+            "sampled_since_update": list(self._sampled_since_update),
+            "user_state": save_user_states(self.field_values),
+            "wandb": wandb_identity(self.loggers),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("comlrl_lightning", {})
@@ -699,7 +802,6 @@ class MultiAgentModule(AgentFields, TaskFields, SamplingFields, OptimizationFiel
         if rng:
             set_rng_state(rng)
             self._rng_to_restore = None
-
 
 
 def _add(total: Any, value: Any) -> Any:
@@ -720,8 +822,9 @@ def plain_hparams(values: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = f"{value.__module__}.{value.__qualname__}"
         elif value is None or isinstance(value, (str, int, float, bool)):
             out[key] = value
-        elif isinstance(value, (list, tuple, dict)) and all(isinstance(v, (str, int, float, bool)) for v in
-                                                              (value.values() if isinstance(value, dict) else value)):
+        elif isinstance(value, (list, tuple, dict)) and all(
+            isinstance(v, (str, int, float, bool)) for v in (value.values() if isinstance(value, dict) else value)
+        ):
             out[key] = value
     return out
 
@@ -729,5 +832,7 @@ def plain_hparams(values: Mapping[str, Any]) -> dict[str, Any]:
 def mean_over(updates: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """Several updates in one step: the mean of each metric over the updates that logged it."""
     updates = list(updates)
-    return {key: sum(u[key] for u in updates if key in u) / sum(key in u for u in updates)
-            for key in {k for u in updates for k in u}}
+    return {
+        key: sum(u[key] for u in updates if key in u) / sum(key in u for u in updates)
+        for key in {k for u in updates for k in u}
+    }

@@ -34,8 +34,12 @@ def record_of(rollout: Any, items: Sequence[Mapping[str, Any]], num_agents: int,
             for i, agent in enumerate(node.agents):
                 completions[i][b].append(agent.texts[0])
     # What the eval logger gets as ``prompts``: each item's own ``prompt`` field, as CoMLRL passes it.
-    return {"rewards": turn_table(rollout, len(items), num_turns, lambda node: node.rewards[0]),
-            "completions": completions, "items": list(items), "prompts": [item.get("prompt") for item in items]}
+    return {
+        "rewards": turn_table(rollout, len(items), num_turns, lambda node: node.rewards[0]),
+        "completions": completions,
+        "items": list(items),
+        "prompts": [item.get("prompt") for item in items],
+    }
 
 
 def joined_table(records: list[dict[str, Any]], key: str, num_turns: int, device: Any) -> Tensor:
@@ -56,8 +60,14 @@ def reward_metrics(rewards: Tensor, discount: float) -> dict[str, float]:
     return metrics
 
 
-def user_metrics(records: list[dict[str, Any]], eval_logger: Callable, eval_aggregator: Callable, num_agents: int,
-                 collaboration: Any, num_turns: int) -> dict[str, float]:
+def user_metrics(
+    records: list[dict[str, Any]],
+    eval_logger: Callable,
+    eval_aggregator: Callable,
+    num_agents: int,
+    collaboration: Any,
+    num_turns: int,
+) -> dict[str, float]:
     """The user's ``eval_logger`` over every rank's records (gathered), reduced by ``eval_aggregator``, named
     ``eval/<key>``."""
     records = [r for share in ranks.gather(records) for r in share]
@@ -65,13 +75,18 @@ def user_metrics(records: list[dict[str, Any]], eval_logger: Callable, eval_aggr
     completions = [[c for r in records for c in r["completions"][i]] for i in range(num_agents)]
     if collaboration is not None:  # the user's logger sees each role's part of the joint answer
         completions = collaboration.split_turns(completions[0], items)
-    per_sample = call_filtered(eval_logger, agent_completions_turns=completions, batch_items=items,
-                               prompts=[p for r in records for p in r["prompts"]],
-                               test_cases=[it.get("test", "") for it in items],
-                               entry_points=[it.get("entry_point", "") for it in items])
+    per_sample = call_filtered(
+        eval_logger,
+        agent_completions_turns=completions,
+        batch_items=items,
+        prompts=[p for r in records for p in r["prompts"]],
+        test_cases=[it.get("test", "") for it in items],
+        entry_points=[it.get("entry_point", "") for it in items],
+    )
     aggregated = call_filtered(eval_aggregator, metrics=per_sample, num_turns=num_turns)
-    return {key if key.startswith("eval/") else f"eval/{key}": float(value)
-            for key, value in (aggregated or {}).items()}
+    return {
+        key if key.startswith("eval/") else f"eval/{key}": float(value) for key, value in (aggregated or {}).items()
+    }
 
 
 def answers(items: Sequence[Mapping[str, Any]], rollout: Any) -> list[dict[str, Any]]:
@@ -79,9 +94,17 @@ def answers(items: Sequence[Mapping[str, Any]], rollout: Any) -> list[dict[str, 
     out = []
     for item, root in zip(items, rollout.roots):
         turns = list(episode(root))
-        out.append({"item": dict(item),
-                    "agents": [{"prompts": [n.agents[i].prompt for n in turns],
-                                "completions": [n.agents[i].texts[0] for n in turns]}
-                               for i in range(len(turns[0].agents))],
-                    "rewards": [float(n.rewards[0]) for n in turns]})
+        out.append(
+            {
+                "item": dict(item),
+                "agents": [
+                    {
+                        "prompts": [n.agents[i].prompt for n in turns],
+                        "completions": [n.agents[i].texts[0] for n in turns],
+                    }
+                    for i in range(len(turns[0].agents))
+                ],
+                "rewards": [float(n.rewards[0]) for n in turns],
+            }
+        )
     return out

@@ -12,7 +12,7 @@ so a field has one declaration, one default and one description wherever it appe
 CLI reads the ``Args:`` sections below and follows the ``**kwargs`` chain). A subclass changes a default by
 re-declaring only that parameter and passing it on (``IAC`` samples one completion per prompt by default).
 Checks that involve several groups (the reward against the team size, devices against placement) run in
-``MultiAgentModule.validate`` once every group is stored, still before any model is loaded.
+``MultiAgentModule.check_config`` once every group is stored, still before any model is loaded.
 """
 
 from __future__ import annotations
@@ -138,14 +138,26 @@ class AgentFields(FieldGroup):
             (e.g. ``[q_proj, v_proj]``).
     """
 
-    def __init__(self, agents: str | Sequence[Any] = "tiny", num_agents: int | None = None, tokenizers: Any = None,
-                 model_config: dict[str, Any] | None = None, parallel_training: ParallelTraining | None = "none",
-                 agent_devices: str | list[str] | None = None, lora_rank: int | None = None, lora_alpha: float = 16.0,
-                 lora_dropout: float = 0.0, lora_target_modules: str | list[str] = "all-linear", **kwargs: Any):
+    def __init__(
+        self,
+        agents: str | Sequence[Any] = "tiny",
+        num_agents: int | None = None,
+        tokenizers: Any = None,
+        model_config: dict[str, Any] | None = None,
+        parallel_training: ParallelTraining | None = "none",
+        agent_devices: str | list[str] | None = None,
+        lora_rank: int | None = None,
+        lora_alpha: float = 16.0,
+        lora_dropout: float = 0.0,
+        lora_target_modules: str | list[str] = "all-linear",
+        **kwargs: Any,
+    ):
         parallel_training = normalize_parallel_training(parallel_training)  # null/None -> none; ddp: where to go
         self._store(AgentFields.__init__, locals(), {"agents": "agent_sources", "tokenizers": "tokenizer_sources"})
-        require(lora_rank is None or (isinstance(lora_rank, int) and lora_rank >= 1),
-                f"lora_rank must be an integer >= 1 or null (got {lora_rank!r}).")
+        require(
+            lora_rank is None or (isinstance(lora_rank, int) and lora_rank >= 1),
+            f"lora_rank must be an integer >= 1 or null (got {lora_rank!r}).",
+        )
         require(lora_alpha > 0, f"lora_alpha must be > 0 (got {lora_alpha!r}).")
         require(0 <= lora_dropout < 1, f"lora_dropout must be in [0, 1) (got {lora_dropout!r}).")
         super().__init__(**kwargs)
@@ -167,15 +179,23 @@ class TaskFields(FieldGroup):
         centralized_adapter: builds the joint prompt and splits the joint answer (default: ``<agent_i>`` tags).
     """
 
-    def __init__(self, reward_func: Callable[..., Any] | None = None,
-                 reward_processor: Callable[[float], float] | None = None, reward_timeout: float | None = None,
-                 formatters: list[Callable[..., str]] | None = None, use_chat_template: bool = False,
-                 collaboration_mode: CollaborationMode = "decentralized", centralized_adapter: Any = None,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        reward_func: Callable[..., Any] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        reward_timeout: float | None = None,
+        formatters: list[Callable[..., str]] | None = None,
+        use_chat_template: bool = False,
+        collaboration_mode: CollaborationMode = "decentralized",
+        centralized_adapter: Any = None,
+        **kwargs: Any,
+    ):
         self._store(TaskFields.__init__, locals())
-        require(reward_func is not None and callable(reward_func),
-                "reward_func must be a callable (give its import path in YAML, e.g. "
-                "reward_func: comlrl_lightning.envs.toy.story_reward).")
+        require(
+            reward_func is not None and callable(reward_func),
+            "reward_func must be a callable (give its import path in YAML, e.g. "
+            "reward_func: comlrl_lightning.envs.toy.story_reward).",
+        )
         require(reward_processor is None or callable(reward_processor), "reward_processor must be a callable.")
         require(reward_timeout is None or reward_timeout > 0, "reward_timeout must be > 0 seconds or null.")
         super().__init__(**kwargs)
@@ -206,27 +226,47 @@ class SamplingFields(FieldGroup):
         vllm_max_model_len: ``vllm``: prompt + completion tokens an engine is sized for (null: the model's maximum).
     """
 
-    def __init__(self, max_new_tokens: int = 256, temperature: float = 0.6, top_p: float = 0.6,
-                 top_k: int | None = 50, generation_backend: GenerationBackendName = "hf",
-                 generation_kwargs: dict[str, Any] | None = None, generation_batch_size: int | None = None,
-                 generation_dtype: GenerationDtype = "model", vllm_gpu_memory_utilization: float = 0.3,
-                 vllm_enable_sleep_mode: bool = False, vllm_max_model_len: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        max_new_tokens: int = 256,
+        temperature: float = 0.6,
+        top_p: float = 0.6,
+        top_k: int | None = 50,
+        generation_backend: GenerationBackendName = "hf",
+        generation_kwargs: dict[str, Any] | None = None,
+        generation_batch_size: int | None = None,
+        generation_dtype: GenerationDtype = "model",
+        vllm_gpu_memory_utilization: float = 0.3,
+        vllm_enable_sleep_mode: bool = False,
+        vllm_max_model_len: int | None = None,
+        **kwargs: Any,
+    ):
         self._store(SamplingFields.__init__, locals())
         require(max_new_tokens >= 1, f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
         require(temperature > 0, f"temperature must be > 0 (got {temperature}).")
         require(0 < top_p <= 1, f"top_p must be in (0, 1] (got {top_p}).")
         require(top_k is None or top_k >= 1, f"top_k must be >= 1 or null (got {top_k}).")
-        reserved = sorted({"do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "num_return_sequences",
-                           "num_beams"} & set(generation_kwargs or {}))
-        require(not reserved, f"generation_kwargs must not set {reserved}: sampling is always on and these have "
-                              "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations).")
-        require(generation_batch_size is None or generation_batch_size >= 1,
-                "generation_batch_size must be >= 1 or null.")
-        require(0 < vllm_gpu_memory_utilization <= 1,
-                f"vllm_gpu_memory_utilization must be in (0, 1] (got {vllm_gpu_memory_utilization}).")
-        require(vllm_max_model_len is None or vllm_max_model_len > max_new_tokens,
-                f"vllm_max_model_len must be null or more than max_new_tokens ({max_new_tokens}), got "
-                f"{vllm_max_model_len}.")
+        reserved = sorted(
+            {"do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "num_return_sequences", "num_beams"}
+            & set(generation_kwargs or {})
+        )
+        require(
+            not reserved,
+            f"generation_kwargs must not set {reserved}: sampling is always on and these have "
+            "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations).",
+        )
+        require(
+            generation_batch_size is None or generation_batch_size >= 1, "generation_batch_size must be >= 1 or null."
+        )
+        require(
+            0 < vllm_gpu_memory_utilization <= 1,
+            f"vllm_gpu_memory_utilization must be in (0, 1] (got {vllm_gpu_memory_utilization}).",
+        )
+        require(
+            vllm_max_model_len is None or vllm_max_model_len > max_new_tokens,
+            f"vllm_max_model_len must be null or more than max_new_tokens ({max_new_tokens}), got "
+            f"{vllm_max_model_len}.",
+        )
         super().__init__(**kwargs)
 
 
@@ -252,17 +292,31 @@ class OptimizationFields(FieldGroup):
             process stays at its peak memory; opt-in).
     """
 
-    def __init__(self, agent_learning_rate: float | list[float] = 5e-6, weight_decay: float = 0.01,
-                 adamw_implementation: AdamWImplementation = "auto", max_grad_norm: float | None = None, lr_warmup_steps: int = 0, lr_decay: LrDecay = "constant",
-                 lr_decay_steps: int | None = None, lr_min_ratio: float = 0.0, micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
-                 keep_freed_cpu_memory: bool = False, **kwargs: Any):
+    def __init__(
+        self,
+        agent_learning_rate: float | list[float] = 5e-6,
+        weight_decay: float = 0.01,
+        adamw_implementation: AdamWImplementation = "auto",
+        max_grad_norm: float | None = None,
+        lr_warmup_steps: int = 0,
+        lr_decay: LrDecay = "constant",
+        lr_decay_steps: int | None = None,
+        lr_min_ratio: float = 0.0,
+        micro_batch_size: int | None = None,
+        micro_batch_tokens: int | None = None,
+        keep_freed_cpu_memory: bool = False,
+        **kwargs: Any,
+    ):
         self._store(OptimizationFields.__init__, locals())
         rates = agent_learning_rate if isinstance(agent_learning_rate, (list, tuple)) else [agent_learning_rate]
         require(all(r > 0 for r in rates), f"agent_learning_rate must be > 0 (got {list(rates)}).")
         require(weight_decay >= 0, f"weight_decay must be >= 0 (got {weight_decay}).")
         require(max_grad_norm is None or max_grad_norm > 0, f"max_grad_norm must be > 0 or null (got {max_grad_norm}).")
         require(lr_warmup_steps >= 0, f"lr_warmup_steps must be >= 0 (got {lr_warmup_steps}).")
-        require(lr_decay_steps is None or lr_decay_steps >= 1, f"lr_decay_steps must be >= 1 or null (got {lr_decay_steps}).")
+        require(
+            lr_decay_steps is None or lr_decay_steps >= 1,
+            f"lr_decay_steps must be >= 1 or null (got {lr_decay_steps}).",
+        )
         require(0.0 <= lr_min_ratio <= 1.0, f"lr_min_ratio must be in [0, 1] (got {lr_min_ratio}).")
         require(micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null.")
         require(micro_batch_tokens is None or micro_batch_tokens >= 1, "micro_batch_tokens must be >= 1 or null.")
@@ -283,14 +337,23 @@ class EvaluationFields(FieldGroup):
             or evaluation is off).
     """
 
-    def __init__(self, eval_interval: int = 16, eval_num_samples: int = 4, eval_logger: Callable[..., Any] | None = None,
-                 eval_aggregator: Callable[..., Any] | None = None, log_completions: bool = True,
-                 eval_at_end: bool = True, **kwargs: Any):
+    def __init__(
+        self,
+        eval_interval: int = 16,
+        eval_num_samples: int = 4,
+        eval_logger: Callable[..., Any] | None = None,
+        eval_aggregator: Callable[..., Any] | None = None,
+        log_completions: bool = True,
+        eval_at_end: bool = True,
+        **kwargs: Any,
+    ):
         self._store(EvaluationFields.__init__, locals())
         require(eval_interval >= 0, "eval_interval must be >= 0.")
         require(eval_num_samples >= 0, "eval_num_samples must be >= 0.")
-        require((eval_logger is None) == (eval_aggregator is None),
-                "eval_logger and eval_aggregator must be given together (one without the other would be ignored).")
+        require(
+            (eval_logger is None) == (eval_aggregator is None),
+            "eval_logger and eval_aggregator must be given together (one without the other would be ignored).",
+        )
         super().__init__(**kwargs)
 
 
@@ -332,16 +395,27 @@ class RolloutFields(JointActionFields):
         vllm_importance_sampling_cap: the ratio's cap C.
     """
 
-    def __init__(self, num_generations: int = 4, discount: float = 1.0, early_termination_threshold: float | None = None,
-                 external_transition: Callable[..., Any] | None = None, external_prompt_passthrough: bool = False,
-                 rollout_buffer_size: int = 2, train_batch_size: int | None = None,
-                 advantage_normalization: bool = True, loss_aggregation: LossAggregation = "seq_sum",
-                 vllm_importance_sampling_correction: bool = False,
-                 vllm_importance_sampling_mode: ImportanceSamplingMode = "token_truncate",
-                 vllm_importance_sampling_cap: float = 2.0, **kwargs: Any):
+    def __init__(
+        self,
+        num_generations: int = 4,
+        discount: float = 1.0,
+        early_termination_threshold: float | None = None,
+        external_transition: Callable[..., Any] | None = None,
+        external_prompt_passthrough: bool = False,
+        rollout_buffer_size: int = 2,
+        train_batch_size: int | None = None,
+        advantage_normalization: bool = True,
+        loss_aggregation: LossAggregation = "seq_sum",
+        vllm_importance_sampling_correction: bool = False,
+        vllm_importance_sampling_mode: ImportanceSamplingMode = "token_truncate",
+        vllm_importance_sampling_cap: float = 2.0,
+        **kwargs: Any,
+    ):
         self._store(RolloutFields.__init__, locals())
-        require(vllm_importance_sampling_cap > 0,
-                f"vllm_importance_sampling_cap must be > 0 (got {vllm_importance_sampling_cap}).")
+        require(
+            vllm_importance_sampling_cap > 0,
+            f"vllm_importance_sampling_cap must be > 0 (got {vllm_importance_sampling_cap}).",
+        )
         require(num_generations >= 1, "num_generations must be >= 1.")
         require(0.0 <= discount <= 1.0, "discount must be in [0, 1].")
         require(rollout_buffer_size >= 1, "rollout_buffer_size must be >= 1.")
@@ -362,9 +436,15 @@ class ReferenceKLFields(FieldGroup):
         reference_devices: where the reference copies live (default: each agent's device).
     """
 
-    def __init__(self, reference_kl_enabled: bool = False, reference_kl_coef: float = 0.1,
-                 reference_kl_estimator: KlEstimator = "k3", reference_kl_placement: KlPlacement = "reward",
-                 reference_devices: str | list[str] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        reference_kl_enabled: bool = False,
+        reference_kl_coef: float = 0.1,
+        reference_kl_estimator: KlEstimator = "k3",
+        reference_kl_placement: KlPlacement = "reward",
+        reference_devices: str | list[str] | None = None,
+        **kwargs: Any,
+    ):
         self._store(ReferenceKLFields.__init__, locals())
         require(reference_kl_coef >= 0, "reference_kl_coef must be >= 0.")
         super().__init__(**kwargs)
@@ -388,12 +468,21 @@ class CriticFields(FieldGroup):
         metrics_callback: ``rollouts -> dict``, averaged into the log as ``turn_t/<key>``.
     """
 
-    def __init__(self, use_separate_critic: bool = True, critic_model: str | None = None,
-                 critics: Sequence[Any] | None = None, critic_type: CriticType = "v",
-                 critic_learning_rate: float | None = 5e-6, critic_value_head_hidden_dim: int | None = None,
-                 value_head_hidden_dim: int | None = None, value_clip_range: float | None = 0.2,
-                 value_loss_coef: float = 0.6, critic_devices: str | list[str] | None = None,
-                 metrics_callback: Callable[..., Any] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        use_separate_critic: bool = True,
+        critic_model: str | None = None,
+        critics: Sequence[Any] | None = None,
+        critic_type: CriticType = "v",
+        critic_learning_rate: float | None = 5e-6,
+        critic_value_head_hidden_dim: int | None = None,
+        value_head_hidden_dim: int | None = None,
+        value_clip_range: float | None = 0.2,
+        value_loss_coef: float = 0.6,
+        critic_devices: str | list[str] | None = None,
+        metrics_callback: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ):
         self._store(CriticFields.__init__, locals(), {"critics": "critic_sources"})
         require(value_loss_coef > 0, "value_loss_coef must be > 0.")
         require(value_clip_range is None or value_clip_range > 0, "value_clip_range must be > 0 or null.")
@@ -414,14 +503,23 @@ class PreferenceFields(JointActionFields):
             ``comparator_reward``.
     """
 
-    def __init__(self, preference_num_candidates: int = 80, preference_pairs_per_sample: int | None = 16,
-                 pair_selection: PairSelection = "reward_gap", **kwargs: Any):
+    def __init__(
+        self,
+        preference_num_candidates: int = 80,
+        preference_pairs_per_sample: int | None = 16,
+        pair_selection: PairSelection = "reward_gap",
+        **kwargs: Any,
+    ):
         self._store(PreferenceFields.__init__, locals())
         require(preference_num_candidates >= 2, "preference_num_candidates must be >= 2.")
-        require(preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
-                "preference_pairs_per_sample must be >= 1 or null.")
-        require(self.pair_selection != "all" or preference_pairs_per_sample is None,
-                "preference_pairs_per_sample must be null when pair_selection='all'.")
+        require(
+            preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
+            "preference_pairs_per_sample must be >= 1 or null.",
+        )
+        require(
+            self.pair_selection != "all" or preference_pairs_per_sample is None,
+            "preference_pairs_per_sample must be null when pair_selection='all'.",
+        )
         super().__init__(**kwargs)
 
 
@@ -448,35 +546,61 @@ class ReplayFields(FieldGroup):
         policy_checkpoint_dir: save the agents every round here (null: only when the comparator is ``history``).
     """
 
-    def __init__(self, num_iterations: int = 6, preference_replay_mode: ReplayMode = "current",
-                 preference_replay_k: int | None = None, preference_replay_lambda: float | None = None,
-                 preference_replay_sample_size: int | None = None, preference_replay_dir: str | None = None,
-                 log_reward_distribution: bool = False, policy_checkpoint_dir: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        num_iterations: int = 6,
+        preference_replay_mode: ReplayMode = "current",
+        preference_replay_k: int | None = None,
+        preference_replay_lambda: float | None = None,
+        preference_replay_sample_size: int | None = None,
+        preference_replay_dir: str | None = None,
+        log_reward_distribution: bool = False,
+        policy_checkpoint_dir: str | None = None,
+        **kwargs: Any,
+    ):
         require(isinstance(num_iterations, int) and num_iterations >= 1, "num_iterations must be >= 1.")
         preference_replay_mode = REPLAY_MODE(preference_replay_mode)
         self._store(ReplayFields.__init__, locals())
         mode, k, lam = preference_replay_mode, preference_replay_k, preference_replay_lambda
-        historical = "preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', " \
-                     "'all_history', or 'lambda_decay'."
-        require(mode != "current" or k in (None, 1),
-                "preference_replay_k is only valid when preference_replay_mode='nearest_k'.")
+        historical = (
+            "preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', "
+            "'all_history', or 'lambda_decay'."
+        )
+        require(
+            mode != "current" or k in (None, 1),
+            "preference_replay_k is only valid when preference_replay_mode='nearest_k'.",
+        )
         require(mode != "current" or preference_replay_sample_size is None, historical)
-        require(mode != "nearest_k" or k is not None,
-                "preference_replay_k is required when preference_replay_mode='nearest_k'.")
+        require(
+            mode != "nearest_k" or k is not None,
+            "preference_replay_k is required when preference_replay_mode='nearest_k'.",
+        )
         require(mode != "nearest_k" or (isinstance(k, int) and k >= 1), "preference_replay_k must be >= 1.")
-        require(mode in ("current", "nearest_k") or k is None,
-                "preference_replay_k is only valid when preference_replay_mode='nearest_k'.")
-        require(mode != "lambda_decay" or lam is not None,
-                "preference_replay_lambda is required when preference_replay_mode='lambda_decay'.")
-        require(mode != "lambda_decay" or (isinstance(lam, (int, float)) and 0.0 <= float(lam) <= 1.0),
-                "preference_replay_lambda must be in [0, 1].")
-        require(mode == "lambda_decay" or lam is None,
-                "preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'.")
+        require(
+            mode in ("current", "nearest_k") or k is None,
+            "preference_replay_k is only valid when preference_replay_mode='nearest_k'.",
+        )
+        require(
+            mode != "lambda_decay" or lam is not None,
+            "preference_replay_lambda is required when preference_replay_mode='lambda_decay'.",
+        )
+        require(
+            mode != "lambda_decay" or (isinstance(lam, (int, float)) and 0.0 <= float(lam) <= 1.0),
+            "preference_replay_lambda must be in [0, 1].",
+        )
+        require(
+            mode == "lambda_decay" or lam is None,
+            "preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'.",
+        )
         require_positive_or_none(preference_replay_sample_size, "preference_replay_sample_size")
-        for name, given in (("preference_replay_dir", preference_replay_dir),
-                            ("policy_checkpoint_dir", policy_checkpoint_dir)):
-            require(given is None or not Path(given).expanduser().exists() or Path(given).expanduser().is_dir(),
-                    f"{name} must be a directory; {given!r} is a file.")
+        for name, given in (
+            ("preference_replay_dir", preference_replay_dir),
+            ("policy_checkpoint_dir", policy_checkpoint_dir),
+        ):
+            require(
+                given is None or not Path(given).expanduser().exists() or Path(given).expanduser().is_dir(),
+                f"{name} must be a directory; {given!r} is a file.",
+            )
         super().__init__(**kwargs)
 
 
@@ -514,22 +638,37 @@ class ComparatorFields(FieldGroup):
         comparator_api_deadline_s: the total time one request may take with its retries (null: no limit).
     """
 
-    def __init__(self, comparator_policy: ComparatorPolicy = "current",
-                 comparator_generation_mode: GenerationMode = "decentralized",
-                 comparator_centralized_agent_index: int = 0, comparator_model_name: str | None = None,
-                 comparator_agents: list[Any] | None = None, comparator_tokenizers: Any = None,
-                 comparator_devices: str | list[str] | None = None, comparator_num_candidates: int | None = None,
-                 comparator_history_k: int | None = None, centralized_comparator_adapter: Any = None,
-                 comparator_api_url: str | None = None, comparator_api_format: ApiFormat = "generic",
-                 comparator_api_model: str | None = None, comparator_api_max_n_per_request: int | None = None,
-                 comparator_api_timeout: float = 120.0, comparator_api_headers: dict[str, str] | None = None,
-                 comparator_api_key: str | None = None, comparator_api_key_env: str | None = None,
-                 comparator_api_key_header: str = "Authorization", comparator_api_key_prefix: str | None = "Bearer",
-                 comparator_api_response_field: str = "completions",
-                 comparator_api_extra_body: dict[str, Any] | None = None, comparator_api_max_retries: int = 3,
-                 comparator_api_backoff_s: float = 1.0, comparator_api_max_concurrency: int = 4,
-                 comparator_api_max_retry_after_s: float = 60.0, comparator_api_deadline_s: float | None = None,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        comparator_policy: ComparatorPolicy = "current",
+        comparator_generation_mode: GenerationMode = "decentralized",
+        comparator_centralized_agent_index: int = 0,
+        comparator_model_name: str | None = None,
+        comparator_agents: list[Any] | None = None,
+        comparator_tokenizers: Any = None,
+        comparator_devices: str | list[str] | None = None,
+        comparator_num_candidates: int | None = None,
+        comparator_history_k: int | None = None,
+        centralized_comparator_adapter: Any = None,
+        comparator_api_url: str | None = None,
+        comparator_api_format: ApiFormat = "generic",
+        comparator_api_model: str | None = None,
+        comparator_api_max_n_per_request: int | None = None,
+        comparator_api_timeout: float = 120.0,
+        comparator_api_headers: dict[str, str] | None = None,
+        comparator_api_key: str | None = None,
+        comparator_api_key_env: str | None = None,
+        comparator_api_key_header: str = "Authorization",
+        comparator_api_key_prefix: str | None = "Bearer",
+        comparator_api_response_field: str = "completions",
+        comparator_api_extra_body: dict[str, Any] | None = None,
+        comparator_api_max_retries: int = 3,
+        comparator_api_backoff_s: float = 1.0,
+        comparator_api_max_concurrency: int = 4,
+        comparator_api_max_retry_after_s: float = 60.0,
+        comparator_api_deadline_s: float | None = None,
+        **kwargs: Any,
+    ):
         comparator_policy = COMPARATOR_POLICY(comparator_policy)
         comparator_generation_mode = COMPARATOR_GENERATION_MODE(comparator_generation_mode)
         comparator_api_format = API_FORMAT(comparator_api_format)
@@ -540,9 +679,18 @@ class ComparatorFields(FieldGroup):
         object.__setattr__(self, "api_config", None)  # set before nn.Module's __init__ runs
         if comparator_policy == "api":  # every comparator_api_* check, now rather than at round 1
             require(bool(comparator_api_url), "comparator_api_url is required when comparator_policy='api'.")
-            object.__setattr__(self, "api_config", ApiComparatorConfig(key=comparator_api_key, **{
-                name[len("comparator_api_"):]: value for name, value in fields.items()
-                if name.startswith("comparator_api_")}))
+            object.__setattr__(
+                self,
+                "api_config",
+                ApiComparatorConfig(
+                    key=comparator_api_key,
+                    **{
+                        name[len("comparator_api_") :]: value
+                        for name, value in fields.items()
+                        if name.startswith("comparator_api_")
+                    },
+                ),
+            )
         super().__init__(**kwargs)
 
     def check_comparator(self, roles: int, centralized_team: bool) -> None:
@@ -556,31 +704,46 @@ class ComparatorFields(FieldGroup):
             self.comparator_generation_mode = "centralized"
         named_model = self.comparator_model_name is not None or self.comparator_agents is not None
         if self.comparator_policy == "model":
-            require(named_model, "comparator_model_name or comparator_agents is required when comparator_policy='model'.")
+            require(
+                named_model, "comparator_model_name or comparator_agents is required when comparator_policy='model'."
+            )
             agents = self.comparator_agents
-            require(agents is None or (isinstance(agents, (list, tuple)) and len(agents) in (1, roles)),
-                    f"comparator_agents must list 1 or num_agents ({roles}) models.")
+            require(
+                agents is None or (isinstance(agents, (list, tuple)) and len(agents) in (1, roles)),
+                f"comparator_agents must list 1 or num_agents ({roles}) models.",
+            )
             check_model_sources(agents, "comparator_agents")
             check_model_sources(self.comparator_model_name, "comparator_model_name")
             tokenizers = self.comparator_tokenizers
-            require(not isinstance(tokenizers, (list, tuple)) or len(tokenizers) in (1, roles),
-                    f"comparator_tokenizers must list 1 or num_agents ({roles}) tokenizers "
-                    f"(got {len(tokenizers) if isinstance(tokenizers, (list, tuple)) else 0}).")
+            require(
+                not isinstance(tokenizers, (list, tuple)) or len(tokenizers) in (1, roles),
+                f"comparator_tokenizers must list 1 or num_agents ({roles}) tokenizers "
+                f"(got {len(tokenizers) if isinstance(tokenizers, (list, tuple)) else 0}).",
+            )
         else:
-            require(not named_model,
-                    "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.")
-            require(self.comparator_tokenizers is None,
-                    "comparator_tokenizers is only valid when comparator_policy='model'.")
+            require(
+                not named_model,
+                "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
+            )
+            require(
+                self.comparator_tokenizers is None,
+                "comparator_tokenizers is only valid when comparator_policy='model'.",
+            )
         if self.comparator_policy == "history":
             self.comparator_history_k = 1 if self.comparator_history_k is None else self.comparator_history_k
             require(self.comparator_history_k >= 1, "comparator_history_k must be >= 1.")
         else:
-            require(self.comparator_history_k is None,
-                    "comparator_history_k is only valid when comparator_policy='history'.")
+            require(
+                self.comparator_history_k is None,
+                "comparator_history_k is only valid when comparator_policy='history'.",
+            )
         self.centralized_comparator_adapter = check_adapter(
-            self.centralized_comparator_adapter or TaggedCentralizedAdapter(), "centralized_comparator_adapter")
+            self.centralized_comparator_adapter or TaggedCentralizedAdapter(), "centralized_comparator_adapter"
+        )
 
 
 def require_positive_or_none(value: Any, name: str) -> None:
-    require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-            f"{name} must be >= 1 or null.")
+    require(
+        value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+        f"{name} must be >= 1 or null.",
+    )

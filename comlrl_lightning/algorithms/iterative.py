@@ -35,7 +35,6 @@ from comlrl_lightning.data.rounds import ComparatorSpec, RoundPlan
 log = logging.getLogger(__name__)
 
 
-
 class IterativePreference(ReplayFields, ComparatorFields):
     """Rounds of collect → shard → replay → train, mixed in front of MADPO / MARLHF (module docstring).
 
@@ -58,7 +57,6 @@ class IterativePreference(ReplayFields, ComparatorFields):
         self.check_comparator(roles, centralized_team=self.collaboration is not None)
         if self.log_reward_distribution:
             reward_range_of(self.reward_func)  # the histograms' range: fails now, not at the end of round 1
-
 
     # ------------------------------------------------------------------ rounds and directories
     @property
@@ -83,9 +81,14 @@ class IterativePreference(ReplayFields, ComparatorFields):
         if stage == "fit":
             epochs = self.fit_epochs()
             if self.trainer.max_epochs not in (None, -1, 1000, epochs):
-                log.warning("%s runs num_iterations=%d rounds of %d epoch(s): trainer.max_epochs=%s is replaced by %d.",
-                            self.algorithm_name, self.num_iterations, self.epochs_per_iteration,
-                            self.trainer.max_epochs, epochs)
+                log.warning(
+                    "%s runs num_iterations=%d rounds of %d epoch(s): trainer.max_epochs=%s is replaced by %d.",
+                    self.algorithm_name,
+                    self.num_iterations,
+                    self.epochs_per_iteration,
+                    self.trainer.max_epochs,
+                    epochs,
+                )
             self.trainer.fit_loop.max_epochs = epochs
 
     def configure_callbacks(self):
@@ -117,22 +120,36 @@ class IterativePreference(ReplayFields, ComparatorFields):
         """The host's plan plus the rounds: comparator, replay and where the history comparator reads."""
         plan = super().pair_plan()
         plan.rounds = RoundPlan(
-            num_rounds=self.num_iterations, epochs_per_round=self.epochs_per_iteration,
-            comparator=self.comparator_spec(), num_candidates=plan.num_candidates, selection=plan.selection,
-            limit=plan.limit, replay_mode=self.preference_replay_mode, replay_k=self.preference_replay_k,
-            replay_lambda=self.preference_replay_lambda, replay_sample_size=self.preference_replay_sample_size,
+            num_rounds=self.num_iterations,
+            epochs_per_round=self.epochs_per_iteration,
+            comparator=self.comparator_spec(),
+            num_candidates=plan.num_candidates,
+            selection=plan.selection,
+            limit=plan.limit,
+            replay_mode=self.preference_replay_mode,
+            replay_k=self.preference_replay_k,
+            replay_lambda=self.preference_replay_lambda,
+            replay_sample_size=self.preference_replay_sample_size,
             replay_dir=self.preference_replay_dir,
-            history_dir=self.run_dir("policy_checkpoints", self.policy_checkpoint_dir) if self.checkpoints_policy
-            else None)
+            history_dir=self.run_dir("policy_checkpoints", self.policy_checkpoint_dir)
+            if self.checkpoints_policy
+            else None,
+        )
         return plan
 
     def comparator_spec(self) -> ComparatorSpec:
         """The ``comparator_*`` fields as the data side needs them."""
         return ComparatorSpec(
-            kind=self.comparator_policy, model_sources=self.comparator_agents or [self.comparator_model_name],
+            kind=self.comparator_policy,
+            model_sources=self.comparator_agents or [self.comparator_model_name],
             model_tokenizers=self.comparator_tokenizers,
             model_field="comparator_agents" if self.comparator_agents else "comparator_model_name",
-            devices=self.comparator_devices or self.agent_devices, num_candidates=self.comparator_num_candidates,
-            history_k=self.comparator_history_k or 1, keep_loaded=self.keep_comparator_loaded,
-            api_config=self.api_config, centralized=self.comparator_generation_mode == "centralized",
-            centralized_index=self.comparator_centralized_agent_index, adapter=self.centralized_comparator_adapter)
+            devices=self.comparator_devices or self.agent_devices,
+            num_candidates=self.comparator_num_candidates,
+            history_k=self.comparator_history_k or 1,
+            keep_loaded=self.keep_comparator_loaded,
+            api_config=self.api_config,
+            centralized=self.comparator_generation_mode == "centralized",
+            centralized_index=self.comparator_centralized_agent_index,
+            adapter=self.centralized_comparator_adapter,
+        )

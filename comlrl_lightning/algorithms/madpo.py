@@ -30,8 +30,8 @@ from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
 from comlrl_lightning.data.preferences import PairPlan, PreferenceDataModule
-from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs
 from comlrl_lightning.rollout.policy import TeamPolicy
+from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs
 from comlrl_lightning.rollout.tree import RolloutEngine
 
 
@@ -46,16 +46,21 @@ class PreferenceModule(PreferenceFields, MultiAgentModule):
 
     def build_engine(self, **options: Any) -> RolloutEngine:
         """K_c aligned joint candidates per task, one turn (evaluation asks it for one trajectory per item)."""
-        return super().build_engine(num_generations=self.preference_num_candidates, num_turns=1, joint_mode="aligned",
-                                    **options)
+        return super().build_engine(
+            num_generations=self.preference_num_candidates, num_turns=1, joint_mode="aligned", **options
+        )
 
     def check_config(self) -> None:
         super().check_config()
         name = self.algorithm_name
         require(self.num_turns == 1, f"{name} currently supports num_turns=1 only.")
-        require(self.joint_mode == "aligned", f"{name} preference generation currently supports aligned joint_mode only.")
-        require(self.pair_selection in self.pair_selections,
-                f"pair_selection must be one of: {', '.join(self.pair_selections)} (got {self.pair_selection!r}).")
+        require(
+            self.joint_mode == "aligned", f"{name} preference generation currently supports aligned joint_mode only."
+        )
+        require(
+            self.pair_selection in self.pair_selections,
+            f"pair_selection must be one of: {', '.join(self.pair_selections)} (got {self.pair_selection!r}).",
+        )
 
     # ------------------------------------------------------------------ what the data side collects
     @property
@@ -63,8 +68,13 @@ class PreferenceModule(PreferenceFields, MultiAgentModule):
         """The team as the data side sees it (the live agents sampling through the pair engine, the task reward
         as the oracle); built once the models are loaded."""
         if getattr(self, "_policy", None) is None:
-            self._policy = TeamPolicy(self.engine, self.policy_models(), self.tokenizers, reward=self.task_reward,
-                                      collaboration=self.collaboration)
+            self._policy = TeamPolicy(
+                self.engine,
+                self.policy_models(),
+                self.tokenizers,
+                reward=self.task_reward,
+                collaboration=self.collaboration,
+            )
         return self._policy
 
     @property
@@ -79,23 +89,39 @@ class PreferenceModule(PreferenceFields, MultiAgentModule):
 
     def pair_plan(self) -> PairPlan:
         """What ``PreferenceDataModule`` collects and serves for this module (handed over in ``on_fit_start``)."""
-        return PairPlan(self.policy, self.preference_num_candidates, self.pair_selection,
-                        self.preference_pairs_per_sample, self.pair_batch_size, passes=self.pair_passes,
-                        name=self.algorithm_name, whole=self.sharded_models())
+        return PairPlan(
+            self.policy,
+            self.preference_num_candidates,
+            self.pair_selection,
+            self.preference_pairs_per_sample,
+            self.pair_batch_size,
+            passes=self.pair_passes,
+            name=self.algorithm_name,
+            whole=self.sharded_models(),
+        )
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
         data = self.trainer.datamodule
         if not isinstance(data, PreferenceDataModule):
-            raise TypeError(f"{self.algorithm_name} trains on preference pairs its data module collects: use "
-                            f"comlrl_lightning.PreferenceDataModule as the data (got {type(data).__name__}).")
+            raise TypeError(
+                f"{self.algorithm_name} trains on preference pairs its data module collects: use "
+                f"comlrl_lightning.PreferenceDataModule as the data (got {type(data).__name__})."
+            )
         data.attach(self.pair_plan())
 
     def pair_records(self, max_nodes: int) -> list[dict[str, Any]]:
         """What the agents wrote in the last batch of pairs (CompletionsLogger)."""
-        return [{"env_step": self.env_step, "turn": 1, "prompts": p.prompts,
-                 "completions": [[w, l] for w, l in zip(p.winner_completions, p.loser_completions)],
-                 "rewards": [p.winner_reward, p.loser_reward]} for p in self.last_pair_batch[:max_nodes]]
+        return [
+            {
+                "env_step": self.env_step,
+                "turn": 1,
+                "prompts": p.prompts,
+                "completions": [[w, l] for w, l in zip(p.winner_completions, p.loser_completions)],
+                "rewards": [p.winner_reward, p.loser_reward],
+            }
+            for p in self.last_pair_batch[:max_nodes]
+        ]
 
 
 class MADPO(PreferenceModule):
@@ -114,8 +140,14 @@ class MADPO(PreferenceModule):
 
     algorithm_name = "MADPO"
 
-    def __init__(self, dpo_beta: float = 0.1, use_environment_step: bool = True, environment_steps_per_pair: int = 2,
-                 train_batch_size: int = 2, **kwargs: Any):
+    def __init__(
+        self,
+        dpo_beta: float = 0.1,
+        use_environment_step: bool = True,
+        environment_steps_per_pair: int = 2,
+        train_batch_size: int = 2,
+        **kwargs: Any,
+    ):
         self._store(MADPO.__init__, locals())
         require(dpo_beta > 0, "dpo_beta must be > 0.")
         require(environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1.")
@@ -164,9 +196,12 @@ class MADPO(PreferenceModule):
         """Δ_i per pair: Σ_t log π_i over the winner's generated tokens minus the loser's, one batched forward."""
         prompts = [p.prompt_ids[agent] for p in pairs] * 2
         completions = [p.winner_ids[agent] for p in pairs] + [p.loser_ids[agent] for p in pairs]
-        inputs = collate_rows(prompts, [c[None] for c in completions],
-                              [torch.ones(1, len(c), dtype=torch.bool) for c in completions],
-                              self.tokenizers[agent].pad_token_id)
+        inputs = collate_rows(
+            prompts,
+            [c[None] for c in completions],
+            [torch.ones(1, len(c), dtype=torch.bool) for c in completions],
+            self.tokenizers[agent].pad_token_id,
+        )
         sequence_logp = token_logprobs(self.policy_model(agent), inputs).sum(-1)  # [2P]
         return sequence_logp[: len(pairs)] - sequence_logp[len(pairs) :]
 
@@ -191,15 +226,22 @@ class MADPOIter(IterativePreference, MADPO):
     pair_selections = ITERATIVE_PAIR_SELECTIONS
     epochs_per_iteration = 1
 
-    def __init__(self, num_train_epochs: int = 1, preference_num_candidates: int = 20,
-                 preference_pairs_per_sample: int | None = 4,
-                 pair_selection: IterativePairSelection = "comparator_reward",
-                 **kwargs: Any):
+    def __init__(
+        self,
+        num_train_epochs: int = 1,
+        preference_num_candidates: int = 20,
+        preference_pairs_per_sample: int | None = 4,
+        pair_selection: IterativePairSelection = "comparator_reward",
+        **kwargs: Any,
+    ):
         self._store(MADPOIter.__init__, {"num_train_epochs": num_train_epochs})
         require(num_train_epochs >= 1, "num_train_epochs must be >= 1.")
-        super().__init__(preference_num_candidates=preference_num_candidates,
-                         preference_pairs_per_sample=preference_pairs_per_sample, pair_selection=pair_selection,
-                         **kwargs)
+        super().__init__(
+            preference_num_candidates=preference_num_candidates,
+            preference_pairs_per_sample=preference_pairs_per_sample,
+            pair_selection=pair_selection,
+            **kwargs,
+        )
 
     @property
     def pair_passes(self) -> int:

@@ -50,8 +50,13 @@ from comlrl_lightning.data.preferences import PairPlan
 from comlrl_lightning.rollout.rewards import RewardCaller
 
 BACKENDS: dict[str, type[MultiAgentModule]] = {
-    "magrpo": MAGRPO, "mareinforce": MAREINFORCE, "mareforce": MAREINFORCE, "marloo": MARLOO,
-    "maremax": MAReMax, "iac": IAC, "maac": MAAC,
+    "magrpo": MAGRPO,
+    "mareinforce": MAREINFORCE,
+    "mareforce": MAREINFORCE,
+    "marloo": MARLOO,
+    "maremax": MAReMax,
+    "iac": IAC,
+    "maac": MAAC,
 }
 RlAlgorithm = Literal["magrpo", "mareinforce", "maremax", "marloo", "maac", "iac", "mareforce"]
 BACKEND_DEFAULTED = ("num_generations", "discount", "rollout_buffer_size")  # null here: the backend's default
@@ -70,9 +75,17 @@ class RewardModelFields(FieldGroup):
         reward_freeze_backbone: train the scalar head only.
     """
 
-    def __init__(self, reward_model_name: str | None = None, reward_model_device: str | None = None,
-                 reward_learning_rate: float = 1e-5, reward_num_train_epochs: int = 1, reward_train_batch_size: int = 1,
-                 reward_max_length: int | None = None, reward_freeze_backbone: bool = False, **kwargs: Any):
+    def __init__(
+        self,
+        reward_model_name: str | None = None,
+        reward_model_device: str | None = None,
+        reward_learning_rate: float = 1e-5,
+        reward_num_train_epochs: int = 1,
+        reward_train_batch_size: int = 1,
+        reward_max_length: int | None = None,
+        reward_freeze_backbone: bool = False,
+        **kwargs: Any,
+    ):
         self._store(RewardModelFields.__init__, locals())
         require(reward_learning_rate > 0, "reward_learning_rate must be > 0.")
         require(reward_num_train_epochs >= 1, "reward_num_train_epochs must be >= 1.")
@@ -96,14 +109,22 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
 
     algorithm_name = "MARLHF"
 
-    def __init__(self, rl_algorithm: RlAlgorithm = "magrpo", critic_model_name: str | None = None,
-                 num_generations: int | None = None, discount: float | None = None,
-                 rollout_buffer_size: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        rl_algorithm: RlAlgorithm = "magrpo",
+        critic_model_name: str | None = None,
+        num_generations: int | None = None,
+        discount: float | None = None,
+        rollout_buffer_size: int | None = None,
+        **kwargs: Any,
+    ):
         self._store(MARLHF.__init__, {"rl_algorithm": rl_algorithm, "critic_model_name": critic_model_name})
         backend = BACKENDS[self.rl_algorithm]
         given = {"num_generations": num_generations, "discount": discount, "rollout_buffer_size": rollout_buffer_size}
-        super().__init__(**{name: value if value is not None else field_default(backend, name)
-                            for name, value in given.items()}, **kwargs)
+        super().__init__(
+            **{name: value if value is not None else field_default(backend, name) for name, value in given.items()},
+            **kwargs,
+        )
         self.backend_fields = {k: v for k, v in given.items() if v is not None}
         self.rl = backend(**self.rl_fields(backend))
         self._learned_reward: RewardCaller | None = None
@@ -111,33 +132,51 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
     def check_config(self) -> None:
         super().check_config()
         actor_critic = self.rl_algorithm in ("iac", "maac")
-        require(actor_critic or self.num_generations >= 2,
-                "num_generations must be >= 2 for MAGRPO-family MARLHF backends.")
-        require(not (self.collaboration is not None and actor_critic),
-                f"rl_algorithm={self.rl_algorithm!r} with collaboration_mode='centralized' is not supported: "
-                "centralized MARLHF runs the MAGRPO-family backends (magrpo, mareinforce, marloo, maremax); CoMLRL's "
-                "centralized IAC/MAAC backend is not built (docs/differences.md).")
+        require(
+            actor_critic or self.num_generations >= 2, "num_generations must be >= 2 for MAGRPO-family MARLHF backends."
+        )
+        require(
+            not (self.collaboration is not None and actor_critic),
+            f"rl_algorithm={self.rl_algorithm!r} with collaboration_mode='centralized' is not supported: "
+            "centralized MARLHF runs the MAGRPO-family backends (magrpo, mareinforce, marloo, maremax); CoMLRL's "
+            "centralized IAC/MAAC backend is not built (docs/differences.md).",
+        )
         check_model_sources(self.reward_model_name, "reward_model_name")
         check_model_sources(self.critic_model_name, "critic_model_name")
         self.backbone = backbone_source(self.agent_sources)  # what the reward model and critics default to
-        require(self.reward_model_name is not None or self.backbone is not None,
-                "reward_model_name must be provided: the agents are model objects without a name "
-                "(config._name_or_path) to load the reward model's backbone from.")
+        require(
+            self.reward_model_name is not None or self.backbone is not None,
+            "reward_model_name must be provided: the agents are model objects without a name "
+            "(config._name_or_path) to load the reward model's backbone from.",
+        )
         needs_critic = self.rl_algorithm == "maac" or (self.rl_algorithm == "iac" and self.use_separate_critic)
-        require(not needs_critic or self.critic_sources is not None or self.critic_model or self.critic_model_name
-                or self.backbone is not None,
-                "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without "
-                "a name (config._name_or_path) to load the critics from.")
+        require(
+            not needs_critic
+            or self.critic_sources is not None
+            or self.critic_model
+            or self.critic_model_name
+            or self.backbone is not None,
+            "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without "
+            "a name (config._name_or_path) to load the critics from.",
+        )
 
     def rl_fields(self, backend: type[MultiAgentModule]) -> dict[str, Any]:
         """The backend's fields: this module's values for every field it accepts (its defaults for the rest)."""
-        accepted = {name for klass in backend.__mro__ if "__init__" in vars(klass)
-                    for name in inspect.signature(klass.__init__).parameters if name not in ("self", "kwargs")}
+        accepted = {
+            name
+            for klass in backend.__mro__
+            if "__init__" in vars(klass)
+            for name in inspect.signature(klass.__init__).parameters
+            if name not in ("self", "kwargs")
+        }
         values = {k: v for k, v in self.field_values.items() if k in accepted and k not in BACKEND_DEFAULTED}
         values.update(self.backend_fields)
         if self.rl_algorithm in ("iac", "maac"):
-            values["critic_model"] = self.critic_model or self.critic_model_name or \
-                (None if self.critic_sources is not None else self.backbone)
+            values["critic_model"] = (
+                self.critic_model
+                or self.critic_model_name
+                or (None if self.critic_sources is not None else self.backbone)
+            )
         return values
 
     # ------------------------------------------------------------------ the backend's parts
@@ -145,8 +184,10 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
         self.rl.configure_model()
         if "reward_model" not in self._modules:
             self._modules["reward_model"] = JointRewardModel.from_pretrained(
-                self.reward_model_name or self.backbone, freeze_backbone=self.reward_freeze_backbone,
-                max_length=self.reward_max_length).train()  # from_pretrained gives eval mode; epoch 0 trains it
+                self.reward_model_name or self.backbone,
+                freeze_backbone=self.reward_freeze_backbone,
+                max_length=self.reward_max_length,
+            ).train()  # from_pretrained gives eval mode; epoch 0 trains it
             self._learned_reward = RewardCaller(RewardModelReward(self.reward_model, formatters=self.prompt_formatters))
         self.shard_models()
 
@@ -198,8 +239,14 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
 
     def optimizer_groups(self) -> list[dict[str, Any]]:
         self.configure_model()
-        return self.rl.optimizer_groups() + [{"params": list(self.reward_model.parameters()), "name": "reward_model",
-                                              "lr": self.reward_learning_rate, "agents": []}]
+        return self.rl.optimizer_groups() + [
+            {
+                "params": list(self.reward_model.parameters()),
+                "name": "reward_model",
+                "lr": self.reward_learning_rate,
+                "agents": [],
+            }
+        ]
 
     def trained_models(self):
         return self.rl.trained_models() + [(["reward_model"], self.reward_model)]
@@ -259,14 +306,23 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
     def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Any]]]:
         """The reward-model stage's update: Bradley–Terry on winner vs loser joint texts."""
         prompts = [[p.prompts[i] for p in pairs] for i in range(self.num_agents)]
-        winners = self.reward_model.score_joint(prompts, [[p.winner_completions[i] for p in pairs]
-                                                          for i in range(self.num_agents)])
-        losers = self.reward_model.score_joint(prompts, [[p.loser_completions[i] for p in pairs]
-                                                         for i in range(self.num_agents)])
+        winners = self.reward_model.score_joint(
+            prompts, [[p.winner_completions[i] for p in pairs] for i in range(self.num_agents)]
+        )
+        losers = self.reward_model.score_joint(
+            prompts, [[p.loser_completions[i] for p in pairs] for i in range(self.num_agents)]
+        )
         loss, diagnostics = bradley_terry_loss(winners, losers)
         assert_finite("reward model loss", loss, step=self.global_step)
-        yield loss, {"reward_model/loss": loss.detach(), "reward_model/accuracy": diagnostics["accuracy"],
-                     "reward_model/margin_mean": diagnostics["margin_mean"], "reward_model/num_pairs": len(pairs)}
+        yield (
+            loss,
+            {
+                "reward_model/loss": loss.detach(),
+                "reward_model/accuracy": diagnostics["accuracy"],
+                "reward_model/margin_mean": diagnostics["margin_mean"],
+                "reward_model/num_pairs": len(pairs),
+            },
+        )
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         return self.pair_records(max_nodes) if self.in_reward_model_stage else self.rl.completion_records(max_nodes)
@@ -296,8 +352,10 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
 
 
 ScoringReward = Literal["task", "reward_model", "oracle", "environment", "env", "model", "learned"]
-SCORING_REWARDS = {**{a: "task" for a in ("task", "oracle", "environment", "env")},
-                   **{a: "reward_model" for a in ("reward_model", "model", "learned")}}
+SCORING_REWARDS = {
+    **{a: "task" for a in ("task", "oracle", "environment", "env")},
+    **{a: "reward_model" for a in ("reward_model", "model", "learned")},
+}
 
 
 class MARLHFIter(IterativePreference, MARLHF):
@@ -321,20 +379,34 @@ class MARLHFIter(IterativePreference, MARLHF):
     pair_selections = ITERATIVE_PAIR_SELECTIONS
     keep_comparator_loaded = False  # free 'model' comparators after each collection: the RL stage needs the memory
 
-    def __init__(self, num_train_epochs: int = 2, reward_num_train_epochs: int = 2,
-                 preference_scoring_reward: ScoringReward = "task",
-                 preference_num_candidates: int = 20, preference_pairs_per_sample: int | None = 4,
-                 pair_selection: IterativePairSelection = "comparator_reward", **kwargs: Any):
+    def __init__(
+        self,
+        num_train_epochs: int = 2,
+        reward_num_train_epochs: int = 2,
+        preference_scoring_reward: ScoringReward = "task",
+        preference_num_candidates: int = 20,
+        preference_pairs_per_sample: int | None = 4,
+        pair_selection: IterativePairSelection = "comparator_reward",
+        **kwargs: Any,
+    ):
         scoring = str(preference_scoring_reward).strip().lower()
-        require(scoring in SCORING_REWARDS, f"preference_scoring_reward must be one of: task, reward_model. "
-                                            f"(got {preference_scoring_reward!r})")
+        require(
+            scoring in SCORING_REWARDS,
+            f"preference_scoring_reward must be one of: task, reward_model. (got {preference_scoring_reward!r})",
+        )
         require(num_train_epochs >= 1, "num_train_epochs must be >= 1.")
-        self._store(MARLHFIter.__init__, {"num_train_epochs": num_train_epochs,
-                                          "preference_scoring_reward": SCORING_REWARDS[scoring]})
+        self._store(
+            MARLHFIter.__init__,
+            {"num_train_epochs": num_train_epochs, "preference_scoring_reward": SCORING_REWARDS[scoring]},
+        )
         self.epochs_per_iteration = 1 + num_train_epochs
-        super().__init__(preference_num_candidates=preference_num_candidates,
-                         preference_pairs_per_sample=preference_pairs_per_sample, pair_selection=pair_selection,
-                         reward_num_train_epochs=reward_num_train_epochs, **kwargs)
+        super().__init__(
+            preference_num_candidates=preference_num_candidates,
+            preference_pairs_per_sample=preference_pairs_per_sample,
+            pair_selection=pair_selection,
+            reward_num_train_epochs=reward_num_train_epochs,
+            **kwargs,
+        )
         self._initial_reward_state: dict[str, Tensor] | None = None
         self._reward_model_round = -1  # the round whose pairs trained the current reward model
 
@@ -409,4 +481,3 @@ def backbone_source(agents: Any) -> str | None:
         if name:
             return str(name)
     return None
-

@@ -60,20 +60,30 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
     def build_engine(self, **options: Any) -> RolloutEngine:
         """The rollout tree: K samples per prompt, turns, joint actions, returns, early termination, transitions."""
         return super().build_engine(
-            num_generations=self.num_generations, num_turns=self.num_turns, joint_mode=self.joint_mode,
-            discount=self.discount, early_termination_threshold=self.early_termination_threshold,
-            external_transition=self.external_transition, external_prompt_passthrough=self.external_prompt_passthrough,
-            reward_per_node=self.reward_per_node, per_agent_rewards=not getattr(self, "centralized_critic", False),
-            **options)
+            num_generations=self.num_generations,
+            num_turns=self.num_turns,
+            joint_mode=self.joint_mode,
+            discount=self.discount,
+            early_termination_threshold=self.early_termination_threshold,
+            external_transition=self.external_transition,
+            external_prompt_passthrough=self.external_prompt_passthrough,
+            reward_per_node=self.reward_per_node,
+            per_agent_rewards=not getattr(self, "centralized_critic", False),
+            **options,
+        )
 
     def check_config(self) -> None:
         super().check_config()
-        require(self.num_turns == 1 or self.external_transition is not None,
-                f"Multi-turn {self.algorithm_name} requires an external_transition.")
-        require(not self.vllm_importance_sampling_correction or self.generation_backend == "vllm",
-                "vllm_importance_sampling_correction: true corrects for sampling by a vLLM engine, but "
-                f"generation_backend is {self.generation_backend!r}: set generation_backend: vllm, or remove "
-                "vllm_importance_sampling_correction (the other backends sample with the training weights).")
+        require(
+            self.num_turns == 1 or self.external_transition is not None,
+            f"Multi-turn {self.algorithm_name} requires an external_transition.",
+        )
+        require(
+            not self.vllm_importance_sampling_correction or self.generation_backend == "vllm",
+            "vllm_importance_sampling_correction: true corrects for sampling by a vLLM engine, but "
+            f"generation_backend is {self.generation_backend!r}: set generation_backend: vllm, or remove "
+            "vllm_importance_sampling_correction (the other backends sample with the training weights).",
+        )
         if self.reference_kl_enabled and self.reference_devices is not None:
             resolve_devices(self.reference_devices, self.num_agents, kind="reference_devices")  # 1 or N devices
 
@@ -94,8 +104,9 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
     def training_step(self, batch: list[Mapping[str, Any]], batch_idx: int):
         self.log_step(*self.train_step(batch, batch_idx))
 
-    def train_step(self, batch: list[Mapping[str, Any]], batch_idx: int) -> tuple[list[dict[str, float]],
-                                                                                   dict[str, float], dict[str, str]]:
+    def train_step(
+        self, batch: list[Mapping[str, Any]], batch_idx: int
+    ) -> tuple[list[dict[str, float]], dict[str, float], dict[str, str]]:
         """Sample ``batch``'s trees, buffer them, train on a full buffer; returns each update's metrics, the
         metrics of the fresh samples and what the progress bar shows (``log_step``'s arguments; MARLHF runs its
         backend's steps through this)."""
@@ -118,8 +129,13 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
     def policy(self) -> TeamPolicy:
         """The team as the data side sees it: the live agents sampling through the rollout engine."""
         if getattr(self, "_policy", None) is None:
-            self._policy = TeamPolicy(self.engine, self.policy_models(), self.tokenizers, reward=self.task_reward,
-                                      collaboration=self.collaboration)
+            self._policy = TeamPolicy(
+                self.engine,
+                self.policy_models(),
+                self.tokenizers,
+                reward=self.task_reward,
+                collaboration=self.collaboration,
+            )
         return self._policy
 
     def on_fit_start(self) -> None:
@@ -178,8 +194,12 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         """Agent ``agent``'s samples at ``nodes`` and their model inputs, one row per completion (node by node, K
         rows each): what scoring them with any model needs."""
         samples = [n.agents[agent] for n in nodes]
-        inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
-                              [s.completion_mask for s in samples], self.tokenizers[agent].pad_token_id)
+        inputs = collate_rows(
+            [s.prompt_ids for s in samples],
+            [s.completion_ids for s in samples],
+            [s.completion_mask for s in samples],
+            self.tokenizers[agent].pad_token_id,
+        )
         return samples, inputs
 
     @property
@@ -193,8 +213,12 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         forward per agent): π_train of the importance weights, whatever the policy lag at the update."""
         for i in range(self.num_agents):
             samples = [n.agents[i] for n in nodes]
-            inputs = collate_rows([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
-                                  [s.completion_mask for s in samples], self.tokenizers[i].pad_token_id)
+            inputs = collate_rows(
+                [s.prompt_ids for s in samples],
+                [s.completion_ids for s in samples],
+                [s.completion_mask for s in samples],
+                self.tokenizers[i].pad_token_id,
+            )
             logp = self.sampling_logprobs(i, samples, inputs)
             for s, rows in zip(samples, logp.split([s.completion_ids.shape[0] for s in samples])):
                 s.sampling_logprobs = rows[:, : s.completion_ids.shape[1]]
@@ -241,11 +265,18 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
         """What the agents wrote at the first ``max_nodes`` nodes of the last rollout (CompletionsLogger)."""
         if self.last_rollout is None:
             return []
-        return [{
-            "step": node.policy_version, "env_step": node.env_step, "turn": node.turn + 1, "prompts": [a.prompt for a in node.agents],
-            "completions": [a.texts for a in node.agents], "joint_actions": node.joint_index.tolist(),
-            "rewards": node.rewards.tolist(),
-        } for node in self.last_rollout.nodes[:max_nodes]]
+        return [
+            {
+                "step": node.policy_version,
+                "env_step": node.env_step,
+                "turn": node.turn + 1,
+                "prompts": [a.prompt for a in node.agents],
+                "completions": [a.texts for a in node.agents],
+                "joint_actions": node.joint_index.tolist(),
+                "rewards": node.rewards.tolist(),
+            }
+            for node in self.last_rollout.nodes[:max_nodes]
+        ]
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

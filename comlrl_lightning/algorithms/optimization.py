@@ -8,6 +8,8 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor
+
+
 class LearningRateSchedule:
     """Multiplier of a group's learning rate at its update ``step`` (0-based): linear warm-up over ``warmup``
     updates ((step + 1) / warmup), then ``constant``, or ``linear``/``cosine`` decay from 1 at update ``warmup``
@@ -59,7 +61,11 @@ def adamw_kernel(choice: str, params: Sequence[Tensor]) -> dict[str, bool]:
     all tensors; ~2x the for-loop step on CPU, benchmarks/README.md) where every parameter is a plain floating-point
     tensor on a CPU or CUDA device; ``foreach`` otherwise (e.g. FSDP-sharded DTensors)."""
     if choice == "auto":
-        fusable = all(type(p.data) is Tensor and p.device.type in ("cpu", "cuda") and p.dtype in
-                      (torch.float32, torch.float16, torch.bfloat16) for p in params)
+        fusable = all(
+            type(p.data) is Tensor
+            and p.device.type in ("cpu", "cuda")
+            and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            for p in params
+        )
         choice = "fused" if fusable else "foreach"
     return {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[choice]

@@ -28,8 +28,13 @@ from torch import Tensor
 from comlrl_lightning.algorithms.fields import require
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.core.advantages import BASELINES, compute_advantages
-from comlrl_lightning.core.losses import (assert_finite, importance_sampling_weights, kl_estimate,
-                                          policy_gradient_loss, token_loss_weights)
+from comlrl_lightning.core.losses import (
+    assert_finite,
+    importance_sampling_weights,
+    kl_estimate,
+    policy_gradient_loss,
+    token_loss_weights,
+)
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     micro_batches,
@@ -59,9 +64,16 @@ class PolicyBatch:
         def part(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[sl]
 
-        return PolicyBatch(trim_prompt_padding(select_rows(self.inputs, sl)), self.advantages[sl], self.weights[sl],
-                           part(self.ref_logprobs), part(self.old_logprobs), part(self.engine_logprobs),
-                           part(self.fresh), extras={name: value[sl] for name, value in self.extras.items()})
+        return PolicyBatch(
+            trim_prompt_padding(select_rows(self.inputs, sl)),
+            self.advantages[sl],
+            self.weights[sl],
+            part(self.ref_logprobs),
+            part(self.old_logprobs),
+            part(self.engine_logprobs),
+            part(self.fresh),
+            extras={name: value[sl] for name, value in self.extras.items()},
+        )
 
 
 class MAGRPO(OnPolicyModule):
@@ -83,18 +95,26 @@ class MAGRPO(OnPolicyModule):
 
     def check_config(self) -> None:
         super().check_config()
-        require(self.advantage_mode in BASELINES,
-                f"advantage_mode must be one of: {', '.join(BASELINES)} (got {self.advantage_mode!r}).")
+        require(
+            self.advantage_mode in BASELINES,
+            f"advantage_mode must be one of: {', '.join(BASELINES)} (got {self.advantage_mode!r}).",
+        )
         require(self.num_generations >= 2, "num_generations must be >= 2 (group baseline requires multiple samples).")
-        require(self.collaboration is None or self.num_turns == 1,
-                f"Centralized {self.algorithm_name.removeprefix('Centralized')} currently supports num_turns=1 only.")
+        require(
+            self.collaboration is None or self.num_turns == 1,
+            f"Centralized {self.algorithm_name.removeprefix('Centralized')} currently supports num_turns=1 only.",
+        )
 
     # ------------------------------------------------------------------ the update
     def losses(self, nodes: list[Node]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Agent by agent, micro-batch by micro-batch: the policy loss of each forward."""
         batches = [self.policy_batch(nodes, i) for i in range(self.num_agents)]
-        plans = [micro_batches(batch.inputs, self.micro_batch_size, self.micro_batch_tokens,
-                               shares_prompts(self.policy_model(i))) for i, batch in enumerate(batches)]
+        plans = [
+            micro_batches(
+                batch.inputs, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i))
+            )
+            for i, batch in enumerate(batches)
+        ]
         chunks = [[batch.rows(rows) for rows in plan] for batch, plan in zip(batches, plans)]
         self.check_update_fits([(self.policy_model(i), c.inputs) for i, agent in enumerate(chunks) for c in agent])
         for i, agent in enumerate(chunks):
@@ -112,8 +132,14 @@ class MAGRPO(OnPolicyModule):
                 gap.add(logp, chunk)
                 if c == len(agent) - 1 and gap.tokens:  # the mean over the agents, once per agent and update
                     shared["rollout/engine_logprob_gap"] = gap.mean() / self.num_agents
-                yield loss, {f"agent_{i}/loss": loss.detach(), **shared,
-                             **{f"agent_{i}/{name}": value for name, value in diagnostics.items()}}
+                yield (
+                    loss,
+                    {
+                        f"agent_{i}/loss": loss.detach(),
+                        **shared,
+                        **{f"agent_{i}/{name}": value for name, value in diagnostics.items()},
+                    },
+                )
 
     def policy_loss(self, agent: int, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """Agent ``agent``'s loss on one micro-batch from its token log-probs ``logp`` [B, T] (with grad) and the
@@ -127,8 +153,12 @@ class MAGRPO(OnPolicyModule):
         weights = batch.weights.to(device)
         if self.corrects_engine_sampling:  # π_train / π_engine of each sampled token, truncated or masked
             weights = weights * importance_sampling_weights(
-                batch.old_logprobs.to(device), batch.engine_logprobs.to(device), batch.inputs.completion_mask.to(device),
-                self.vllm_importance_sampling_mode, self.vllm_importance_sampling_cap)
+                batch.old_logprobs.to(device),
+                batch.engine_logprobs.to(device),
+                batch.inputs.completion_mask.to(device),
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_cap,
+            )
         loss, terms = policy_gradient_loss(logp, batch.advantages.to(device), weights, token_kl, kl_coef)
         # The reference KL's share of the loss (placement loss): the update's sum is logged as agent_i/reference_kl_loss.
         return loss, {"reference_kl_loss": terms["kl_loss"]} if token_kl is not None else {}
@@ -149,29 +179,46 @@ class MAGRPO(OnPolicyModule):
         def stored(name: str) -> Tensor | None:
             if getattr(samples[0], name) is None:
                 return None
-            return torch.cat([torch.nn.functional.pad(getattr(s, name), (0, width - getattr(s, name).shape[1]))
-                              for s in samples])
+            return torch.cat(
+                [torch.nn.functional.pad(getattr(s, name), (0, width - getattr(s, name).shape[1])) for s in samples]
+            )
 
-        fresh = torch.tensor([n.policy_version == self.global_step for n, s in zip(nodes, samples)
-                              for _ in range(s.completion_ids.shape[0])])
+        fresh = torch.tensor(
+            [
+                n.policy_version == self.global_step
+                for n, s in zip(nodes, samples)
+                for _ in range(s.completion_ids.shape[0])
+            ]
+        )
         # The importance weights' π_train is the training model's at sampling (attach_training_logprobs).
         old = stored("sampling_logprobs") if self.corrects_engine_sampling else stored("old_logprobs")
         extras = {name: torch.cat([s.extras[name] for s in samples]) for name in samples[0].extras}
-        return PolicyBatch(inputs, self.advantages(credit).reshape(-1), weights, stored("ref_logprobs"), old,
-                           stored("engine_logprobs"), fresh, extras=extras)
+        return PolicyBatch(
+            inputs,
+            self.advantages(credit).reshape(-1),
+            weights,
+            stored("ref_logprobs"),
+            old,
+            stored("engine_logprobs"),
+            fresh,
+            extras=extras,
+        )
 
     def batch_metrics(self, nodes: list[Node]) -> dict[str, float]:
         # The reward of the samples is ``rollout/turn_t/reward_mean`` (on_policy.py), once; an update adds the
         # returns its advantages are built from.
         turn = nodes[0].turn + 1
-        return {**super().batch_metrics(nodes),
-                f"turn_{turn}/expected_return": sum(n.mean_return for n in nodes) / len(nodes)}
+        return {
+            **super().batch_metrics(nodes),
+            f"turn_{turn}/expected_return": sum(n.mean_return for n in nodes) / len(nodes),
+        }
 
     def rollout_metrics(self, rollout) -> dict[str, float]:
         metrics = super().rollout_metrics(rollout)
         if self.collaboration is not None:  # joint answers the adapter could not split (scored as empty roles)
-            metrics["collaboration/parse_failure_rate"] = \
-                self.collaboration.take_parse_failures() / max(rollout.num_joint_actions, 1)
+            metrics["collaboration/parse_failure_rate"] = self.collaboration.take_parse_failures() / max(
+                rollout.num_joint_actions, 1
+            )
         return metrics
 
 
@@ -197,8 +244,11 @@ class EngineGap:
 def advantage_metrics(advantages: Tensor) -> dict[str, Tensor]:
     """Mean and spread of one agent's advantages in an update, and the share of its samples with advantage 0 (a
     group whose returns were all equal: no learning signal, trl's ``frac_reward_zero_std``)."""
-    return {"advantage_mean": advantages.mean(), "advantage_std": advantages.std(unbiased=False),
-            "zero_advantage_ratio": (advantages == 0).float().mean()}
+    return {
+        "advantage_mean": advantages.mean(),
+        "advantage_std": advantages.std(unbiased=False),
+        "zero_advantage_ratio": (advantages == 0).float().mean(),
+    }
 
 
 class MAREINFORCE(MAGRPO):
@@ -237,6 +287,8 @@ class CentralizedMAGRPO(MAGRPO):
     algorithm_name = "CentralizedMAGRPO"
 
     def __init__(self, collaboration_mode: str = "centralized", **kwargs: Any):
-        require(str(collaboration_mode).strip().lower() == "centralized",
-                "CentralizedMAGRPO requires centralized collaboration (collaboration_mode='centralized').")
+        require(
+            str(collaboration_mode).strip().lower() == "centralized",
+            "CentralizedMAGRPO requires centralized collaboration (collaboration_mode='centralized').",
+        )
         super().__init__(collaboration_mode="centralized", **kwargs)

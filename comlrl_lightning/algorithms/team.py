@@ -16,6 +16,8 @@ from comlrl_lightning.algorithms.fields import require
 from comlrl_lightning.config_errors import ConfigurationError, require_config
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import build_formatters
+
+
 @dataclass
 class Team:
     """What the module is built from: the actors it trains and the formatters/reward they are scored with."""
@@ -28,8 +30,15 @@ class Team:
     collaboration: CentralizedCollaboration | None = None
 
 
-def team_for(collaboration_mode: str, agents: Any, num_agents: int | None, tokenizers: Any, formatters: Any,
-             reward_func: Any, adapter: Any = None) -> Team:
+def team_for(
+    collaboration_mode: str,
+    agents: Any,
+    num_agents: int | None,
+    tokenizers: Any,
+    formatters: Any,
+    reward_func: Any,
+    adapter: Any = None,
+) -> Team:
     """``decentralized``: N agents, as given. ``centralized`` (the paper's single-model baseline): ONE actor writes a
     joint answer for the ``num_agents`` roles; its formatter is the adapter's joint prompt and its reward splits the
     answer and calls the user's N-role reward (``rollout.centralized.CentralizedCollaboration``)."""
@@ -37,11 +46,17 @@ def team_for(collaboration_mode: str, agents: Any, num_agents: int | None, token
         return Team(agents, num_agents, tokenizers, formatters, reward_func)
     actors = list(agents) if isinstance(agents, (list, tuple)) else [agents]
     require(len(actors) == 1, f"Centralized collaboration requires exactly one actor model (got {len(actors)}).")
-    require(not (isinstance(tokenizers, (list, tuple)) and len(tokenizers) != 1),
-            "Centralized collaboration requires one actor tokenizer.")
+    require(
+        not (isinstance(tokenizers, (list, tuple)) and len(tokenizers) != 1),
+        "Centralized collaboration requires one actor tokenizer.",
+    )
     num_roles = 2 if num_agents is None else int(num_agents)
-    collaboration = CentralizedCollaboration(check_adapter(adapter or TaggedCentralizedAdapter()),
-                                             build_formatters(formatters, num_roles), reward_func, num_roles)
+    collaboration = CentralizedCollaboration(
+        check_adapter(adapter or TaggedCentralizedAdapter()),
+        build_formatters(formatters, num_roles),
+        reward_func,
+        num_roles,
+    )
     return Team(actors, 1, tokenizers, [collaboration.formatter], collaboration, collaboration)
 
 
@@ -58,22 +73,34 @@ def lora_plan(agents: Any, num_agents: int | None, fields: Mapping[str, Any]) ->
     sources = list(agents) if isinstance(agents, (list, tuple)) else [agents]
     folders = [s for s in sources if is_adapter_dir(s)]
     if folders:
-        require(len(folders) == len(sources), "agents: either every agent is a saved LoRA adapter folder or none is "
-                                              f"(got {len(folders)} adapter folders among {len(sources)} agents).")
+        require(
+            len(folders) == len(sources),
+            "agents: either every agent is a saved LoRA adapter folder or none is "
+            f"(got {len(folders)} adapter folders among {len(sources)} agents).",
+        )
         bases = {adapter_base(f) for f in folders}
-        require(len(bases) == 1, f"agents: the adapter folders were trained on different base models {sorted(bases)}; "
-                                 "a LoRA team shares one base.")
+        require(
+            len(bases) == 1,
+            f"agents: the adapter folders were trained on different base models {sorted(bases)}; "
+            "a LoRA team shares one base.",
+        )
         return {"base": bases.pop(), "num_agents": len(folders), "adapters": [str(f) for f in folders], "settings": {}}
     if fields.get("lora_rank") is None:
         return None
     distinct = {s if isinstance(s, str) else id(s) for s in sources}
-    require(len(distinct) == 1 and isinstance(sources[0], str),
-            f"lora_rank={fields['lora_rank']}: a LoRA team puts one adapter per agent on ONE base model; set agents to "
-            f"one model name or path (got {sources!r}). Teams of different models train as full copies (lora_rank: "
-            "null).")
+    require(
+        len(distinct) == 1 and isinstance(sources[0], str),
+        f"lora_rank={fields['lora_rank']}: a LoRA team puts one adapter per agent on ONE base model; set agents to "
+        f"one model name or path (got {sources!r}). Teams of different models train as full copies (lora_rank: "
+        "null).",
+    )
     n = len(sources) if isinstance(agents, (list, tuple)) else (num_agents or 2)
-    settings = {"rank": fields["lora_rank"], "alpha": fields["lora_alpha"], "dropout": fields["lora_dropout"],
-                "target_modules": fields["lora_target_modules"]}
+    settings = {
+        "rank": fields["lora_rank"],
+        "alpha": fields["lora_alpha"],
+        "dropout": fields["lora_dropout"],
+        "target_modules": fields["lora_target_modules"],
+    }
     return {"base": sources[0], "num_agents": n, "adapters": [], "settings": settings}
 
 
@@ -87,46 +114,64 @@ def check_strategy(trainer: Any, module: Any) -> None:
 
     strategy, name = trainer.strategy, type(trainer.strategy).__name__
     if isinstance(strategy, ModelParallelStrategy):
-        require_config(getattr(strategy, "_tensor_parallel_size", 1) == 1,
-                       f"trainer.strategy ModelParallelStrategy: tensor_parallel_size must be 1 (got "
-                       f"{strategy._tensor_parallel_size!r}; its default `auto` is every device of a node): agents are "
-                       "sharded over the data-parallel ranks with FSDP2 and tensor parallelism is not available. Set "
-                       "trainer.strategy.init_args.tensor_parallel_size 1 and data_parallel_size to the number of "
-                       "processes.")
-        require_config(module.lora is None, "trainer.strategy ModelParallelStrategy (FSDP) with a LoRA team "
-                                            "(lora_rank) is not available: a LoRA team's base is frozen and held once, "
-                                            "so use trainer.strategy ddp.")
-        require_config(module.generation_backend == "hf",
-                       f"generation_backend: {module.generation_backend} with trainer.strategy ModelParallelStrategy "
-                       "(FSDP) is not available: the engine would need each sharded agent's whole weights after every "
-                       "update. Use trainer.strategy ddp with this backend, or generation_backend: hf under FSDP.")
-        require_config(module.generation_dtype == "model",
-                       f"generation_dtype {module.generation_dtype!r} with trainer.strategy ModelParallelStrategy "
-                       "(FSDP) is not available: a sharded agent has no whole weights to copy between steps. Set "
-                       "generation_dtype: model, or load the agents in bf16 (model_config: {dtype: bfloat16}).")
+        check_sharded(strategy, module)
     elif not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or "DeepSpeed" in name:
         raise ConfigurationError(
             f"trainer.strategy {name} is not supported; use a single device (trainer.devices: 1), data-parallel "
             "training (trainer.strategy: ddp, any trainer.devices and trainer.num_nodes), or agents sharded with "
             "FSDP2 (trainer.strategy: lightning.pytorch.strategies.ModelParallelStrategy with tensor_parallel_size: "
-            "1; Lightning's FSDPStrategy is FSDP1, which this project does not use) (docs/scaling.md).")
+            "1; Lightning's FSDPStrategy is FSDP1, which this project does not use) (docs/scaling.md)."
+        )
     accelerator = type(getattr(trainer, "accelerator", None)).__name__
-    require_config(not module.vllm_enable_sleep_mode or module.generation_backend != "vllm"
-                   or accelerator == "CUDAAccelerator",
-                   f"vllm_enable_sleep_mode: true needs a GPU (its memory is what sleep mode releases), but the trainer "
-                   f"runs on {accelerator.removesuffix('Accelerator')}: set vllm_enable_sleep_mode: false.")
+    require_config(
+        not module.vllm_enable_sleep_mode or module.generation_backend != "vllm" or accelerator == "CUDAAccelerator",
+        f"vllm_enable_sleep_mode: true needs a GPU (its memory is what sleep mode releases), but the trainer "
+        f"runs on {accelerator.removesuffix('Accelerator')}: set vllm_enable_sleep_mode: false.",
+    )
     if module.parallel_training != "mp" and module.agent_devices is not None and trainer.world_size > 1:
         raise ConfigurationError(
             f"agent_devices/critic_devices without parallel_training: mp place the whole team on ONE device "
             f"({module.agent_devices[0]}), but trainer.strategy {name} runs {trainer.world_size} processes "
             "(trainer.devices x trainer.num_nodes), each with its own device: remove agent_devices and critic_devices "
-            "(each process then places its team), or run one process (docs/scaling.md).")
+            "(each process then places its team), or run one process (docs/scaling.md)."
+        )
     if module.parallel_training == "mp" and trainer.world_size > 1:
         raise ConfigurationError(
             f"parallel_training='mp' places agents on the devices of one process, but trainer.strategy {name} runs "
             f"{trainer.world_size} processes (trainer.devices x trainer.num_nodes). Use one of them: "
             "parallel_training: mp with trainer.devices: 1, or trainer.strategy: ddp with parallel_training: none "
-            "(docs/scaling.md).")
+            "(docs/scaling.md)."
+        )
+
+
+def check_sharded(strategy: Any, module: Any) -> None:
+    """What agents sharded with FSDP2 (``ModelParallelStrategy``) can train with."""
+    require_config(
+        getattr(strategy, "_tensor_parallel_size", 1) == 1,
+        f"trainer.strategy ModelParallelStrategy: tensor_parallel_size must be 1 (got "
+        f"{strategy._tensor_parallel_size!r}; its default `auto` is every device of a node): agents are "
+        "sharded over the data-parallel ranks with FSDP2 and tensor parallelism is not available. Set "
+        "trainer.strategy.init_args.tensor_parallel_size 1 and data_parallel_size to the number of "
+        "processes.",
+    )
+    require_config(
+        module.lora is None,
+        "trainer.strategy ModelParallelStrategy (FSDP) with a LoRA team "
+        "(lora_rank) is not available: a LoRA team's base is frozen and held once, "
+        "so use trainer.strategy ddp.",
+    )
+    require_config(
+        module.generation_backend == "hf",
+        f"generation_backend: {module.generation_backend} with trainer.strategy ModelParallelStrategy "
+        "(FSDP) is not available: the engine would need each sharded agent's whole weights after every "
+        "update. Use trainer.strategy ddp with this backend, or generation_backend: hf under FSDP.",
+    )
+    require_config(
+        module.generation_dtype == "model",
+        f"generation_dtype {module.generation_dtype!r} with trainer.strategy ModelParallelStrategy "
+        "(FSDP) is not available: a sharded agent has no whole weights to copy between steps. Set "
+        "generation_dtype: model, or load the agents in bf16 (model_config: {dtype: bfloat16}).",
+    )
 
 
 def team_placement(spec: Any, n: int, kind: str) -> list[torch.device] | None:

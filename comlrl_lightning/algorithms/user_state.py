@@ -15,8 +15,14 @@ import copy
 from typing import Any
 
 # Module fields whose objects may carry state (``formatters``: each formatter, as ``formatters.<i>``).
-STATEFUL_FIELDS = ("reward_func", "reward_processor", "external_transition", "eval_logger", "eval_aggregator",
-                   "metrics_callback")
+STATEFUL_FIELDS = (
+    "reward_func",
+    "reward_processor",
+    "external_transition",
+    "eval_logger",
+    "eval_aggregator",
+    "metrics_callback",
+)
 
 
 def _class_name(obj: Any) -> str:
@@ -39,8 +45,10 @@ def save_user_states(fields: dict[str, Any]) -> dict[str, dict[str, Any]]:
     saved = {}
     for name, obj in user_objects(fields).items():
         if not callable(getattr(obj, "load_state_dict", None)):
-            raise ValueError(f"{name} ({_class_name(obj)}) defines state_dict but no load_state_dict: a checkpoint "
-                             "could save its state but never restore it; define both, or neither.")
+            raise ValueError(
+                f"{name} ({_class_name(obj)}) defines state_dict but no load_state_dict: a checkpoint "
+                "could save its state but never restore it; define both, or neither."
+            )
         saved[name] = {"class": _class_name(obj), "state": copy.deepcopy(obj.state_dict())}
     return saved
 
@@ -54,15 +62,21 @@ def load_user_states(fields: dict[str, Any], saved: dict[str, dict[str, Any]] | 
     current = user_objects(fields)
     for name in sorted(set(saved) | set(current)):
         if name not in current:
-            raise ValueError(f"The checkpoint holds the state of {name} (a {saved[name]['class']}), but this run's "
-                             f"{name} has no state_dict/load_state_dict: give the object the checkpointed run had.")
+            raise ValueError(
+                f"The checkpoint holds the state of {name} (a {saved[name]['class']}), but this run's "
+                f"{name} has no state_dict/load_state_dict: give the object the checkpointed run had."
+            )
         if name not in saved:
-            raise ValueError(f"{name} (a {_class_name(current[name])}) defines state_dict, but the checkpoint holds "
-                             f"no state for it (the checkpointed run's {name} had none): resume with the objects that "
-                             "run had.")
+            raise ValueError(
+                f"{name} (a {_class_name(current[name])}) defines state_dict, but the checkpoint holds "
+                f"no state for it (the checkpointed run's {name} had none): resume with the objects that "
+                "run had."
+            )
         if saved[name]["class"] != _class_name(current[name]):
-            raise ValueError(f"The checkpoint holds the state of a {saved[name]['class']} as {name}, but this run's "
-                             f"{name} is a {_class_name(current[name])}: resume with the object the checkpointed run "
-                             "had.")
+            raise ValueError(
+                f"The checkpoint holds the state of a {saved[name]['class']} as {name}, but this run's "
+                f"{name} is a {_class_name(current[name])}: resume with the object the checkpointed run "
+                "had."
+            )
     for name, obj in current.items():
         obj.load_state_dict(copy.deepcopy(saved[name]["state"]))

@@ -9,5 +9,13 @@ from comlrl_lightning.callbacks.reference import ReferenceModels
 from comlrl_lightning.callbacks.rounds import RoundMetrics
 from comlrl_lightning.callbacks.timing import PhaseTimer
 
-__all__ = ["RunCheckpoints", "CompletionsLogger", "EvaluationCallback", "PhaseTimer", "PolicyCheckpoints", "PredictionWriter",
-           "ReferenceModels", "RoundMetrics"]
+__all__ = [
+    "RunCheckpoints",
+    "CompletionsLogger",
+    "EvaluationCallback",
+    "PhaseTimer",
+    "PolicyCheckpoints",
+    "PredictionWriter",
+    "ReferenceModels",
+    "RoundMetrics",
+]

@@ -108,8 +108,10 @@ class RunCheckpoints(ModelCheckpoint):
             signal.raise_signal(signum)
             return
         self._stop_signal = signum
-        sys.stderr.write(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint and stopping "
-                         "(resume with --ckpt_path last; Ctrl-C again stops at once, without a checkpoint)\n")
+        sys.stderr.write(
+            f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint and stopping "
+            "(resume with --ckpt_path last; Ctrl-C again stops at once, without a checkpoint)\n"
+        )
         sys.stderr.flush()
 
     def _restore_handlers(self) -> None:
@@ -152,6 +154,9 @@ def wandb_identity(loggers: Any) -> dict[str, str] | None:
     for logger in loggers or ():
         run = getattr(logger, "_experiment", None) if type(logger).__name__ == "WandbLogger" else None
         if run is not None and isinstance(getattr(run, "id", None), str) and run.id:
-            return {key: value for key in ("id", "project", "entity")
-                    if isinstance(value := getattr(run, key, None), str) and value}
+            return {
+                key: value
+                for key in ("id", "project", "entity")
+                if isinstance(value := getattr(run, key, None), str) and value
+            }
     return None

@@ -39,7 +39,15 @@ class CompletionsLogger(Callback):
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger) and rows:
-                data = [[r["step"], r["turn"], i, p, c, r["rewards"][0]]
-                        for r in rows for i, (p, cs) in enumerate(zip(r["prompts"], r["completions"])) for c in cs[:1]]
-                logger.log_text("completions", columns=["step", "turn", "agent", "prompt", "completion", "reward"],
-                                data=data, step=trainer.global_step)
+                data = [
+                    [r["step"], r["turn"], i, p, c, r["rewards"][0]]
+                    for r in rows
+                    for i, (p, cs) in enumerate(zip(r["prompts"], r["completions"]))
+                    for c in cs[:1]
+                ]
+                logger.log_text(
+                    "completions",
+                    columns=["step", "turn", "agent", "prompt", "completion", "reward"],
+                    data=data,
+                    step=trainer.global_step,
+                )

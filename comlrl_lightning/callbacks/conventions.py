@@ -34,15 +34,24 @@ if _RICH_AVAILABLE:
 def is_default_bar(bar: Any) -> bool:
     """The bar ``Trainer`` adds when none is given: Lightning's class itself, at its default refresh rate (and not
     one a config chose: the CLI marks those ``chosen``)."""
-    return type(bar) in DEFAULT_BARS and bar.refresh_rate == type(bar)().refresh_rate and not getattr(bar, "chosen", False)
+    return (
+        type(bar) in DEFAULT_BARS and bar.refresh_rate == type(bar)().refresh_rate and not getattr(bar, "chosen", False)
+    )
 
 
 def is_default_checkpoint(callback: Any) -> bool:
     """The ``ModelCheckpoint()`` ``Trainer`` adds when none is given (Lightning's class, nothing configured)."""
-    return (type(callback) is ModelCheckpoint and callback.dirpath is None and callback.filename is None
-            and callback.monitor is None and not callback.save_last and callback.save_top_k == 1
-            and not callback._every_n_train_steps and callback._every_n_epochs == 1
-            and callback._train_time_interval is None)
+    return (
+        type(callback) is ModelCheckpoint
+        and callback.dirpath is None
+        and callback.filename is None
+        and callback.monitor is None
+        and not callback.save_last
+        and callback.save_top_k == 1
+        and not callback._every_n_train_steps
+        and callback._every_n_epochs == 1
+        and callback._train_time_interval is None
+    )
 
 
 def run_conventions(trainer: Any) -> list[Callback]:

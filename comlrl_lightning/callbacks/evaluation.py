@@ -60,8 +60,10 @@ class EvaluationCallback(Callback):
         items = datamodule.eval_items(self.eval_num_samples) if hasattr(datamodule, "eval_items") else []
         if not items:
             if not self._warned:
-                log.warning("Evaluation is on (eval_interval=%d) but the data module has no eval set; skipping.",
-                            self.eval_interval)
+                log.warning(
+                    "Evaluation is on (eval_interval=%d) but the data module has no eval set; skipping.",
+                    self.eval_interval,
+                )
                 self._warned = True
             return None
         bar = trainer.progress_bar_callback

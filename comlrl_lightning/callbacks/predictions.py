@@ -23,14 +23,18 @@ class PredictionWriter(BasePredictionWriter):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "predict":
             return
-        name = self.filename if trainer.world_size == 1 else \
-            self.filename.replace(".jsonl", f".rank{trainer.global_rank}.jsonl")
+        name = (
+            self.filename
+            if trainer.world_size == 1
+            else self.filename.replace(".jsonl", f".rank{trainer.global_rank}.jsonl")
+        )
         self.path = run_root(trainer) / name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("")  # a new predict run replaces the file
 
-    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx: int,
-                           dataloader_idx: int) -> None:
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx: int, dataloader_idx: int
+    ) -> None:
         with self.path.open("a", encoding="utf-8") as f:
             for row in prediction:
                 f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")

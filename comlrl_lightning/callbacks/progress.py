@@ -59,7 +59,9 @@ def rate(seconds_per_update: float | None) -> str:
     """``12.3 s/update`` for slow updates, ``2.50 updates/s`` for fast ones."""
     if not seconds_per_update:
         return ""
-    return f"{seconds_per_update:.1f} s/update" if seconds_per_update >= 1 else f"{1 / seconds_per_update:.2f} updates/s"
+    return (
+        f"{seconds_per_update:.1f} s/update" if seconds_per_update >= 1 else f"{1 / seconds_per_update:.2f} updates/s"
+    )
 
 
 def value(v: Any) -> str:
@@ -69,7 +71,9 @@ def value(v: Any) -> str:
 def evaluation_line(trainer, metrics: Mapping[str, float], final: bool) -> str:
     """``evaluation at update 8 (env_step 64): eval/turn_1/reward_mean 2.13, ...``."""
     shown = ", ".join(f"{k} {value(float(v))}" for k, v in metrics.items() if k != "env_step")
-    where = f"update {trainer.global_step}" + (f" (env_step {int(metrics['env_step'])})" if "env_step" in metrics else "")
+    where = f"update {trainer.global_step}" + (
+        f" (env_step {int(metrics['env_step'])})" if "env_step" in metrics else ""
+    )
     return f"{'final evaluation' if final else 'evaluation'} at {where}: {shown}"
 
 
@@ -181,8 +185,10 @@ if _RICH_AVAILABLE:
             return train_description(self.trainer)
 
         def configure_columns(self, trainer) -> list:
-            return [UpdateSpeedColumn(style=c.style) if isinstance(c, ProcessingSpeedColumn) else c
-                    for c in super().configure_columns(trainer)]
+            return [
+                UpdateSpeedColumn(style=c.style) if isinstance(c, ProcessingSpeedColumn) else c
+                for c in super().configure_columns(trainer)
+            ]
 
         def on_train_epoch_start(self, trainer, pl_module) -> None:
             super().on_train_epoch_start(trainer, pl_module)
@@ -193,8 +199,9 @@ if _RICH_AVAILABLE:
             if not self.is_disabled and self.train_progress_bar_id is None:
                 self._initialize_train_progress_bar_id()
             if self.progress is not None and self.train_progress_bar_id is not None and counts_updates(trainer):
-                self.progress.update(self.train_progress_bar_id,
-                                     seconds_per_update=self.pace.seconds_per_update(trainer))
+                self.progress.update(
+                    self.train_progress_bar_id, seconds_per_update=self.pace.seconds_per_update(trainer)
+                )
             self._update(self.train_progress_bar_id, train_completed(trainer, batch_idx))
             self._update_metrics(trainer, pl_module)
             self.refresh()
@@ -255,19 +262,28 @@ class UpdateLineProgressBar(_Counting, ProgressBar):
         if not updated and now - self._last_line < self.min_interval:
             return
         if counts_updates(trainer):
-            done = f"update {step}/{trainer.max_steps}" if step - self._last_step <= 1 else \
-                f"updates {self._last_step + 1}-{step}/{trainer.max_steps}"
+            done = (
+                f"update {step}/{trainer.max_steps}"
+                if step - self._last_step <= 1
+                else f"updates {self._last_step + 1}-{step}/{trainer.max_steps}"
+            )
         else:
             epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-            done = f"epoch {trainer.current_epoch + 1}{epochs} batch {batch_idx + 1}/{trainer.num_training_batches} " \
-                   f"| update {step}"
+            done = (
+                f"epoch {trainer.current_epoch + 1}{epochs} batch {batch_idx + 1}/{trainer.num_training_batches} "
+                f"| update {step}"
+            )
         if not updated:
             done += " (sampling; no update yet)"
         batches = trainer.num_training_batches
         total = batches * trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
         eta = self.pace.eta(trainer, trainer.current_epoch * batches + batch_idx + 1, total)
-        parts = [done, self._metrics(trainer, pl_module), rate(self.pace.seconds_per_update(trainer)),
-                 f"ETA {duration(eta)}" if eta is not None else ""]
+        parts = [
+            done,
+            self._metrics(trainer, pl_module),
+            rate(self.pace.seconds_per_update(trainer)),
+            f"ETA {duration(eta)}" if eta is not None else "",
+        ]
         self.print(" | ".join(p for p in parts if p))
         self._last_step, self._last_line = step, now
 
@@ -275,8 +291,9 @@ class UpdateLineProgressBar(_Counting, ProgressBar):
         self.print(f"training done: {trainer.global_step} updates in {duration(time.monotonic() - self.pace.started)}")
 
     def on_evaluation_start(self, trainer, num_items: int, final: bool) -> None:
-        self.print(f"{'final evaluation' if final else 'evaluation'} of {num_items} items at update "
-                   f"{trainer.global_step} ...")
+        self.print(
+            f"{'final evaluation' if final else 'evaluation'} of {num_items} items at update {trainer.global_step} ..."
+        )
 
     def _stage_start(self, what: str, batches: Any) -> None:
         self._last_line = time.monotonic()

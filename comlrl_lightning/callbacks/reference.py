@@ -34,11 +34,12 @@ class ReferenceModels(Callback):
         devices = resolve_devices(self.devices, n, kind="reference_devices") if self.devices is not None else None
         copies: dict[int, torch.nn.Module] = {}
         self.models = []
-        for i, agent in enumerate(pl_module.agents):
+        for agent in pl_module.agents:
             if id(agent) not in copies:  # shared weights share one reference
                 team = getattr(agent, "team", None)  # a LoRA team: the base with its adapters off, not a copy
-                copies[id(agent)] = team.reference() if team is not None else \
-                    copy.deepcopy(agent).eval().requires_grad_(False)
+                copies[id(agent)] = (
+                    team.reference() if team is not None else copy.deepcopy(agent).eval().requires_grad_(False)
+                )
             self.models.append(copies[id(agent)])
         self._devices = devices
         pl_module.reference = self

@@ -50,8 +50,9 @@ class RoundMetrics(Callback):
             if plots and type(logger).__name__ == "TensorBoardLogger":
                 for side, values in (("target", report.target_raw), ("comparator", report.comparator_raw)):
                     if values:
-                        logger.experiment.add_histogram(f"iter/reward_distribution/{side}", torch.tensor(values),
-                                                        global_step=report.iteration + 1)
+                        logger.experiment.add_histogram(
+                            f"iter/reward_distribution/{side}", torch.tensor(values), global_step=report.iteration + 1
+                        )
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
 
     def write_distributions(self, trainer, report: RoundReport, metrics: dict[str, float]) -> dict[str, str]:
@@ -60,14 +61,22 @@ class RoundMetrics(Callback):
         low, high = self.reward_range
         label = f"iteration_{report.iteration + 1:04d}"
         record = distribution_record(
-            report.iteration + 1, low, high, target=report.target_raw, comparator=report.comparator_raw,
+            report.iteration + 1,
+            low,
+            high,
+            target=report.target_raw,
+            comparator=report.comparator_raw,
             selected_target=[p.target_raw_reward for p in report.train if p.target_raw_reward is not None],
-            selected_comparator=[p.comparator_raw_reward for p in report.train if p.comparator_raw_reward is not None])
+            selected_comparator=[p.comparator_raw_reward for p in report.train if p.comparator_raw_reward is not None],
+        )
         directory = self.dirs.get(trainer, "reward_distributions")
         write_json_atomic(record, directory / f"{label}.json")
         metrics.update(distribution_metrics(record, pair_count=len(report.train)))
         plots = {}
-        for part, prefix in (("candidate", "iter/reward_distribution"), ("selected", "iter/selected_reward_distribution")):
+        for part, prefix in (
+            ("candidate", "iter/reward_distribution"),
+            ("selected", "iter/selected_reward_distribution"),
+        ):
             for kind in CHART_KINDS:
                 svg = svg_chart(record[part], record["bin_edges"], kind)
                 plots[f"{prefix}/{label}/{kind}_plot"] = svg

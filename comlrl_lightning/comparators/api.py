@@ -43,10 +43,17 @@ __all__ = [
     "normalize_api_format",
 ]
 
-API_FORMAT = Choice("comparator_api_format", {
-    "generic": (), "openai": ("openai_chat", "chat"), "anthropic": ("anthropic_messages", "messages"),
-    "openai_responses": ("responses", "codex")}, message="{field} must be one of: {allowed}.",
-    spelling=lambda value: str(value if value is not None else "generic").strip().lower().replace("-", "_"))
+API_FORMAT = Choice(
+    "comparator_api_format",
+    {
+        "generic": (),
+        "openai": ("openai_chat", "chat"),
+        "anthropic": ("anthropic_messages", "messages"),
+        "openai_responses": ("responses", "codex"),
+    },
+    message="{field} must be one of: {allowed}.",
+    spelling=lambda value: str(value if value is not None else "generic").strip().lower().replace("-", "_"),
+)
 API_FORMATS: Tuple[str, ...] = API_FORMAT.values
 API_FORMAT_ALIASES: Dict[str, str] = API_FORMAT.aliases
 normalize_api_format = API_FORMAT
@@ -133,8 +140,12 @@ class ApiComparatorConfig:
             if not isinstance(self.headers, Mapping):
                 raise ValueError("comparator_api_headers must be a mapping of header names to values or null.")
             self.headers = {str(k): str(v) for k, v in self.headers.items()}
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
-                or not math.isfinite(self.timeout) or self.timeout <= 0:
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, (int, float))
+            or not math.isfinite(self.timeout)
+            or self.timeout <= 0
+        ):
             raise ValueError("comparator_api_timeout must be > 0.")
         self.timeout = float(self.timeout)
         if self.extra_body is not None:
@@ -147,8 +158,12 @@ class ApiComparatorConfig:
             raise ValueError("comparator_api_max_n_per_request must be >= 1 or null.")
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
             raise ValueError("comparator_api_max_retries must be >= 0.")
-        if isinstance(self.backoff_s, bool) or not isinstance(self.backoff_s, (int, float)) \
-                or not math.isfinite(self.backoff_s) or self.backoff_s < 0:
+        if (
+            isinstance(self.backoff_s, bool)
+            or not isinstance(self.backoff_s, (int, float))
+            or not math.isfinite(self.backoff_s)
+            or self.backoff_s < 0
+        ):
             raise ValueError("comparator_api_backoff_s must be >= 0.")
         self.backoff_s = float(self.backoff_s)
         if not _is_positive_int(self.max_concurrency):
@@ -158,12 +173,15 @@ class ApiComparatorConfig:
             if value is None and name == "deadline_s":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"comparator_api_{name} must be > 0{' or null' if name == 'deadline_s' else ''} "
-                                 f"(got {value!r}).")
+                raise ValueError(
+                    f"comparator_api_{name} must be > 0{' or null' if name == 'deadline_s' else ''} (got {value!r})."
+                )
             setattr(self, name, float(value))
         if self.key_env and not self.key and not os.environ.get(self.key_env):
-            raise ValueError(f"comparator_api_key_env names the environment variable {self.key_env!r}, which is not "
-                             "set: export it before the run (the key itself never goes into a config).")
+            raise ValueError(
+                f"comparator_api_key_env names the environment variable {self.key_env!r}, which is not "
+                "set: export it before the run (the key itself never goes into a config)."
+            )
 
     def __repr__(self) -> str:  # never print the key (or secret-looking header values)
         parts = []
@@ -188,8 +206,10 @@ class ApiComparatorConfig:
                 present, value = name in config, config.get(name)
             else:
                 present, value = hasattr(config, name), getattr(config, name, None)
-            if present and (value is not None or f.name in ("model", "key", "key_env", "key_prefix",
-                                                            "headers", "extra_body", "max_n_per_request")):
+            if present and (
+                value is not None
+                or f.name in ("model", "key", "key_env", "key_prefix", "headers", "extra_body", "max_n_per_request")
+            ):
                 kwargs[f.name] = value
         kwargs.update(overrides)
         return cls(**kwargs)
@@ -254,9 +274,14 @@ def _is_deepseek(url: str, model: Optional[str]) -> bool:
 class ApiComparator:
     """Samples comparator completions from a remote endpoint."""
 
-    def __init__(self, config: Optional[ApiComparatorConfig] = None, *,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        config: Optional[ApiComparatorConfig] = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        **kwargs: Any,
+    ):
         if config is None:
             config = ApiComparatorConfig(**kwargs)
         elif kwargs:
@@ -315,9 +340,18 @@ class ApiComparator:
         return self._redact(text)
 
     # ------------------------------------------------------------------ request bodies
-    def build_body(self, prompt: str, n: int, *, agent_idx: int = 0, batch_item: Any = None,
-                   max_new_tokens: Optional[int] = None, temperature: Optional[float] = None,
-                   top_p: Optional[float] = None, top_k: Optional[int] = None) -> Dict[str, Any]:
+    def build_body(
+        self,
+        prompt: str,
+        n: int,
+        *,
+        agent_idx: int = 0,
+        batch_item: Any = None,
+        max_new_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+    ) -> Dict[str, Any]:
         cfg = self.config
         if cfg.format == "generic":
             body = {
@@ -379,10 +413,14 @@ class ApiComparator:
         if retry_after is not None:
             cap = self.config.max_retry_after_s
             if retry_after > cap:
-                log.warning("comparator API asked to retry after %.0f s; waiting comparator_api_max_retry_after_s = "
-                            "%.0f s instead", retry_after, cap)
+                log.warning(
+                    "comparator API asked to retry after %.0f s; waiting comparator_api_max_retry_after_s = "
+                    "%.0f s instead",
+                    retry_after,
+                    cap,
+                )
             return min(max(retry_after, 0.0), cap)
-        base = self.config.backoff_s * (2 ** attempt)
+        base = self.config.backoff_s * (2**attempt)
         return min(base + random.uniform(0.0, base * 0.25), _MAX_SLEEP_S)
 
     def _post_once(self, data: bytes, headers: Dict[str, str]) -> Any:
@@ -411,7 +449,9 @@ class ApiComparator:
                     except ValueError:
                         retry_after = None
                 raise _RetryableError(f"HTTP {code}: {snippet}", retry_after=retry_after, status=code) from None
-            raise ComparatorAPIError(f"Comparator API request failed with HTTP {code}: {snippet}", status=code) from None
+            raise ComparatorAPIError(
+                f"Comparator API request failed with HTTP {code}: {snippet}", status=code
+            ) from None
         except urllib.error.URLError as exc:
             reason = exc.reason
             if isinstance(reason, (socket.timeout, TimeoutError)):
@@ -446,17 +486,25 @@ class ApiComparator:
                         raise ComparatorAPIError(
                             f"Comparator API request to {self._redact(cfg.url)} gave up after {attempt + 1} "
                             f"attempt(s): comparator_api_deadline_s = {cfg.deadline_s:g} s would pass before the next "
-                            f"one (last error: {exc})", status=exc.status) from None
-                    log.warning("comparator API attempt %d/%d failed (%s); retrying in %.1f s",
-                                attempt + 1, attempts, self._redact(str(exc)), wait)
+                            f"one (last error: {exc})",
+                            status=exc.status,
+                        ) from None
+                    log.warning(
+                        "comparator API attempt %d/%d failed (%s); retrying in %.1f s",
+                        attempt + 1,
+                        attempts,
+                        self._redact(str(exc)),
+                        wait,
+                    )
                     self._sleep(wait)
         assert last is not None
         if last.status is not None:
             raise ComparatorAPIError(
                 f"Comparator API request failed with {last} (after {attempts} attempts)", status=last.status
             )
-        raise ComparatorAPIError(f"Comparator API request to {self._redact(cfg.url)} failed "
-                                 f"after {attempts} attempts: {last}")
+        raise ComparatorAPIError(
+            f"Comparator API request to {self._redact(cfg.url)} failed after {attempts} attempts: {last}"
+        )
 
     # ------------------------------------------------------------------ extraction
     def extract(self, data: Any) -> List[str]:
@@ -485,8 +533,11 @@ class ApiComparator:
             if not isinstance(content, list):
                 raise self._missing("content[].text", data)
             for block in content:
-                if isinstance(block, Mapping) and block.get("type", "text") == "text" \
-                        and isinstance(block.get("text"), str):
+                if (
+                    isinstance(block, Mapping)
+                    and block.get("type", "text") == "text"
+                    and isinstance(block.get("text"), str)
+                ):
                     return [block["text"]]
             return []
         # openai_responses
@@ -499,8 +550,11 @@ class ApiComparator:
             if not isinstance(item, Mapping) or not isinstance(item.get("content"), list):
                 continue
             for block in item["content"]:
-                if isinstance(block, Mapping) and block.get("type") in ("output_text", "text") \
-                        and isinstance(block.get("text"), str):
+                if (
+                    isinstance(block, Mapping)
+                    and block.get("type") in ("output_text", "text")
+                    and isinstance(block.get("text"), str)
+                ):
                     return [block["text"]]
         return []
 
@@ -555,19 +609,42 @@ class ApiComparator:
         return texts
 
     # ------------------------------------------------------------------ public sampling API
-    def complete(self, prompt: str, num: int, *, agent_idx: int = 0, batch_item: Any = None,
-                 max_new_tokens: Optional[int] = None, temperature: Optional[float] = None,
-                 top_p: Optional[float] = None, top_k: Optional[int] = None) -> List[str]:
+    def complete(
+        self,
+        prompt: str,
+        num: int,
+        *,
+        agent_idx: int = 0,
+        batch_item: Any = None,
+        max_new_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+    ) -> List[str]:
         """``num`` completions of ``prompt`` (requests split as the format requires)."""
         return self.complete_many(
-            [prompt], num, agent_idx=agent_idx, batch_items=None if batch_item is None else [batch_item],
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            [prompt],
+            num,
+            agent_idx=agent_idx,
+            batch_items=None if batch_item is None else [batch_item],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
         )[0]
 
-    def complete_many(self, prompts: Sequence[str], num: int, *, agent_idx: int | Sequence[int] = 0,
-                      batch_items: Optional[Sequence[Any]] = None, max_new_tokens: Optional[int] = None,
-                      temperature: Optional[float] = None, top_p: Optional[float] = None,
-                      top_k: Optional[int] = None) -> List[List[str]]:
+    def complete_many(
+        self,
+        prompts: Sequence[str],
+        num: int,
+        *,
+        agent_idx: int | Sequence[int] = 0,
+        batch_items: Optional[Sequence[Any]] = None,
+        max_new_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+    ) -> List[List[str]]:
         """``num`` completions per prompt; all requests run concurrently (≤ ``max_concurrency``), in order."""
         if isinstance(prompts, str):
             raise TypeError("complete_many expects a list of prompts, not a single string.")
@@ -596,8 +673,9 @@ class ApiComparator:
                 self._run(todo, body_for, results)
         return [texts[:num] for texts in results]
 
-    def _run(self, tasks: List[Tuple[int, int]], body_for: Callable[[int, int], Dict[str, Any]],
-             results: List[List[str]]) -> None:
+    def _run(
+        self, tasks: List[Tuple[int, int]], body_for: Callable[[int, int], Dict[str, Any]], results: List[List[str]]
+    ) -> None:
         workers = min(self.config.max_concurrency, len(tasks))
         if workers <= 1:
             outputs = [self._request_texts(body_for(i, n), i) for i, n in tasks]

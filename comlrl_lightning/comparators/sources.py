@@ -45,15 +45,25 @@ from comlrl_lightning.rollout.policy import TeamPolicy
 
 log = logging.getLogger(__name__)
 
-COMPARATOR_POLICY = Choice("comparator_policy", {
-    "current": ("self", "online"), "current_copy": ("copy", "online_copy", "current-offload", "current_offload"),
-    "model": ("external", "comparator", "reference", "ref"),
-    "history": ("checkpoint", "previous", "previous_iteration"), "api": ("http", "endpoint")},
-    message="{field} must be one of: {allowed}. (got {value!r})")  # CoMLRL's wording
-COMPARATOR_GENERATION_MODE = Choice("comparator_generation_mode", {
-    "decentralized": ("decentralised", "multi_agent", "multi-agent"),
-    "centralized": ("centralised", "single_agent", "single-agent")},
-    message="{field} must be one of: {allowed}. (got {value!r})")
+COMPARATOR_POLICY = Choice(
+    "comparator_policy",
+    {
+        "current": ("self", "online"),
+        "current_copy": ("copy", "online_copy", "current-offload", "current_offload"),
+        "model": ("external", "comparator", "reference", "ref"),
+        "history": ("checkpoint", "previous", "previous_iteration"),
+        "api": ("http", "endpoint"),
+    },
+    message="{field} must be one of: {allowed}. (got {value!r})",
+)  # CoMLRL's wording
+COMPARATOR_GENERATION_MODE = Choice(
+    "comparator_generation_mode",
+    {
+        "decentralized": ("decentralised", "multi_agent", "multi-agent"),
+        "centralized": ("centralised", "single_agent", "single-agent"),
+    },
+    message="{field} must be one of: {allowed}. (got {value!r})",
+)
 COMPARATOR_POLICIES = COMPARATOR_POLICY.values
 normalize_comparator_policy, normalize_generation_mode = COMPARATOR_POLICY, COMPARATOR_GENERATION_MODE
 
@@ -78,8 +88,9 @@ class IndependentRNG:
         unsupported = sorted({str(d) for d in devices if d.type not in ("cpu", "cuda")})
         if unsupported:
             raise ValueError(f"Independent comparator RNG currently supports CPU and CUDA devices; got {unsupported}.")
-        cuda_ids = sorted({d.index if d.index is not None else torch.cuda.current_device()
-                           for d in devices if d.type == "cuda"})
+        cuda_ids = sorted(
+            {d.index if d.index is not None else torch.cuda.current_device() for d in devices if d.type == "cuda"}
+        )
         with torch.random.fork_rng(devices=cuda_ids):
             if self.cpu is None:
                 torch.manual_seed(self.seed)  # also seeds every CUDA device; fork_rng restores them afterwards
@@ -116,15 +127,16 @@ class LocalComparator(abc.ABC):
     def model_for(self, role: int) -> tuple[torch.nn.Module, Any]:
         """The (model, tokenizer) that writes role ``role``'s comparator candidates this round."""
 
-    def start_round(self, iteration: int) -> None:
+    def start_round(self, iteration: int) -> None:  # noqa: B027 - a hook: nothing to do by default
         pass
 
-    def end_round(self) -> None:
+    def end_round(self) -> None:  # noqa: B027
         pass
 
     @torch.no_grad()
-    def sample(self, roles: Sequence[int], prompts: Sequence[Sequence[str]], K: int,
-               items: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    def sample(
+        self, roles: Sequence[int], prompts: Sequence[Sequence[str]], K: int, items: Sequence[Mapping[str, Any]]
+    ) -> list[list[str]]:
         models, tokenizers = zip(*(self.model_for(r) for r in roles))
         devices = {next(m.parameters()).device for m in models}
         with self.rng.active(sorted(devices, key=str)):
@@ -175,9 +187,17 @@ class ModelComparator(LocalComparator):
     per role) where given; else a model loaded by name brings its own and a model object uses its role's agent
     tokenizer (as CoMLRL does)."""
 
-    def __init__(self, policy: TeamPolicy, rng: IndependentRNG, sources: Sequence[Any],
-                 devices: list[torch.device] | None, keep_loaded: bool = True, roles: Sequence[int] | None = None,
-                 tokenizers: Sequence[Any] | None = None, field: str = "comparator_agents"):
+    def __init__(
+        self,
+        policy: TeamPolicy,
+        rng: IndependentRNG,
+        sources: Sequence[Any],
+        devices: list[torch.device] | None,
+        keep_loaded: bool = True,
+        roles: Sequence[int] | None = None,
+        tokenizers: Sequence[Any] | None = None,
+        field: str = "comparator_agents",
+    ):
         super().__init__(policy, rng)
         self.sources, self.devices, self.keep_loaded = list(sources), devices, keep_loaded
         self.roles = list(range(len(self.sources))) if roles is None else list(roles)
@@ -193,9 +213,13 @@ class ModelComparator(LocalComparator):
     def start_round(self, iteration: int) -> None:
         if self.loaded:
             return
-        models, tokenizers = load_agents([self.sources[r] for r in self.roles], num_agents=len(self.roles),
-                                         tokenizers=[self.tokenizer_for(r) for r in self.roles], field=self.field,
-                                         tokenizer_field="comparator_tokenizers")
+        models, tokenizers = load_agents(
+            [self.sources[r] for r in self.roles],
+            num_agents=len(self.roles),
+            tokenizers=[self.tokenizer_for(r) for r in self.roles],
+            field=self.field,
+            tokenizer_field="comparator_tokenizers",
+        )
         default_device = self.policy.device(0)
         for r, model, tokenizer in zip(self.roles, models, tokenizers):
             device = self.devices[r] if self.devices is not None else default_device
@@ -215,8 +239,15 @@ class ModelComparator(LocalComparator):
 class HistoryComparator(ModelComparator):
     """The policy as it was at the start of round ν−k, read from ``directory`` (written by PolicyCheckpoints)."""
 
-    def __init__(self, policy: TeamPolicy, rng: IndependentRNG, directory: Path, k: int,
-                 devices: list[torch.device] | None, roles: Sequence[int]):
+    def __init__(
+        self,
+        policy: TeamPolicy,
+        rng: IndependentRNG,
+        directory: Path,
+        k: int,
+        devices: list[torch.device] | None,
+        roles: Sequence[int],
+    ):
         super().__init__(policy, rng, sources=[], devices=devices, keep_loaded=False, roles=roles)
         self.directory, self.k = Path(directory), k
         self.checkpoint: Path | None = None
@@ -233,13 +264,16 @@ class HistoryComparator(ModelComparator):
     def start_round(self, iteration: int) -> None:
         self.checkpoint = self.checkpoint_for(iteration)
         self.loaded.clear()
-        missing = [str(self.checkpoint / f"agent_{r}") for r in self.roles
-                   if not (self.checkpoint / f"agent_{r}").is_dir()]
+        missing = [
+            str(self.checkpoint / f"agent_{r}") for r in self.roles if not (self.checkpoint / f"agent_{r}").is_dir()
+        ]
         if missing:
-            raise FileNotFoundError(f"Missing comparator history checkpoint agent directory/directories: "
-                                    f"{', '.join(missing)}.")
-        self.sources = [str(self.checkpoint / f"agent_{r}") if r in self.roles else None
-                        for r in range(max(self.roles) + 1)]
+            raise FileNotFoundError(
+                f"Missing comparator history checkpoint agent directory/directories: {', '.join(missing)}."
+            )
+        self.sources = [
+            str(self.checkpoint / f"agent_{r}") if r in self.roles else None for r in range(max(self.roles) + 1)
+        ]
         super().start_round(iteration)
         log.info("round %d: history comparator = %s", iteration + 1, self.checkpoint)
 
@@ -257,23 +291,40 @@ class ApiComparatorSource:
     def end_round(self) -> None:
         pass
 
-    def sample(self, roles: Sequence[int], prompts: Sequence[Sequence[str]], K: int,
-               items: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    def sample(
+        self, roles: Sequence[int], prompts: Sequence[Sequence[str]], K: int, items: Sequence[Mapping[str, Any]]
+    ) -> list[list[str]]:
         flat = [p for role_prompts in prompts for p in role_prompts]
         agent_idx = [r for r, role_prompts in zip(roles, prompts) for _ in role_prompts]
-        texts = self.client.complete_many(flat, K, agent_idx=agent_idx, batch_items=list(items) * len(roles),
-                                          max_new_tokens=self.sampling.max_new_tokens,
-                                          temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                                          top_k=self.sampling.top_k)
+        texts = self.client.complete_many(
+            flat,
+            K,
+            agent_idx=agent_idx,
+            batch_items=list(items) * len(roles),
+            max_new_tokens=self.sampling.max_new_tokens,
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=self.sampling.top_k,
+        )
         M = len(items)
-        return [[t for texts_m in texts[j * M:(j + 1) * M] for t in texts_m] for j in range(len(roles))]
+        return [[t for texts_m in texts[j * M : (j + 1) * M] for t in texts_m] for j in range(len(roles))]
 
 
-def build_comparator(kind: str, policy: TeamPolicy, rng: IndependentRNG, *, roles: Sequence[int],
-                     model_sources: Sequence[Any] | None = None, model_tokenizers: Any = None,
-                     model_field: str = "comparator_agents", devices: Any = None,
-                     history_dir: Path | None = None, history_k: int = 1, keep_loaded: bool = True,
-                     api_config: ApiComparatorConfig | None = None):
+def build_comparator(
+    kind: str,
+    policy: TeamPolicy,
+    rng: IndependentRNG,
+    *,
+    roles: Sequence[int],
+    model_sources: Sequence[Any] | None = None,
+    model_tokenizers: Any = None,
+    model_field: str = "comparator_agents",
+    devices: Any = None,
+    history_dir: Path | None = None,
+    history_k: int = 1,
+    keep_loaded: bool = True,
+    api_config: ApiComparatorConfig | None = None,
+):
     """The comparator source ``kind`` (a canonical ``comparator_policy``) for the team ``policy``. ``roles`` are the roles whose comparator models
     are needed (all of them, or the one centralized role); ``devices`` is ``comparator_devices`` (default: the
     agents' devices); ``model_tokenizers`` is ``comparator_tokenizers`` (one, or one per model source)."""
@@ -291,8 +342,16 @@ def build_comparator(kind: str, policy: TeamPolicy, rng: IndependentRNG, *, role
         if tokenizers is not None:
             tokenizers = list(tokenizers) if isinstance(tokenizers, (list, tuple)) else [tokenizers]
             tokenizers = tokenizers * N if len(tokenizers) == 1 else tokenizers
-        return ModelComparator(policy, rng, sources, resolved, keep_loaded=keep_loaded, roles=roles,
-                               tokenizers=tokenizers, field=model_field)
+        return ModelComparator(
+            policy,
+            rng,
+            sources,
+            resolved,
+            keep_loaded=keep_loaded,
+            roles=roles,
+            tokenizers=tokenizers,
+            field=model_field,
+        )
     if kind == "history":
         return HistoryComparator(policy, rng, history_dir, history_k, resolved, roles=roles)
     return ApiComparatorSource(api_config, policy.engine.sampling)

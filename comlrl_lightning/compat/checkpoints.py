@@ -44,9 +44,20 @@ METADATA_KEY = "comlrl_checkpoint"
 FOLDER = re.compile(r"checkpoint-(\d+)")
 # Config fields a resumed run may change (CoMLRL's, plus our run settings of the same kind): epochs, rounds,
 # placement, logging, output folders.
-PORTABLE_FIELDS = {"num_train_epochs", "num_iterations", "agent_devices", "critic_devices", "reference_devices",
-                   "comparator_devices", "parallel_training", "reward_model_device", "logging_steps", "verbose",
-                   "max_steps", "save_steps"}
+PORTABLE_FIELDS = {
+    "num_train_epochs",
+    "num_iterations",
+    "agent_devices",
+    "critic_devices",
+    "reference_devices",
+    "comparator_devices",
+    "parallel_training",
+    "reward_model_device",
+    "logging_steps",
+    "verbose",
+    "max_steps",
+    "save_steps",
+}
 
 
 def state_file(checkpoint: str | os.PathLike) -> Path:
@@ -55,8 +66,10 @@ def state_file(checkpoint: str | os.PathLike) -> Path:
     if path.is_dir():
         path = path / STATE_FILENAME
     if not path.is_file():
-        raise FileNotFoundError(f"No training checkpoint at {checkpoint!s}: give a checkpoint-<n>/ folder written by "
-                                f"train(checkpoint_dir=...) or save_checkpoint(), or its {STATE_FILENAME}.")
+        raise FileNotFoundError(
+            f"No training checkpoint at {checkpoint!s}: give a checkpoint-<n>/ folder written by "
+            f"train(checkpoint_dir=...) or save_checkpoint(), or its {STATE_FILENAME}."
+        )
     return path
 
 
@@ -79,15 +92,20 @@ def stored_metadata(path: Path, required: bool = True) -> dict[str, Any] | None:
     if metadata is None and not required:
         return None
     if not isinstance(metadata, dict):
-        raise ValueError(f"{path} has no CoMLRL checkpoint metadata: it was not written by a "
-                         "comlrl_lightning.compat trainer (resume it with Trainer.fit(ckpt_path=...) or the CLI's "
-                         "--ckpt_path).")
+        raise ValueError(
+            f"{path} has no CoMLRL checkpoint metadata: it was not written by a "
+            "comlrl_lightning.compat trainer (resume it with Trainer.fit(ckpt_path=...) or the CLI's "
+            "--ckpt_path)."
+        )
     if metadata.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"Unsupported checkpoint version: {metadata.get('version')!r} (this version reads "
-                         f"{CHECKPOINT_VERSION}).")
-    for key, ok in (("trainer_class", isinstance(metadata.get("trainer_class"), str)),
-                    ("sequence", type(metadata.get("sequence")) is int and metadata["sequence"] >= 0),
-                    ("run_id", re.fullmatch(r"[0-9a-f]{32}", str(metadata.get("run_id"))) is not None)):
+        raise ValueError(
+            f"Unsupported checkpoint version: {metadata.get('version')!r} (this version reads {CHECKPOINT_VERSION})."
+        )
+    for key, ok in (
+        ("trainer_class", isinstance(metadata.get("trainer_class"), str)),
+        ("sequence", type(metadata.get("sequence")) is int and metadata["sequence"] >= 0),
+        ("run_id", re.fullmatch(r"[0-9a-f]{32}", str(metadata.get("run_id"))) is not None),
+    ):
         if not ok:
             raise ValueError(f"Invalid checkpoint {key}: {metadata.get(key)!r} in {path}.")
     metadata.setdefault("wandb", None)
@@ -114,24 +132,30 @@ def config_values(args: Any) -> dict[str, Any]:
 def check_resumable(metadata: dict[str, Any], trainer: Any) -> None:
     """The checkpoint was written by this trainer class with the same non-portable config."""
     if metadata["trainer_class"] != class_path(trainer):
-        raise ValueError(f"Checkpoint trainer class does not match this trainer: the checkpoint was written by "
-                         f"{metadata['trainer_class']}, this is {class_path(trainer)}.")
+        raise ValueError(
+            f"Checkpoint trainer class does not match this trainer: the checkpoint was written by "
+            f"{metadata['trainer_class']}, this is {class_path(trainer)}."
+        )
     if "config" not in metadata:
         return
     saved, now = metadata["config"], config_values(trainer.args)
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k, "<absent>") != now.get(k, "<absent>"))
     if changed:
         details = ", ".join(f"{k} ({saved.get(k, '<absent>')!r} -> {now.get(k, '<absent>')!r})" for k in changed)
-        raise ValueError(f"Checkpoint configuration does not match: {details}. A resumed run keeps its config; only "
-                         f"{', '.join(sorted(PORTABLE_FIELDS))} and *_dir fields may change.")
+        raise ValueError(
+            f"Checkpoint configuration does not match: {details}. A resumed run keeps its config; only "
+            f"{', '.join(sorted(PORTABLE_FIELDS))} and *_dir fields may change."
+        )
 
 
 def check_interval(checkpoint_interval: Any, checkpoint_total_limit: Any) -> None:
     if isinstance(checkpoint_interval, bool) or not isinstance(checkpoint_interval, int) or checkpoint_interval < 1:
         raise ValueError(f"checkpoint_interval must be a positive integer (got {checkpoint_interval!r}).")
-    if checkpoint_total_limit is not None and (isinstance(checkpoint_total_limit, bool) or
-                                               not isinstance(checkpoint_total_limit, int) or
-                                               checkpoint_total_limit < 1):
+    if checkpoint_total_limit is not None and (
+        isinstance(checkpoint_total_limit, bool)
+        or not isinstance(checkpoint_total_limit, int)
+        or checkpoint_total_limit < 1
+    ):
         raise ValueError(f"checkpoint_total_limit must be a positive integer or None (got {checkpoint_total_limit!r}).")
 
 
@@ -150,8 +174,9 @@ def check_destination(target: Path, run_id: str) -> None:
         raise FileExistsError(f"Checkpoint destination is not a checkpoint directory: {target}")
     owner = _owner(target)
     if owner is None:
-        raise FileExistsError(f"Checkpoint destination {target} has no valid {OWNER_FILENAME}: use an empty "
-                              "checkpoint_dir to continue.")
+        raise FileExistsError(
+            f"Checkpoint destination {target} has no valid {OWNER_FILENAME}: use an empty checkpoint_dir to continue."
+        )
     if owner["run_id"] != run_id:
         raise FileExistsError(f"Refusing to overwrite another run's checkpoint: {target} (run {owner['run_id']}).")
 
@@ -169,8 +194,10 @@ def preflight(checkpoint_dir: str | os.PathLike | None, metadata: dict[str, Any]
         if match is None:
             continue
         if metadata is None:
-            raise FileExistsError(f"Checkpoint directory already contains another run's checkpoint: {target}. "
-                                  "Resume a checkpoint or use an empty checkpoint_dir.")
+            raise FileExistsError(
+                f"Checkpoint directory already contains another run's checkpoint: {target}. "
+                "Resume a checkpoint or use an empty checkpoint_dir."
+            )
         if int(match.group(1)) > metadata["sequence"]:
             check_destination(target, metadata["run_id"])
 
@@ -201,10 +228,17 @@ def write_checkpoint(trainer: Any, target: Path, run_id: str, sequence: int) -> 
 
 def prune(root: Path, run_id: str, keep: int, latest: Path) -> None:
     """Keep the newest ``keep`` folders of run ``run_id`` under ``root`` (``latest`` always)."""
-    mine = [(owner["sequence"], path) for path in root.iterdir()
-            if FOLDER.fullmatch(path.name) and not path.is_symlink() and path.is_dir()
-            and (owner := _owner(path)) is not None and owner["run_id"] == run_id and path != latest]
-    for _, path in sorted(mine, reverse=True)[max(keep - 1, 0):]:
+    mine = [
+        (owner["sequence"], path)
+        for path in root.iterdir()
+        if FOLDER.fullmatch(path.name)
+        and not path.is_symlink()
+        and path.is_dir()
+        and (owner := _owner(path)) is not None
+        and owner["run_id"] == run_id
+        and path != latest
+    ]
+    for _, path in sorted(mine, reverse=True)[max(keep - 1, 0) :]:
         shutil.rmtree(path)
 
 
@@ -216,8 +250,16 @@ class TrainingCheckpoints(Checkpoint):
     epoch's final one) and adds no default ``ModelCheckpoint`` beside it.
     """
 
-    def __init__(self, trainer_class: str, config: dict[str, Any], directory: str | os.PathLike | None = None,
-                 interval: int = 1, total_limit: int | None = None, sequence: int = 0, run_id: str | None = None):
+    def __init__(
+        self,
+        trainer_class: str,
+        config: dict[str, Any],
+        directory: str | os.PathLike | None = None,
+        interval: int = 1,
+        total_limit: int | None = None,
+        sequence: int = 0,
+        run_id: str | None = None,
+    ):
         self.trainer_class, self.config = trainer_class, config
         self.directory = None if directory is None else Path(directory).expanduser().absolute()
         self.interval, self.total_limit = interval, total_limit
@@ -229,8 +271,14 @@ class TrainingCheckpoints(Checkpoint):
             trainer.strategy.checkpoint_io = FileCheckpointIO()
 
     def metadata(self, trainer) -> dict[str, Any]:
-        return {"version": CHECKPOINT_VERSION, "trainer_class": self.trainer_class, "sequence": self.sequence,
-                "run_id": self.run_id, "wandb": wandb_identity(trainer.loggers), "config": self.config}
+        return {
+            "version": CHECKPOINT_VERSION,
+            "trainer_class": self.trainer_class,
+            "sequence": self.sequence,
+            "run_id": self.run_id,
+            "wandb": wandb_identity(trainer.loggers),
+            "config": self.config,
+        }
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         checkpoint[METADATA_KEY] = self.metadata(trainer)

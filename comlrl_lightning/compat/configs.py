@@ -30,49 +30,88 @@ from comlrl_lightning.algorithms import (
     IAC,
     MAAC,
     MADPO,
-    MADPOIter,
     MAGRPO,
-    MARLHF,
-    MARLHFIter,
     MAREINFORCE,
+    MARLHF,
     MARLOO,
     CentralizedMAGRPO,
+    MADPOIter,
     MAReMax,
+    MARLHFIter,
 )
 from comlrl_lightning.algorithms.fields import FieldGroup, require
 from comlrl_lightning.data import TaskDataModule
 
 # What a run setting of CoMLRL's configs becomes here: (default, type, where it goes).
 RUN_FIELDS: dict[str, tuple[Any, str, str]] = {
-    "num_train_epochs": (20, "int", "Trainer(max_epochs=...) (MARLHF: + 1, the reward-model epoch; iterative "
-                                    "variants: a module field, epochs per round)"),
+    "num_train_epochs": (
+        20,
+        "int",
+        "Trainer(max_epochs=...) (MARLHF: + 1, the reward-model epoch; iterative "
+        "variants: a module field, epochs per round)",
+    ),
     "logging_steps": (50, "int", "Trainer(log_every_n_steps=...), counted in updates (CoMLRL: env steps)"),
     "eval_batch_size": (1, "int", "TaskDataModule(eval_batch_size=...)"),
     "prompts_per_step": (1, "int", "TaskDataModule(prompts_per_step=...): items sampled per training step"),
     "max_steps": (-1, "int", "Trainer(max_steps=...): stop after this many updates (-1: no limit)"),
-    "output_dir": (None, "str | None", "Trainer(default_root_dir=...): logs, metrics.csv, checkpoints "
-                                       "(default: outputs)"),
-    "save_steps": (None, "int | None", "a Lightning checkpoint every N updates, resumable with "
-                                       "train(ckpt_path=...) (default: none, as CoMLRL)"),
+    "output_dir": (
+        None,
+        "str | None",
+        "Trainer(default_root_dir=...): logs, metrics.csv, checkpoints (default: outputs)",
+    ),
+    "save_steps": (
+        None,
+        "int | None",
+        "a Lightning checkpoint every N updates, resumable with train(ckpt_path=...) (default: none, as CoMLRL)",
+    ),
 }
 # Older CoMLRL names of a field.
-ALIASES = {"learning_rate": "agent_learning_rate", "termination_threshold": "early_termination_threshold",
-           "per_device_train_batch_size": "prompts_per_step"}
+ALIASES = {
+    "learning_rate": "agent_learning_rate",
+    "termination_threshold": "early_termination_threshold",
+    "per_device_train_batch_size": "prompts_per_step",
+}
 # Module fields that are objects: trainer arguments in CoMLRL (tokenizer=, reward_func=, critics=, ...).
-OBJECT_FIELDS = ("agents", "tokenizers", "model_config", "reward_func", "reward_processor", "formatters",
-                 "external_transition", "eval_logger", "eval_aggregator", "metrics_callback", "critic_model", "critics",
-                 "centralized_adapter", "centralized_comparator_adapter")
+OBJECT_FIELDS = (
+    "agents",
+    "tokenizers",
+    "model_config",
+    "reward_func",
+    "reward_processor",
+    "formatters",
+    "external_transition",
+    "eval_logger",
+    "eval_aggregator",
+    "metrics_callback",
+    "critic_model",
+    "critics",
+    "centralized_adapter",
+    "centralized_comparator_adapter",
+)
 # CoMLRL's defaults where they differ from our modules' (docs/differences.md says why ours differ).
 COMLRL_DEFAULTS = {
     "MAGRPOConfig": {"num_agents": 2, "num_turns": 2, "early_termination_threshold": -0.2},
-    "IACConfig": {"num_agents": 2, "num_turns": 2, "early_termination_threshold": -0.2, "num_train_epochs": 40,
-                  "logging_steps": 1},
+    "IACConfig": {
+        "num_agents": 2,
+        "num_turns": 2,
+        "early_termination_threshold": -0.2,
+        "num_train_epochs": 40,
+        "logging_steps": 1,
+    },
     "MADPOConfig": {"num_agents": 2},
 }
 # CoMLRL's MADPOConfig keeps the MAGRPO fields it shares a base with; MADPO itself never reads them.
-MADPO_UNUSED = ("discount", "early_termination_threshold", "external_prompt_passthrough", "rollout_buffer_size",
-                "advantage_normalization", "advantage_mode", "reference_kl_enabled", "reference_kl_coef",
-                "reference_devices")
+MADPO_UNUSED = (
+    "discount",
+    "early_termination_threshold",
+    "external_prompt_passthrough",
+    "rollout_buffer_size",
+    "advantage_normalization",
+    "advantage_mode",
+    "reference_kl_enabled",
+    "reference_kl_coef",
+    "reference_devices",
+)
 
 
 def module_parameters(module_class: type) -> dict[str, inspect.Parameter]:
@@ -126,19 +165,27 @@ class CoMLRLConfig:
     def unused_values(self, module_class: type) -> dict[str, Any]:
         """Fields ``module_class`` does not read (neither its own nor a run setting) that differ from the default."""
         accepted = module_parameters(module_class)
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in accepted and f.name not in RUN_FIELDS and getattr(self, f.name) != f.default}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in accepted and f.name not in RUN_FIELDS and getattr(self, f.name) != f.default
+        }
 
     def check(self, module_class: type) -> None:
         """Build ``module_class`` from these values with stand-ins for the objects a trainer gives (a model name,
         a reward, a transition, a critic), and a data module with the data settings: each checks its fields and
         loads nothing."""
         accepted = module_parameters(module_class)
-        stand_ins = {"agents": "tiny", "reward_func": _dry_reward, "external_transition": _dry_transition,
-                     "critic_model": "tiny"}
+        stand_ins = {
+            "agents": "tiny",
+            "reward_func": _dry_reward,
+            "external_transition": _dry_transition,
+            "critic_model": "tiny",
+        }
         module_class(**self.module_values(module_class), **{k: v for k, v in stand_ins.items() if k in accepted})
-        TaskDataModule(dataset=[{"prompt": ""}], eval_batch_size=self.eval_batch_size,
-                       prompts_per_step=self.prompts_per_step)
+        TaskDataModule(
+            dataset=[{"prompt": ""}], eval_batch_size=self.eval_batch_size, prompts_per_step=self.prompts_per_step
+        )
 
 
 def _field(default: Any) -> dataclasses.Field:
@@ -147,14 +194,23 @@ def _field(default: Any) -> dataclasses.Field:
     return dataclasses.field(default=default)
 
 
-def make_config(name: str, module_class: type, parent: type | None = None, defaults: dict[str, Any] | None = None,
-                excluded: tuple[str, ...] = (), borrowed: tuple[type, tuple[str, ...]] | None = None) -> type:
+def make_config(
+    name: str,
+    module_class: type,
+    parent: type | None = None,
+    defaults: dict[str, Any] | None = None,
+    excluded: tuple[str, ...] = (),
+    borrowed: tuple[type, tuple[str, ...]] | None = None,
+) -> type:
     """The dataclass ``name`` configuring ``module_class``: the run settings (on a root config), the module's fields
     with CoMLRL's ``defaults`` (inherited from ``parent``), and ``borrowed`` fields of another module that CoMLRL's
     config declares too. ``excluded``: module fields CoMLRL's config does not have."""
     defaults = {**(parent.comlrl_defaults if parent else {}), **COMLRL_DEFAULTS.get(name, {}), **(defaults or {})}
-    specs = [] if parent else [(k, annotation, _field(defaults.get(k, default)))
-                               for k, (default, annotation, _) in RUN_FIELDS.items()]
+    specs = (
+        []
+        if parent
+        else [(k, annotation, _field(defaults.get(k, default))) for k, (default, annotation, _) in RUN_FIELDS.items()]
+    )
     params = dict(module_parameters(module_class))
     if borrowed is not None:
         params.update({k: p for k, p in module_parameters(borrowed[0]).items() if k in borrowed[1]})
@@ -162,11 +218,16 @@ def make_config(name: str, module_class: type, parent: type | None = None, defau
         if field in OBJECT_FIELDS or field in excluded:
             continue
         specs.append((field, param.annotation, _field(defaults.get(field, param.default))))
-    doc = (f"CoMLRL's ``{name}``: the fields of :class:`comlrl_lightning.{module_class.__name__}` with CoMLRL's "
-           f"defaults, plus the run settings (docs/compat.md).")
-    cls = dataclasses.make_dataclass(name, specs, bases=(parent or CoMLRLConfig,), namespace={
-        "module_class": module_class, "comlrl_defaults": defaults, "__doc__": doc,
-        "__module__": __name__})
+    doc = (
+        f"CoMLRL's ``{name}``: the fields of :class:`comlrl_lightning.{module_class.__name__}` with CoMLRL's "
+        f"defaults, plus the run settings (docs/compat.md)."
+    )
+    cls = dataclasses.make_dataclass(
+        name,
+        specs,
+        bases=(parent or CoMLRLConfig,),
+        namespace={"module_class": module_class, "comlrl_defaults": defaults, "__doc__": doc, "__module__": __name__},
+    )
     cls.__init__ = _keyword_init(cls)
     return cls
 
@@ -185,8 +246,10 @@ def _keyword_init(cls: type):
         for unknown in sorted(set(values) - set(names)):
             close = difflib.get_close_matches(unknown, names, n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise TypeError(f"{cls.__name__} has no field {unknown!r}.{hint} Its fields are listed by "
-                            f"dataclasses.fields({cls.__name__}) (docs/compat.md).")
+            raise TypeError(
+                f"{cls.__name__} has no field {unknown!r}.{hint} Its fields are listed by "
+                f"dataclasses.fields({cls.__name__}) (docs/compat.md)."
+            )
         generated(self, **values)
 
     return __init__
@@ -200,15 +263,31 @@ MAGRPOConfig = make_config("MAGRPOConfig", MAGRPO, defaults=_advantage_default(M
 MAREINFORCEConfig = make_config("MAREINFORCEConfig", MAREINFORCE, MAGRPOConfig, _advantage_default(MAREINFORCE))
 MARLOOConfig = make_config("MARLOOConfig", MARLOO, MAGRPOConfig, _advantage_default(MARLOO))
 MAReMaxConfig = make_config("MAReMaxConfig", MAReMax, MAGRPOConfig, _advantage_default(MAReMax))
-CentralizedMAGRPOConfig = make_config("CentralizedMAGRPOConfig", CentralizedMAGRPO, MAGRPOConfig,
-                                      {"num_turns": 1, "collaboration_mode": "centralized"})
+CentralizedMAGRPOConfig = make_config(
+    "CentralizedMAGRPOConfig", CentralizedMAGRPO, MAGRPOConfig, {"num_turns": 1, "collaboration_mode": "centralized"}
+)
 IACConfig = make_config("IACConfig", IAC)
-MAACConfig = make_config("MAACConfig", MAAC, defaults=COMLRL_DEFAULTS["IACConfig"],
-                         excluded=("use_separate_critic", "value_clip_range", "value_head_hidden_dim"))
+MAACConfig = make_config(
+    "MAACConfig",
+    MAAC,
+    defaults=COMLRL_DEFAULTS["IACConfig"],
+    excluded=("use_separate_critic", "value_clip_range", "value_head_hidden_dim"),
+)
 MADPOConfig = make_config("MADPOConfig", MADPO, defaults={"advantage_mode": "mean"}, borrowed=(MAGRPO, MADPO_UNUSED))
 MARLHFConfig = make_config("MARLHFConfig", MARLHF, MADPOConfig)
 MADPOIterConfig = make_config("MADPOIterConfig", MADPOIter, MADPOConfig)
 MARLHFIterConfig = make_config("MARLHFIterConfig", MARLHFIter, MARLHFConfig)
 
-CONFIGS = (MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig, CentralizedMAGRPOConfig, IACConfig,
-           MAACConfig, MADPOConfig, MARLHFConfig, MADPOIterConfig, MARLHFIterConfig)
+CONFIGS = (
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MARLOOConfig,
+    MAReMaxConfig,
+    CentralizedMAGRPOConfig,
+    IACConfig,
+    MAACConfig,
+    MADPOConfig,
+    MARLHFConfig,
+    MADPOIterConfig,
+    MARLHFIterConfig,
+)

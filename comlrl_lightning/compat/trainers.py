@@ -37,21 +37,30 @@ from comlrl_lightning.algorithms import (
     IAC,
     MAAC,
     MADPO,
-    MADPOIter,
     MAGRPO,
-    MARLHF,
-    MARLHFIter,
     MAREINFORCE,
+    MARLHF,
     MARLOO,
     CentralizedMAGRPO,
+    MADPOIter,
     MAReMax,
+    MARLHFIter,
 )
 from comlrl_lightning.callbacks import RunCheckpoints
 from comlrl_lightning.callbacks.progress import progress_bar
 from comlrl_lightning.compat import configs
-from comlrl_lightning.compat.checkpoints import (STATE_FILENAME, RestoredOptimizers, TrainingCheckpoints,
-                                                 check_interval, check_resumable, class_path, config_values, preflight,
-                                                 state_file, stored_metadata)
+from comlrl_lightning.compat.checkpoints import (
+    STATE_FILENAME,
+    RestoredOptimizers,
+    TrainingCheckpoints,
+    check_interval,
+    check_resumable,
+    class_path,
+    config_values,
+    preflight,
+    state_file,
+    stored_metadata,
+)
 from comlrl_lightning.compat.configs import module_parameters
 from comlrl_lightning.data import PreferenceDataModule, TaskDataModule
 from comlrl_lightning.data.tasks import load_items
@@ -61,23 +70,30 @@ log = logging.getLogger(__name__)
 # CoMLRL trainer argument -> the module fields it sets (the first the module accepts; the adapter of a preference
 # trainer is also its centralized team's adapter).
 ARGUMENT_FIELDS = {
-    "tokenizer": ("tokenizers",), "model_config": ("model_config",), "reward_func": ("reward_func",),
-    "reward_processor": ("reward_processor",), "formatters": ("formatters",),
-    "external_transition": ("external_transition",), "eval_logger": ("eval_logger",),
-    "eval_aggregator": ("eval_aggregator",), "metrics_callback": ("metrics_callback",),
-    "critic_model": ("critic_model",), "critics": ("critics",), "centralized_adapter": ("centralized_adapter",),
+    "tokenizer": ("tokenizers",),
+    "model_config": ("model_config",),
+    "reward_func": ("reward_func",),
+    "reward_processor": ("reward_processor",),
+    "formatters": ("formatters",),
+    "external_transition": ("external_transition",),
+    "eval_logger": ("eval_logger",),
+    "eval_aggregator": ("eval_aggregator",),
+    "metrics_callback": ("metrics_callback",),
+    "critic_model": ("critic_model",),
+    "critics": ("critics",),
+    "centralized_adapter": ("centralized_adapter",),
     "centralized_comparator_adapter": ("centralized_comparator_adapter", "centralized_adapter"),
 }
 # model_config keys CoMLRL reads that have no equivalent here, and what to use instead.
 REFUSED_MODEL_CONFIG = {
     "critic_model_kwargs": "critics load with the agents' model_config; pass loaded critic models as critics=[...] "
-                           "to choose their dtype or options",
+    "to choose their dtype or options",
     "tokenizer_kwargs": "pass a loaded tokenizer as tokenizer=... (AutoTokenizer.from_pretrained(name, **kwargs))",
 }
 # CoMLRL trainer attributes that have no equivalent here, and what to use instead.
 NOT_PROVIDED = {
     "optimizers": "one AdamW with a parameter group per agent, created by Lightning in train(): "
-                  "trainer.module.optimizers() during a fit",
+    "trainer.module.optimizers() during a fit",
     "get_train_dataloader": "trainer.datamodule.train_dataloader() (the data module serves rollout batches)",
     "get_eval_dataloader": "trainer.evaluate(), which plays the first eval_num_samples items of eval_dataset",
     "reference_models": "the frozen reference copies live in the ReferenceModels callback during train()",
@@ -121,17 +137,23 @@ def team_sources(agent_model: Any, agents: Any, num_agents: int | None) -> Any:
         raise ValueError("Either agent_model or agents must be provided.")
     if agents is None:
         if not isinstance(agent_model, (str, os.PathLike)):
-            raise ValueError("agent_model should be a string to create homogeneous agents (a hub id, a local path or "
-                             "a factory name); pass loaded models as agents=[model, ...], one per agent.")
+            raise ValueError(
+                "agent_model should be a string to create homogeneous agents (a hub id, a local path or "
+                "a factory name); pass loaded models as agents=[model, ...], one per agent."
+            )
         return str(agent_model)
     if agent_model is not None:
         names = list(agents) if isinstance(agents, (list, tuple)) else [agents]
         if not all(isinstance(a, str) and a == agent_model for a in names):
-            raise ValueError(f"Cannot provide both agent_model and agents unless agents repeats agent_model's name "
-                             f"(conflict: agent_model={agent_model!r}, agents={names!r}); give one of them.")
+            raise ValueError(
+                f"Cannot provide both agent_model and agents unless agents repeats agent_model's name "
+                f"(conflict: agent_model={agent_model!r}, agents={names!r}); give one of them."
+            )
         if num_agents is not None and len(names) != num_agents:
-            raise ValueError(f"Cannot provide both agent_model and agents with {len(names)} entries for "
-                             f"num_agents={num_agents}; give one of them.")
+            raise ValueError(
+                f"Cannot provide both agent_model and agents with {len(names)} entries for "
+                f"num_agents={num_agents}; give one of them."
+            )
     return agents
 
 
@@ -150,43 +172,76 @@ class CoMLRLTrainer:
     reward_checked_first: ClassVar[bool] = False  # CoMLRL's IAC/MAAC check reward_func before the models
     comlrl_algorithm: ClassVar[str | None] = None  # the ``algorithm`` CoMLRL's W&B run config names, if not ours
 
-    def __init__(self, *, agent_model: Any = None, model: Any = None, agents: Any = None, num_agents: int | None = None,
-                 tokenizer: Any = None, model_config: Mapping[str, Any] | None = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, dataset_type: str | None = None, reward_func: Callable | None = None,
-                 reward_processor: Callable | None = None, formatters: Any = None,
-                 external_transition: Callable | None = None, wandb_config: Mapping[str, Any] | None = None,
-                 eval_logger: Callable | None = None, eval_aggregator: Callable | None = None,
-                 metrics_callback: Callable | None = None, critic_model: Any = None, critics: Any = None,
-                 centralized_adapter: Any = None, centralized_comparator_adapter: Any = None, args: Any = None,
-                 trainer_options: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        *,
+        agent_model: Any = None,
+        model: Any = None,
+        agents: Any = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: Mapping[str, Any] | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        dataset_type: str | None = None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable | None = None,
+        formatters: Any = None,
+        external_transition: Callable | None = None,
+        wandb_config: Mapping[str, Any] | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
+        metrics_callback: Callable | None = None,
+        critic_model: Any = None,
+        critics: Any = None,
+        centralized_adapter: Any = None,
+        centralized_comparator_adapter: Any = None,
+        args: Any = None,
+        trainer_options: Mapping[str, Any] | None = None,
+    ):
         name = type(self).__name__
         self.args = args if args is not None else self.default_config()
         if not isinstance(self.args, self.config_family):
-            raise TypeError(f"{name} takes args={self.config_family.__name__}(...) or a subclass; got "
-                            f"{type(self.args).__name__}.")
+            raise TypeError(
+                f"{name} takes args={self.config_family.__name__}(...) or a subclass; got {type(self.args).__name__}."
+            )
         if model is not None and agent_model is not None:
             raise ValueError("Give agent_model or its older name model, not both.")
         self.wandb_config = dict(wandb_config) if wandb_config is not None else None
         sections = (self.wandb_config or {}).get("config_sections") or {}
         if dataset_type is not None:
-            log.warning("dataset_type= was removed in CoMLRL 1.4.3 (it reads wandb_config['config_sections']['dataset']"
-                        "['type']); accepted here for older scripts and recorded in the W&B run config.")
+            log.warning(
+                "dataset_type= was removed in CoMLRL 1.4.3 (it reads wandb_config['config_sections']['dataset']"
+                "['type']); accepted here for older scripts and recorded in the W&B run config."
+            )
         self.dataset_type = dataset_type or (sections.get("dataset") or {}).get("type")
         self.trainer_options = dict(trainer_options or {})
-        self.verbose = bool((sections.get("output") or {}).get("verbose", True)) and \
-            self.trainer_options.get("enable_progress_bar", True) is not False
+        self.verbose = (
+            bool((sections.get("output") or {}).get("verbose", True))
+            and self.trainer_options.get("enable_progress_bar", True) is not False
+        )
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         model_config, critic_head_dim = self.split_model_config(model_config)
         if self.reward_checked_first and (reward_func is None or not callable(reward_func)):
             raise ValueError("reward_func must be a callable.")  # before the models, as CoMLRL's IAC/MAAC
-        objects = dict(tokenizer=tokenizer, model_config=model_config, reward_func=reward_func,
-                       reward_processor=reward_processor, formatters=formatters,
-                       external_transition=external_transition, eval_logger=eval_logger,
-                       eval_aggregator=eval_aggregator, metrics_callback=metrics_callback, critic_model=critic_model,
-                       critics=critics, centralized_adapter=centralized_adapter,
-                       centralized_comparator_adapter=centralized_comparator_adapter)
-        self.module = self.build_module(team_sources(agent_model or model, agents, num_agents), num_agents, objects,
-                                        critic_head_dim)
+        objects = dict(
+            tokenizer=tokenizer,
+            model_config=model_config,
+            reward_func=reward_func,
+            reward_processor=reward_processor,
+            formatters=formatters,
+            external_transition=external_transition,
+            eval_logger=eval_logger,
+            eval_aggregator=eval_aggregator,
+            metrics_callback=metrics_callback,
+            critic_model=critic_model,
+            critics=critics,
+            centralized_adapter=centralized_adapter,
+            centralized_comparator_adapter=centralized_comparator_adapter,
+        )
+        self.module = self.build_module(
+            team_sources(agent_model or model, agents, num_agents), num_agents, objects, critic_head_dim
+        )
         self.datamodule = self.build_data() if train_dataset is not None else None
         self._lightning: Trainer | None = None
         self._eval_items = None
@@ -212,14 +267,20 @@ class CoMLRLTrainer:
         head_dim = config.pop("critic_value_head_hidden_dim", None)
         return config or None, head_dim
 
-    def build_module(self, sources: Any, num_agents: int | None, objects: dict[str, Any],
-                     critic_head_dim: int | None = None):
+    def build_module(
+        self, sources: Any, num_agents: int | None, objects: dict[str, Any], critic_head_dim: int | None = None
+    ):
         """The module from the config's fields and the trainer's objects (it checks them all, loads nothing)."""
         accepted = module_parameters(self.module_class)
         values = self.args.module_values(self.module_class)
         for field, value in self.args.unused_values(self.module_class).items():
-            log.warning("%s.%s=%r has no effect on %s (CoMLRL's config declares it, the algorithm does not read it).",
-                        type(self.args).__name__, field, value, self.module_class.__name__)
+            log.warning(
+                "%s.%s=%r has no effect on %s (CoMLRL's config declares it, the algorithm does not read it).",
+                type(self.args).__name__,
+                field,
+                value,
+                self.module_class.__name__,
+            )
         centralized = values.get("collaboration_mode") == "centralized"
         if centralized and num_agents is not None and num_agents != self.args.num_agents:
             raise ValueError("num_agents must match args.num_agents (the role count).")
@@ -235,9 +296,13 @@ class CoMLRLTrainer:
                 continue
             fields = [f for f in ARGUMENT_FIELDS[argument] if f in accepted]
             if not fields:
-                takers = [t.__name__ for t in TRAINERS if ARGUMENT_FIELDS[argument][0] in module_parameters(t.module_class)]
-                raise TypeError(f"{type(self).__name__} does not take {argument}= ({self.module_class.__name__} has "
-                                f"no such field); the trainers that take it: {', '.join(takers) or 'none'}.")
+                takers = [
+                    t.__name__ for t in TRAINERS if ARGUMENT_FIELDS[argument][0] in module_parameters(t.module_class)
+                ]
+                raise TypeError(
+                    f"{type(self).__name__} does not take {argument}= ({self.module_class.__name__} has "
+                    f"no such field); the trainers that take it: {', '.join(takers) or 'none'}."
+                )
             for field in fields:
                 values.setdefault(field, value)
         return self.module_class(agents=sources, **values)
@@ -245,9 +310,13 @@ class CoMLRLTrainer:
     def build_data(self):
         """The data module of the datasets (and the config's data settings)."""
         options = {"show_progress": self.verbose} if self.data_class is PreferenceDataModule else {}
-        return self.data_class(dataset=self.train_dataset, eval_dataset=self.eval_dataset,
-                               eval_batch_size=self.args.eval_batch_size, prompts_per_step=self.args.prompts_per_step,
-                               **options)
+        return self.data_class(
+            dataset=self.train_dataset,
+            eval_dataset=self.eval_dataset,
+            eval_batch_size=self.args.eval_batch_size,
+            prompts_per_step=self.args.prompts_per_step,
+            **options,
+        )
 
     @property
     def output_dir(self) -> str:
@@ -267,11 +336,16 @@ class CoMLRLTrainer:
         save_dir = Path(config.get("dir") or self.output_dir)
         save_dir.mkdir(parents=True, exist_ok=True)
         resume = {key: config[key] for key in ("id", "resume") if key in config}  # CoMLRL 1.4.3: resume a W&B run
-        return WandbLogger(project=config.get("project", "comlrl"), entity=config.get("entity"),
-                           name=config.get("name") or config.get("run_name") or f"test-{algorithm.lower()}",
-                           save_dir=str(save_dir), tags=config.get("tags"),
-                           offline=os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun"),
-                           config=self.wandb_run_config(), **resume)
+        return WandbLogger(
+            project=config.get("project", "comlrl"),
+            entity=config.get("entity"),
+            name=config.get("name") or config.get("run_name") or f"test-{algorithm.lower()}",
+            save_dir=str(save_dir),
+            tags=config.get("tags"),
+            offline=os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun"),
+            config=self.wandb_run_config(),
+            **resume,
+        )
 
     def wandb_run_config(self) -> dict[str, Any]:
         """The W&B run config, as CoMLRL's: the algorithm, team size, turns, ``config_sections`` (``dataset_name``
@@ -279,14 +353,21 @@ class CoMLRLTrainer:
         module, sections = self.module, dict((self.wandb_config or {}).get("config_sections") or {})
         dataset = sections.get("dataset") if isinstance(sections.get("dataset"), Mapping) else {}
         roles = module.collaboration.num_roles if module.collaboration is not None else module.num_agents
-        run = {"algorithm": self.comlrl_algorithm or module.algorithm_name, "num_agents": roles,
-               "num_turns": getattr(self.args, "num_turns", 1), **sections}
+        run = {
+            "algorithm": self.comlrl_algorithm or module.algorithm_name,
+            "num_agents": roles,
+            "num_turns": getattr(self.args, "num_turns", 1),
+            **sections,
+        }
         if dataset.get("name"):
             run["dataset_name"] = dataset["name"]
         run["dataset_type"] = self.dataset_type
         if module.collaboration is not None:
-            run.update(collaboration_mode="centralized", num_roles=module.collaboration.num_roles,
-                       num_actor_models=len(module.team.agents))
+            run.update(
+                collaboration_mode="centralized",
+                num_roles=module.collaboration.num_roles,
+                num_actor_models=len(module.team.agents),
+            )
         return run
 
     @property
@@ -301,11 +382,19 @@ class CoMLRLTrainer:
                 callbacks.append(self._checkpoints)
             if self._restored_optimizers is not None:
                 callbacks.append(self._restored_optimizers)
-            options = dict(max_epochs=self.module.fit_epochs() or args.num_train_epochs + self.extra_epochs,
-                           max_steps=args.max_steps, log_every_n_steps=args.logging_steps, logger=self.build_logger(),
-                           default_root_dir=self.output_dir, enable_checkpointing=True,
-                           enable_progress_bar=self.verbose, enable_model_summary=False, num_sanity_val_steps=0,
-                           accelerator="auto", devices=1)
+            options = dict(
+                max_epochs=self.module.fit_epochs() or args.num_train_epochs + self.extra_epochs,
+                max_steps=args.max_steps,
+                log_every_n_steps=args.logging_steps,
+                logger=self.build_logger(),
+                default_root_dir=self.output_dir,
+                enable_checkpointing=True,
+                enable_progress_bar=self.verbose,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+                accelerator="auto",
+                devices=1,
+            )
             extra = dict(self.trainer_options)
             options["callbacks"] = callbacks + list(extra.pop("callbacks", []))
             self._lightning = Trainer(**{**options, **extra})
@@ -317,31 +406,52 @@ class CoMLRLTrainer:
         return self.trainer_options.get("enable_checkpointing", True) is not False
 
     # ------------------------------------------------------------------ CoMLRL's methods
-    def train(self, resume_from_checkpoint: str | os.PathLike | None = None,
-              checkpoint_dir: str | os.PathLike | None = None, checkpoint_interval: int = 1,
-              checkpoint_total_limit: int | None = None, *, ckpt_path: str | None = None, **kwargs: Any) -> None:
+    def train(
+        self,
+        resume_from_checkpoint: str | os.PathLike | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_interval: int = 1,
+        checkpoint_total_limit: int | None = None,
+        *,
+        ckpt_path: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         """Fit the module on ``train_dataset`` for ``num_train_epochs`` in all (a resumed run counts the epochs it
         had done). ``checkpoint_dir``: write ``checkpoint-<n>/`` after every ``checkpoint_interval``-th epoch and
         the last, keeping the newest ``checkpoint_total_limit``; ``resume_from_checkpoint``: continue the run of
         such a folder exactly (CoMLRL 1.4.3, docs/compat.md#checkpoints). ``ckpt_path`` (ours): resume any Lightning
         checkpoint of this run (``save_steps``' ``last.ckpt``)."""
-        self._train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, ckpt_path,
-                    kwargs)
+        self._train(
+            resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, ckpt_path, kwargs
+        )
 
     # train()'s keywords, for the message about one it does not take
-    TRAIN_KEYWORDS = ("resume_from_checkpoint", "checkpoint_dir", "checkpoint_interval", "checkpoint_total_limit",
-                      "ckpt_path")
+    TRAIN_KEYWORDS = (
+        "resume_from_checkpoint",
+        "checkpoint_dir",
+        "checkpoint_interval",
+        "checkpoint_total_limit",
+        "ckpt_path",
+    )
 
-    def _train(self, resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, ckpt_path,
-               unknown: dict[str, Any]) -> None:
+    def _train(
+        self,
+        resume_from_checkpoint,
+        checkpoint_dir,
+        checkpoint_interval,
+        checkpoint_total_limit,
+        ckpt_path,
+        unknown: dict[str, Any],
+    ) -> None:
         if unknown:
             raise TypeError(self.unknown_train_keyword(sorted(unknown)[0]))
         check_interval(checkpoint_interval, checkpoint_total_limit)
         if self.datamodule is None:
             raise ValueError(f"train() needs train_dataset: pass train_dataset=... to {type(self).__name__}.")
         if resume_from_checkpoint is not None and ckpt_path is not None:
-            raise ValueError("Give resume_from_checkpoint or ckpt_path, not both (the same resume, CoMLRL's name and "
-                             "Lightning's).")
+            raise ValueError(
+                "Give resume_from_checkpoint or ckpt_path, not both (the same resume, CoMLRL's name and Lightning's)."
+            )
         metadata = None
         if resume_from_checkpoint is not None:
             ckpt_path = str(state_file(resume_from_checkpoint))
@@ -351,11 +461,13 @@ class CoMLRLTrainer:
         if metadata is not None:
             check_resumable(metadata, self)
         if checkpoint_dir is not None and not self.checkpointing:
-            raise ValueError("train(checkpoint_dir=...) writes checkpoints, but trainer_options has "
-                             "enable_checkpointing=False: remove one of them.")
+            raise ValueError(
+                "train(checkpoint_dir=...) writes checkpoints, but trainer_options has "
+                "enable_checkpointing=False: remove one of them."
+            )
         preflight(checkpoint_dir, metadata)
         if self._fitted or metadata is not None:  # train() again trains again (a fresh Lightning Trainer, a new run
-            self._lightning = None                # folder), as CoMLRL's does; a resume also picks up its W&B run
+            self._lightning = None  # folder), as CoMLRL's does; a resume also picks up its W&B run
         self.adopt_wandb_run(metadata)
         callback = self._checkpoints
         callback.directory = None if checkpoint_dir is None else Path(checkpoint_dir).expanduser().absolute()
@@ -373,10 +485,12 @@ class CoMLRLTrainer:
         close = difflib.get_close_matches(key, self.TRAIN_KEYWORDS, n=1)
         if close:
             return f"{name} got an unexpected keyword argument {key!r}. Did you mean {close[0]}?"
-        return (f"{name} got an unexpected keyword argument {key!r}: CoMLRL forwards extra train() arguments to "
-                f"generate(); here sampling settings are config fields: {type(self.args).__name__}(generation_kwargs="
-                f"{{{key!r}: ...}}) (temperature, top_p, top_k, max_new_tokens have fields of their own). train() "
-                f"takes {', '.join(self.TRAIN_KEYWORDS)}.")
+        return (
+            f"{name} got an unexpected keyword argument {key!r}: CoMLRL forwards extra train() arguments to "
+            f"generate(); here sampling settings are config fields: {type(self.args).__name__}(generation_kwargs="
+            f"{{{key!r}: ...}}) (temperature, top_p, top_k, max_new_tokens have fields of their own). train() "
+            f"takes {', '.join(self.TRAIN_KEYWORDS)}."
+        )
 
     def adopt_wandb_run(self, metadata: dict[str, Any] | None) -> None:
         """A resumed run logs into the checkpoint's W&B run, unless ``wandb_config`` names its own (``id`` or
@@ -394,11 +508,15 @@ class CoMLRLTrainer:
         resumable with ``train(resume_from_checkpoint=output_dir)``; returns the folder. An existing folder is
         replaced only if it is a checkpoint."""
         if self._fit_failed:
-            raise RuntimeError("Training did not reach a completed checkpoint boundary; resume the last saved "
-                               "checkpoint (train(resume_from_checkpoint=...)).")
+            raise RuntimeError(
+                "Training did not reach a completed checkpoint boundary; resume the last saved "
+                "checkpoint (train(resume_from_checkpoint=...))."
+            )
         if not self._fitted:
-            raise RuntimeError(f"{type(self).__name__}.save_checkpoint() saves the state train() reached: call it "
-                               "after train() (train(checkpoint_dir=...) writes checkpoints during the run).")
+            raise RuntimeError(
+                f"{type(self).__name__}.save_checkpoint() saves the state train() reached: call it "
+                "after train() (train(checkpoint_dir=...) writes checkpoints during the run)."
+            )
         target = Path(output_dir).expanduser().absolute()
         if target.is_symlink() or (target.exists() and not (target / STATE_FILENAME).is_file()):
             raise FileExistsError(f"Refusing to replace a non-checkpoint directory: {target}")
@@ -416,12 +534,16 @@ class CoMLRLTrainer:
         self.module.configure_model()
         self.module.load_state_dict(state["state_dict"])
         self.module.on_load_checkpoint(state)
-        self._restored_optimizers = RestoredOptimizers(state.get("optimizer_states", []),
-                                                       state.get("lr_schedulers", []), done=self._optimizers_restored)
+        self._restored_optimizers = RestoredOptimizers(
+            state.get("optimizer_states", []), state.get("lr_schedulers", []), done=self._optimizers_restored
+        )
         self._lightning = None  # the next train() builds its Trainer with them (and the checkpoint's W&B run)
         self.adopt_wandb_run(metadata)
-        return {"sequence": metadata["sequence"], "global_step": int(state.get("global_step", 0)),
-                "env_step": int(self.module.env_step)}
+        return {
+            "sequence": metadata["sequence"],
+            "global_step": int(state.get("global_step", 0)),
+            "env_step": int(self.module.env_step),
+        }
 
     def _optimizers_restored(self) -> None:
         self._restored_optimizers = None
@@ -470,10 +592,15 @@ class CoMLRLTrainer:
 
 
 def _trainer(name: str, module_class: type, family: type, base: type = CoMLRLTrainer, **attrs: Any) -> type:
-    doc = (f"CoMLRL's ``{name}`` on :class:`comlrl_lightning.{module_class.__name__}`; ``args`` is a "
-           f"``{family.__name__}`` (docs/compat.md).")
-    return type(name, (base,), {"module_class": module_class, "config_family": family, "__doc__": doc,
-                                "__module__": __name__, **attrs})
+    doc = (
+        f"CoMLRL's ``{name}`` on :class:`comlrl_lightning.{module_class.__name__}`; ``args`` is a "
+        f"``{family.__name__}`` (docs/compat.md)."
+    )
+    return type(
+        name,
+        (base,),
+        {"module_class": module_class, "config_family": family, "__doc__": doc, "__module__": __name__, **attrs},
+    )
 
 
 class ActorCriticTrainer(CoMLRLTrainer):
@@ -481,20 +608,33 @@ class ActorCriticTrainer(CoMLRLTrainer):
 
     reward_checked_first = True
 
-    def train(self, *, resume_from_checkpoint: str | os.PathLike | None = None,
-              checkpoint_dir: str | os.PathLike | None = None, checkpoint_interval: int = 1,
-              checkpoint_total_limit: int | None = None, ckpt_path: str | None = None, **kwargs: Any) -> None:
+    def train(
+        self,
+        *,
+        resume_from_checkpoint: str | os.PathLike | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_interval: int = 1,
+        checkpoint_total_limit: int | None = None,
+        ckpt_path: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         """As :meth:`CoMLRLTrainer.train`, keyword-only."""
-        self._train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, ckpt_path,
-                    kwargs)
+        self._train(
+            resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, ckpt_path, kwargs
+        )
 
 
 MAGRPOTrainer = _trainer("MAGRPOTrainer", MAGRPO, configs.MAGRPOConfig)
 MAREINFORCETrainer = _trainer("MAREINFORCETrainer", MAREINFORCE, configs.MAGRPOConfig, MAGRPOTrainer)
 MARLOOTrainer = _trainer("MARLOOTrainer", MARLOO, configs.MAGRPOConfig, MAGRPOTrainer)
 MAReMaxTrainer = _trainer("MAReMaxTrainer", MAReMax, configs.MAGRPOConfig, MAGRPOTrainer)
-CentralizedMAGRPOTrainer = _trainer("CentralizedMAGRPOTrainer", CentralizedMAGRPO, configs.CentralizedMAGRPOConfig,
-                                    MAGRPOTrainer, comlrl_algorithm="MAGRPO")
+CentralizedMAGRPOTrainer = _trainer(
+    "CentralizedMAGRPOTrainer",
+    CentralizedMAGRPO,
+    configs.CentralizedMAGRPOConfig,
+    MAGRPOTrainer,
+    comlrl_algorithm="MAGRPO",
+)
 IACTrainer = _trainer("IACTrainer", IAC, configs.IACConfig, ActorCriticTrainer)
 MAACTrainer = _trainer("MAACTrainer", MAAC, configs.MAACConfig, ActorCriticTrainer)
 MADPOTrainer = _trainer("MADPOTrainer", MADPO, configs.MADPOConfig, data_class=PreferenceDataModule)
@@ -502,5 +642,16 @@ MARLHFTrainer = _trainer("MARLHFTrainer", MARLHF, configs.MADPOConfig, MADPOTrai
 MADPOIterTrainer = _trainer("MADPOIterTrainer", MADPOIter, configs.MADPOConfig, MADPOTrainer)
 MARLHFIterTrainer = _trainer("MARLHFIterTrainer", MARLHFIter, configs.MADPOConfig, MADPOTrainer)
 
-TRAINERS = (MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer, CentralizedMAGRPOTrainer, IACTrainer,
-            MAACTrainer, MADPOTrainer, MARLHFTrainer, MADPOIterTrainer, MARLHFIterTrainer)
+TRAINERS = (
+    MAGRPOTrainer,
+    MAREINFORCETrainer,
+    MARLOOTrainer,
+    MAReMaxTrainer,
+    CentralizedMAGRPOTrainer,
+    IACTrainer,
+    MAACTrainer,
+    MADPOTrainer,
+    MARLHFTrainer,
+    MADPOIterTrainer,
+    MARLHFIterTrainer,
+)

@@ -113,9 +113,7 @@ def _standardize(adv: Tensor, eps: float) -> Tensor:
     return centred / std
 
 
-def bootstrap_returns(
-    rewards: Tensor, child_mean_returns: Tensor, has_child: Tensor, discount: float = 1.0
-) -> Tensor:
+def bootstrap_returns(rewards: Tensor, child_mean_returns: Tensor, has_child: Tensor, discount: float = 1.0) -> Tensor:
     """Tree return of each joint action: immediate reward + discounted MEAN return of its child node.
 
     G_j = r_j + discount * mean(child_j.returns)   if joint action j has a child node
@@ -159,8 +157,7 @@ def cross_credit(joint_returns: Tensor, num_agents: int, num_samples: int) -> Te
     n, k = num_agents, num_samples
     if joint_returns.shape[-1] != k**n:
         raise ValueError(
-            f"joint_returns must have K**N = {k}**{n} = {k**n} entries in its last dim "
-            f"(got {joint_returns.shape[-1]})."
+            f"joint_returns must have K**N = {k}**{n} = {k**n} entries in its last dim (got {joint_returns.shape[-1]})."
         )
     lead = joint_returns.shape[:-1]
     grid = _as_float(joint_returns).reshape(*lead, *([k] * n))  # [..., K, ..., K]: axis i = agent i's sample
@@ -289,8 +286,9 @@ def critic_advantages(targets: Tensor, old_values: Tensor, normalize: bool = Tru
     return adv
 
 
-def expand_rewards(rewards: Sequence[float] | Tensor, num_agents: int, num_generations: int,
-                   per_agent: bool = True) -> Tensor:
+def expand_rewards(
+    rewards: Sequence[float] | Tensor, num_agents: int, num_generations: int, per_agent: bool = True
+) -> Tensor:
     """Spread one reward call's output over the N x K samples of a joint rollout (docs/algorithms.md#actor-critic).
 
     The reward function returns one list per prompt; its length decides who gets what:
@@ -324,8 +322,10 @@ def expand_rewards(rewards: Sequence[float] | Tensor, num_agents: int, num_gener
     if r.numel() == n and per_agent:
         return r.reshape(n, 1).expand(n, k).clone()
     if not per_agent:
-        raise ValueError(f"The team reward must return one value per joint action (num_generations={k}) or one for "
-                         f"all; got {r.numel()}.")
+        raise ValueError(
+            f"The team reward must return one value per joint action (num_generations={k}) or one for "
+            f"all; got {r.numel()}."
+        )
     raise ValueError(
         "Reward function must return 1 value, num_generations values, or num_agents values; "
         f"got {r.numel()} (num_agents={n}, num_generations={k})."

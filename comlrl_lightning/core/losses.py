@@ -95,9 +95,7 @@ def policy_gradient_loss(
             f"{tuple(weights.shape)})."
         )
     if advantages.shape != token_logprobs.shape[:1]:
-        raise ValueError(
-            f"advantages must be [B] = [{token_logprobs.shape[0]}] (got {tuple(advantages.shape)})."
-        )
+        raise ValueError(f"advantages must be [B] = [{token_logprobs.shape[0]}] (got {tuple(advantages.shape)}).")
     dtype = torch.promote_types(token_logprobs.dtype, torch.float32)  # never reduce in bf16/fp16
     token_logprobs, weights, advantages = token_logprobs.to(dtype), weights.to(dtype), advantages.to(dtype)
     policy_loss = (weights * (-advantages[:, None] * token_logprobs)).sum()  # scalar
@@ -126,8 +124,9 @@ ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_trunc
 IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ImportanceSamplingMode.__args__
 
 
-def importance_sampling_weights(train_logp: Tensor, engine_logp: Tensor, mask: Tensor, mode: str = "token_truncate",
-                                cap: float = 2.0) -> Tensor:
+def importance_sampling_weights(
+    train_logp: Tensor, engine_logp: Tensor, mask: Tensor, mode: str = "token_truncate", cap: float = 2.0
+) -> Tensor:
     """Truncated / masked importance weights for samples drawn by an inference engine whose probabilities differ a
     little from the training model's (trl's ``vllm_importance_sampling_*``): ρ = π_train(y) / π_engine(y), per token
     (``token_*``) or per completion (``sequence_*``: the product over its tokens), then ``min(ρ, cap)``
@@ -139,8 +138,9 @@ def importance_sampling_weights(train_logp: Tensor, engine_logp: Tensor, mask: T
     Returns: [B, T] weights, 0 where masked.
     """
     if mode not in IMPORTANCE_SAMPLING_MODES:
-        raise ValueError(f"vllm_importance_sampling_mode must be one of: {', '.join(IMPORTANCE_SAMPLING_MODES)} "
-                         f"(got {mode!r}).")
+        raise ValueError(
+            f"vllm_importance_sampling_mode must be one of: {', '.join(IMPORTANCE_SAMPLING_MODES)} (got {mode!r})."
+        )
     mask = mask.to(train_logp.dtype)
     diff = (train_logp.detach().float() - engine_logp.float()) * mask  # [B, T]
     if mode.startswith("sequence"):
@@ -192,9 +192,7 @@ def value_loss(
         scalar loss (float32 or wider); 0 (still attached to ``values``) for an empty batch.
     """
     if values.shape != targets.shape or values.dim() != 1:
-        raise ValueError(
-            f"values and targets must both be [B] (got {tuple(values.shape)} and {tuple(targets.shape)})."
-        )
+        raise ValueError(f"values and targets must both be [B] (got {tuple(values.shape)} and {tuple(targets.shape)}).")
     dtype = torch.promote_types(values.dtype, torch.float32)  # never reduce in bf16/fp16
     v, target = values.to(dtype), targets.to(dtype)  # [B]
     if v.numel() == 0:

@@ -37,9 +37,15 @@ from comlrl_lightning.choices import Choice
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS
 
 # The modes and CoMLRL's other spellings of them (any case; docs/iterative.md).
-REPLAY_MODE = Choice("preference_replay_mode", {
-    "current": ("latest", "new"), "nearest_k": ("recent_k", "last_k", "k"), "all_history": (),
-    "lambda_decay": ("lambda", "td_lambda", "td-lambda")})
+REPLAY_MODE = Choice(
+    "preference_replay_mode",
+    {
+        "current": ("latest", "new"),
+        "nearest_k": ("recent_k", "last_k", "k"),
+        "all_history": (),
+        "lambda_decay": ("lambda", "td_lambda", "td-lambda"),
+    },
+)
 REPLAY_MODES = REPLAY_MODE.values
 REPLAY_MODE_ALIASES = REPLAY_MODE.aliases
 normalize_replay_mode = REPLAY_MODE

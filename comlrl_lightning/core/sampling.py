@@ -15,8 +15,9 @@ import torch
 from torch import Tensor
 
 
-def truncated_distribution(logits: Tensor, temperature: float, top_k: int | None = None,
-                           top_p: float = 1.0) -> tuple[Tensor, Tensor | None]:
+def truncated_distribution(
+    logits: Tensor, temperature: float, top_k: int | None = None, top_p: float = 1.0
+) -> tuple[Tensor, Tensor | None]:
     """``(probs, token_ids)``, both ``[rows, k]``: the sampling distribution over each row's candidates, largest
     first (a dropped candidate has probability 0 and sits after every kept one). ``token_ids`` is ``None`` when
     nothing is truncated (``top_k`` null or ≥ the vocabulary and ``top_p`` 1): ``probs`` is then over the whole
@@ -53,8 +54,13 @@ def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     return torch.minimum(index, last).squeeze(-1)
 
 
-def sample_tokens(logits: Tensor, temperature: float, top_k: int | None = None, top_p: float = 1.0,
-                  generator: torch.Generator | None = None) -> Tensor:
+def sample_tokens(
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """One token id per row of ``logits`` (``[rows, vocab]``), drawn from :func:`truncated_distribution`."""
     probs, token_ids = truncated_distribution(logits, temperature, top_k, top_p)
     index = draw(probs, generator)

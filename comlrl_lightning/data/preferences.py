@@ -119,9 +119,11 @@ class PreferenceDataModule(TaskDataModule):
         if plan.rounds is not None:
             self.rounds = RoundCollector(plan.rounds, plan.policy, self.comparator_rng)
             if self.pairs_file:
-                log.warning("pairs_file is not written by %s: every round's pairs are in its replay shards "
-                            "(preference_replay_dir, default <log dir>/preference_replay/iteration_XXXX.json).",
-                            plan.name)
+                log.warning(
+                    "pairs_file is not written by %s: every round's pairs are in its replay shards "
+                    "(preference_replay_dir, default <log dir>/preference_replay/iteration_XXXX.json).",
+                    plan.name,
+                )
         if self.trainer is not None and (plan.rounds is not None or plan.pair_epochs is not None):
             # Rounds recollect and stages switch between pairs and tasks: rebuild the loader each epoch.
             self.trainer.reload_dataloaders_every_n_epochs = 1
@@ -137,8 +139,10 @@ class PreferenceDataModule(TaskDataModule):
             # An empty round trains nothing (not even MARLHF's RL epochs) and the run goes on to the next round.
             # Lightning ends a fit at an empty loader, so every epoch of the round gets one no-op batch instead.
             if serves_pairs:
-                log.warning("round %d: no pairs to train on; skipping this round's training.",
-                            epoch // plan.rounds.epochs_per_round + 1)
+                log.warning(
+                    "round %d: no pairs to train on; skipping this round's training.",
+                    epoch // plan.rounds.epochs_per_round + 1,
+                )
             return DataLoader(_Items([[]]), batch_size=None, collate_fn=_as_list)
         if not serves_pairs:
             return super().train_dataloader()  # MARLHF's RL stage: task items
@@ -148,8 +152,10 @@ class PreferenceDataModule(TaskDataModule):
 
     def _attached(self) -> PairPlan:
         if self.plan is None:
-            raise RuntimeError("PreferenceDataModule serves preference modules (MADPO, MARLHF and their iterative "
-                               "variants): the module attaches its pair plan when the fit starts.")
+            raise RuntimeError(
+                "PreferenceDataModule serves preference modules (MADPO, MARLHF and their iterative "
+                "variants): the module attaches its pair plan when the fit starts."
+            )
         return self.plan
 
     # ------------------------------------------------------------------ collection
@@ -159,17 +165,25 @@ class PreferenceDataModule(TaskDataModule):
         if self.rounds is not None:
             return self.rounds.collect_pairs(items, policy_version=version)
         policy = plan.policy
-        return collect_preference_pairs(policy.engine, policy.models, policy.tokenizers, items,
-                                        selection=plan.selection, limit=plan.limit, policy_version=version,
-                                        reward=policy.reward)
+        return collect_preference_pairs(
+            policy.engine,
+            policy.models,
+            policy.tokenizers,
+            items,
+            selection=plan.selection,
+            limit=plan.limit,
+            policy_version=version,
+            reward=policy.reward,
+        )
 
     def collect(self, desc: str = "collecting preference pairs") -> list[PreferencePair]:
         """The pairs of every task: each rank collects from its share of the tasks (its comparator requests with
         them), then every rank holds all pairs, in task order. ``pairs_file`` is written once."""
         indices = ranks.shard(range(len(self.train_items)))
         pairs: list[PreferencePair] = []
-        bar = tqdm(total=len(indices), desc=desc, unit="task",
-                   disable=not self.show_progress or not rank_zero_only.rank == 0)
+        bar = tqdm(
+            total=len(indices), desc=desc, unit="task", disable=not self.show_progress or not rank_zero_only.rank == 0
+        )
         plan = self._attached()
         with gathered(list(plan.whole or plan.policy.models)):  # sharded models: whole while sampling and scoring
             for start in range(0, len(indices), self.prompts_per_step):
@@ -201,8 +215,16 @@ class PreferenceDataModule(TaskDataModule):
         train = self.replay_pairs(fresh)
         self.last_round = self.rounds.report(iteration, fresh, train, sum(s.num_pairs for s in self.replay.shards))
         wins, losses, ties = self.last_round.outcomes
-        log.info("round %d/%d: %d new pairs (current wins %.0f, comparator wins %.0f, ties %.0f), %d to train on",
-                 iteration + 1, plan.num_rounds, len(fresh), wins, losses, ties, len(train))
+        log.info(
+            "round %d/%d: %d new pairs (current wins %.0f, comparator wins %.0f, ties %.0f), %d to train on",
+            iteration + 1,
+            plan.num_rounds,
+            len(fresh),
+            wins,
+            losses,
+            ties,
+            len(train),
+        )
         return train
 
     def replay_pairs(self, fresh: list[PreferencePair]) -> list[PreferencePair]:
@@ -210,18 +232,21 @@ class PreferenceDataModule(TaskDataModule):
         runs and resumes repeat), tokenised from text where they came from files."""
         plan, policy = self.plan.rounds, self.plan.policy
         rng = random.Random(ranks.broadcast(int(torch.randint(0, 2**31 - 1, ()))))  # the same draw on every rank
-        pairs = self.replay.sample(plan.replay_mode, fresh, plan.replay_sample_size, k=plan.replay_k,
-                                   lam=plan.replay_lambda, rng=rng)
+        pairs = self.replay.sample(
+            plan.replay_mode, fresh, plan.replay_sample_size, k=plan.replay_k, lam=plan.replay_lambda, rng=rng
+        )
         tokenize_pairs([p for p in pairs if not p.prompt_ids], policy.tokenizers, policy.model_input)
         return pairs
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"replay": self.replay.state_dict(), "comparator_rng": self.comparator_rng.state_dict(),
-                                 "run_dirs": self.dirs.state_dict()}
+        state: dict[str, Any] = {
+            "replay": self.replay.state_dict(),
+            "comparator_rng": self.comparator_rng.state_dict(),
+            "run_dirs": self.dirs.state_dict(),
+        }
         if self.pairs is not None:
-            state["pairs"] = [{**p.to_record(), **{f: list(getattr(p, f)) for f in _TENSOR_FIELDS}}
-                              for p in self.pairs]
+            state["pairs"] = [{**p.to_record(), **{f: list(getattr(p, f)) for f in _TENSOR_FIELDS}} for p in self.pairs]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -128,8 +128,9 @@ def average_gradients(params: Iterable[Tensor], rows: float) -> float:
     params = [p for p in params if p.requires_grad]
     if not active():
         return rows
-    has = torch.tensor([float(p.grad is not None) for p in params] + [float(rows)], dtype=torch.float64,
-                       device=_device())
+    has = torch.tensor(
+        [float(p.grad is not None) for p in params] + [float(rows)], dtype=torch.float64, device=_device()
+    )
     dist.all_reduce(has)
     total = float(has[-1])
     if total == 0:

@@ -49,8 +49,9 @@ class ReplayIndex:
             for s in state["shards"]
         ]
 
-    def add(self, iteration: int, pairs: Sequence[PreferencePair], directory: str | os.PathLike,
-            write: bool = True) -> Path:
+    def add(
+        self, iteration: int, pairs: Sequence[PreferencePair], directory: str | os.PathLike, write: bool = True
+    ) -> Path:
         """Write round ``iteration``'s pairs to ``directory/iteration_{iteration:04d}.json`` (atomic, via
         ``save_pairs(..., metadata={"iteration": iteration})``), also when empty; register it iff non-empty.
         ``write=False`` registers a shard another process writes (the ranks of a data-parallel run but rank 0).

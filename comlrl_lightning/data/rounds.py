@@ -22,11 +22,11 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from comlrl_lightning.data import ranks
 from comlrl_lightning.comparators.api import ApiComparatorConfig
 from comlrl_lightning.comparators.sources import IndependentRNG, build_comparator
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.replay import select_comparison_pairs
+from comlrl_lightning.data import ranks
 from comlrl_lightning.rollout.centralized import joint_prompt, split_joint
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.preferences import tokenize_pairs
@@ -105,10 +105,19 @@ class RoundCollector:
         spec, N = self.plan.comparator, self.policy.num_agents
         if self.comparator is None:
             self.comparator = build_comparator(
-                spec.kind, self.policy, self.rng, roles=[spec.centralized_index] if self.centralized else list(range(N)),
-                model_sources=spec.model_sources, model_tokenizers=spec.model_tokenizers, model_field=spec.model_field,
-                devices=spec.devices, history_dir=self.plan.history_dir, history_k=spec.history_k,
-                keep_loaded=spec.keep_loaded, api_config=spec.api_config)
+                spec.kind,
+                self.policy,
+                self.rng,
+                roles=[spec.centralized_index] if self.centralized else list(range(N)),
+                model_sources=spec.model_sources,
+                model_tokenizers=spec.model_tokenizers,
+                model_field=spec.model_field,
+                devices=spec.devices,
+                history_dir=self.plan.history_dir,
+                history_k=spec.history_k,
+                keep_loaded=spec.keep_loaded,
+                api_config=spec.api_config,
+            )
         self._reset_stats()
         self.comparator.start_round(iteration)
 
@@ -129,8 +138,11 @@ class RoundCollector:
         current_texts = [c.texts for c in policy.sample(prompts, K_cur)]  # [N][M*K_cur]
         comparator_texts = self.comparator_candidates(items, prompts, K_cmp)  # [N][M*K_cmp]
         rows = [m for m in range(M) for _ in range(K_cur)] + [m for m in range(M) for _ in range(K_cmp)]
-        raw = policy.reward.raw([current_texts[i] + comparator_texts[i] for i in range(N)],
-                                prompts=[prompts[0][m] for m in rows], batch_items=[items[m] for m in rows])
+        raw = policy.reward.raw(
+            [current_texts[i] + comparator_texts[i] for i in range(N)],
+            prompts=[prompts[0][m] for m in rows],
+            batch_items=[items[m] for m in rows],
+        )
         raw = torch.tensor(raw, dtype=torch.float64)
         scores = torch.tensor(policy.reward.process(raw.tolist()), dtype=torch.float64)
         split = M * K_cur
@@ -145,16 +157,25 @@ class RoundCollector:
         item_means = torch.cat([cur, cmp], dim=1).mean(dim=1).tolist()  # [M] over both sides' candidates
         pairs = []
         for m in range(M):
-            for k, current_wins in select_comparison_pairs(cur[m], cmp[m], self.plan.selection, self.plan.limit,
-                                                           generator):
+            for k, current_wins in select_comparison_pairs(
+                cur[m], cmp[m], self.plan.selection, self.plan.limit, generator
+            ):
                 cur_side = ([t[m * K_cur + k] for t in current_texts], float(cur[m, k]), float(cur_raw[m, k]))
                 cmp_side = ([t[m * K_cmp + k] for t in comparator_texts], float(cmp[m, k]), float(cmp_raw[m, k]))
                 winner, loser = (cur_side, cmp_side) if current_wins else (cmp_side, cur_side)
-                pairs.append(PreferencePair(
-                    prompts=[prompts[i][m] for i in range(N)], winner_completions=winner[0],
-                    loser_completions=loser[0], winner_reward=winner[1], loser_reward=loser[1],
-                    candidate_reward_mean=item_means[m], raw_rewards=[winner[2], loser[2]],
-                    target_raw_reward=cur_side[2], comparator_raw_reward=cmp_side[2]))
+                pairs.append(
+                    PreferencePair(
+                        prompts=[prompts[i][m] for i in range(N)],
+                        winner_completions=winner[0],
+                        loser_completions=loser[0],
+                        winner_reward=winner[1],
+                        loser_reward=loser[1],
+                        candidate_reward_mean=item_means[m],
+                        raw_rewards=[winner[2], loser[2]],
+                        target_raw_reward=cur_side[2],
+                        comparator_raw_reward=cmp_side[2],
+                    )
+                )
         tokenize_pairs(pairs, policy.tokenizers, policy.model_input)
         return pairs
 
@@ -167,21 +188,34 @@ class RoundCollector:
         joint = [joint_prompt(spec.adapter, item, [prompts[i][m] for i in range(N)]) for m, item in enumerate(items)]
         texts = self.comparator.sample([spec.centralized_index], [joint], K, items)[0]
         # An unparsable joint answer becomes empty role outputs (CoMLRL aborts training here); counted in iter/*.
-        roles = [split_joint(spec.adapter, text, items[r // K], N, on_parse_error="empty")
-                 for r, text in enumerate(texts)]
+        roles = [
+            split_joint(spec.adapter, text, items[r // K], N, on_parse_error="empty") for r, text in enumerate(texts)
+        ]
         self.parse_failures += sum(1 for parts in roles if not any(parts))
         return [[parts[i] for parts in roles] for i in range(N)]
 
-    def report(self, iteration: int, fresh: list[PreferencePair], train: list[PreferencePair],
-               total_pairs: int) -> RoundReport:
+    def report(
+        self, iteration: int, fresh: list[PreferencePair], train: list[PreferencePair], total_pairs: int
+    ) -> RoundReport:
         """The round over every rank's share of the tasks (each rank counted its own comparisons)."""
         collaboration = self.policy.collaboration
-        own = (self.outcomes.tolist(), self.target_raw, self.comparator_raw, self.parse_failures,
-               collaboration.parse_failures - self._collaboration_start if collaboration is not None else 0)
+        own = (
+            self.outcomes.tolist(),
+            self.target_raw,
+            self.comparator_raw,
+            self.parse_failures,
+            collaboration.parse_failures - self._collaboration_start if collaboration is not None else 0,
+        )
         shares = ranks.gather(own)
         return RoundReport(
-            iteration=iteration, num_rounds=self.plan.num_rounds, fresh=fresh, train=train, total_pairs=total_pairs,
+            iteration=iteration,
+            num_rounds=self.plan.num_rounds,
+            fresh=fresh,
+            train=train,
+            total_pairs=total_pairs,
             outcomes=[sum(s[0][k] for s in shares) for k in range(3)],
-            target_raw=[r for s in shares for r in s[1]], comparator_raw=[r for s in shares for r in s[2]],
+            target_raw=[r for s in shares for r in s[1]],
+            comparator_raw=[r for s in shares for r in s[2]],
             comparator_parse_failures=sum(s[3] for s in shares) if self.centralized else None,
-            collaboration_parse_failures=sum(s[4] for s in shares) if collaboration is not None else None)
+            collaboration_parse_failures=sum(s[4] for s in shares) if collaboration is not None else None,
+        )

@@ -25,7 +25,6 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from comlrl_lightning.data import ranks
-
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.tree import Rollout
 
@@ -51,14 +50,18 @@ def load_items(source: DatasetSource, split: str = "train", field: str = "datase
             try:
                 loaded = datasets.load_from_disk(str(path))
             except Exception as err:
-                raise ValueError(f"{field} {source!r} is a directory but not one written by Dataset.save_to_disk "
-                                 f"({type(err).__name__}: {err}).") from err
+                raise ValueError(
+                    f"{field} {source!r} is a directory but not one written by Dataset.save_to_disk "
+                    f"({type(err).__name__}: {err})."
+                ) from err
             return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
         suffixes = [s for s in path.suffixes if s != ".gz"]
         fmt = _FILE_FORMATS.get(suffixes[-1] if suffixes else "")
         if fmt is None:
-            raise ValueError(f"{field} file {source!r}: unsupported extension {''.join(path.suffixes) or '(none)'}; "
-                             f"use one of {', '.join(sorted(_FILE_FORMATS))} (optionally .gz).")
+            raise ValueError(
+                f"{field} file {source!r}: unsupported extension {''.join(path.suffixes) or '(none)'}; "
+                f"use one of {', '.join(sorted(_FILE_FORMATS))} (optionally .gz)."
+            )
         if path.stat().st_size == 0:
             raise ValueError(f"{field} {source!r} has no items (the file is empty).")
         quiet = not datasets.utils.logging.is_progress_bar_enabled()
@@ -67,8 +70,9 @@ def load_items(source: DatasetSource, split: str = "train", field: str = "datase
             return datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as err:  # truncated JSON, bad CSV, ...: the datasets library's error, without its internals
             cause = err.__cause__ or err
-            raise ValueError(f"{field} file {source!r} could not be read as {fmt}: {type(cause).__name__}: "
-                             f"{str(cause)[:300]}") from err
+            raise ValueError(
+                f"{field} file {source!r} could not be read as {fmt}: {type(cause).__name__}: {str(cause)[:300]}"
+            ) from err
         finally:
             if not quiet:
                 datasets.utils.logging.enable_progress_bar()
@@ -92,8 +96,11 @@ def load_items(source: DatasetSource, split: str = "train", field: str = "datase
 
 def _looks_like_path(text: str) -> bool:
     """A string that can only mean a file (a hub id is ``name`` or ``org/name``; an import path has no slash)."""
-    return text.startswith(("/", "./", "../", "~")) or text.count("/") > 1 or \
-        any(text.endswith(ext) or text.endswith(ext + ".gz") for ext in _FILE_FORMATS)
+    return (
+        text.startswith(("/", "./", "../", "~"))
+        or text.count("/") > 1
+        or any(text.endswith(ext) or text.endswith(ext + ".gz") for ext in _FILE_FORMATS)
+    )
 
 
 def _import_callable(path: str) -> Callable | None:
@@ -111,8 +118,9 @@ def _import_callable(path: str) -> Callable | None:
 
 def _check_items(items: Any, origin: Any):
     if not hasattr(items, "__getitem__") or not hasattr(items, "__len__"):
-        raise TypeError(f"dataset from {origin!r} must be a list of dicts or a datasets.Dataset, "
-                        f"got {type(items).__name__}.")
+        raise TypeError(
+            f"dataset from {origin!r} must be a list of dicts or a datasets.Dataset, got {type(items).__name__}."
+        )
     if len(items) and not isinstance(items[0], Mapping):
         raise TypeError(f"dataset items from {origin!r} must be dicts, got {type(items[0]).__name__}.")
     return items
@@ -175,8 +183,17 @@ class ShardedBatches(DistributedSampler):
     with repeated items). ``skip`` drops the next epoch's first global batches (a resumed run).
     """
 
-    def __init__(self, size: int, batch_size: int, shuffle: bool, seed: int, skip: int = 0, passes: int = 1,
-                 num_replicas: int = 1, rank: int = 0):
+    def __init__(
+        self,
+        size: int,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        skip: int = 0,
+        passes: int = 1,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ):
         super().__init__(range(size), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
         self.order_of = EpochSampler(size, shuffle, seed, passes=passes)
         self.batch_size, self.skip = batch_size, skip
@@ -192,7 +209,9 @@ class ShardedBatches(DistributedSampler):
             yield ranks.shard(order[start : start + width], self.rank, self.num_replicas)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.order_of) / (self.batch_size * self.num_replicas))  # a whole epoch, as Lightning counts
+        return math.ceil(
+            len(self.order_of) / (self.batch_size * self.num_replicas)
+        )  # a whole epoch, as Lightning counts
 
 
 def _as_list(batch: list) -> list:
@@ -289,8 +308,10 @@ class TaskDataModule(LightningDataModule):
     ):
         super().__init__()
         if dataset is None:
-            raise ValueError("dataset is required: a list of dicts, a local file, a function's import path "
-                             "or a Hugging Face dataset id.")
+            raise ValueError(
+                "dataset is required: a list of dicts, a local file, a function's import path "
+                "or a Hugging Face dataset id."
+            )
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1 (got {prompts_per_step}).")
         if eval_batch_size < 1:
@@ -313,13 +334,15 @@ class TaskDataModule(LightningDataModule):
             raise ValueError(f"dataset {self.dataset_source!r} has no items.")
         self.eval_items_ = None
         if self.eval_source is not None:
-            self.eval_items_ = _head(load_items(self.eval_source, self.eval_split, "eval_dataset", **self.load_kwargs),
-                                     self.max_eval_items)
+            self.eval_items_ = _head(
+                load_items(self.eval_source, self.eval_split, "eval_dataset", **self.load_kwargs), self.max_eval_items
+            )
             if len(self.eval_items_) == 0:
                 raise ValueError(f"eval_dataset {self.eval_source!r} has no items.")
         self.test_items_, self.predict_items_ = (
             self._load_optional(source, field, test_split, self.max_eval_items)
-            for source, field in ((test_dataset, "test_dataset"), (predict_dataset, "predict_dataset")))
+            for source, field in ((test_dataset, "test_dataset"), (predict_dataset, "predict_dataset"))
+        )
 
     def _load_optional(self, source: DatasetSource, field: str, split: str, limit: int | None):
         if source is None:
@@ -338,16 +361,28 @@ class TaskDataModule(LightningDataModule):
         self.rollout_policy = policy
 
     def train_dataloader(self) -> DataLoader:
-        return self.sharded_loader(self.train_items, self.prompts_per_step, self.shuffle,
-                                   _Rollouts(self.rollout_policy) if self.rollout_policy else _as_list)
+        return self.sharded_loader(
+            self.train_items,
+            self.prompts_per_step,
+            self.shuffle,
+            _Rollouts(self.rollout_policy) if self.rollout_policy else _as_list,
+        )
 
     def sharded_loader(self, items, batch_size: int, shuffle: bool, collate, passes: int = 1) -> DataLoader:
         """A resumable loader of this rank's batches of ``items`` (``ShardedBatches``), ``passes`` per epoch."""
-        sampler = ShardedBatches(len(items), batch_size, shuffle, self.seed, passes=passes,
-                                 num_replicas=ranks.world_size(), rank=ranks.rank())
+        sampler = ShardedBatches(
+            len(items),
+            batch_size,
+            shuffle,
+            self.seed,
+            passes=passes,
+            num_replicas=ranks.world_size(),
+            rank=ranks.rank(),
+        )
         sampler.skip = self._resume_offset(batch_size, len(items) * passes)
-        return ResumableDataLoader(_Items(items), seed=self.seed, batch_size=None, sampler=sampler,
-                                   collate_fn=collate, num_workers=0)
+        return ResumableDataLoader(
+            _Items(items), seed=self.seed, batch_size=None, sampler=sampler, collate_fn=collate, num_workers=0
+        )
 
     def _resume_offset(self, batch_size: int, size: int) -> int:
         """Global batches of the current epoch already trained on, when Lightning is resuming a checkpoint
@@ -378,8 +413,12 @@ class TaskDataModule(LightningDataModule):
         # evaluates the whole eval set through this loader.
         if self.eval_items_ is None or (self.trainer is not None and self.trainer.state.fn != "validate"):
             return []
-        return DataLoader(_Items(self.eval_items_), batch_size=self.eval_batch_size, collate_fn=_as_list,
-                          generator=torch.Generator().manual_seed(self.seed))
+        return DataLoader(
+            _Items(self.eval_items_),
+            batch_size=self.eval_batch_size,
+            collate_fn=_as_list,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def test_dataloader(self) -> DataLoader:
         """The ``test`` subcommand's items: ``test_dataset``, else the evaluation items."""
@@ -405,12 +444,17 @@ class TaskDataModule(LightningDataModule):
         what ``MultiAgentModule.check_items`` formats before any model loads."""
         test = self.test_items_ if self.test_items_ is not None else self.eval_items_
         predict = next((s for s in (self.predict_items_, self.eval_items_, self.train_items) if s is not None), None)
-        splits = {"training items (dataset)": (self.train_items, ("fit",)),
-                  "evaluation items (eval_dataset)": (self.eval_items_, ("fit", "validate")),
-                  "test items (test_dataset)": (test, ("test",)),
-                  "predict items (predict_dataset)": (predict, ("predict",))}
-        return {name: items[0] for name, (items, stages) in splits.items()
-                if items is not None and len(items) and (stage is None or stage in stages)}
+        splits = {
+            "training items (dataset)": (self.train_items, ("fit",)),
+            "evaluation items (eval_dataset)": (self.eval_items_, ("fit", "validate")),
+            "test items (test_dataset)": (test, ("test",)),
+            "predict items (predict_dataset)": (predict, ("predict",)),
+        }
+        return {
+            name: items[0]
+            for name, (items, stages) in splits.items()
+            if items is not None and len(items) and (stage is None or stage in stages)
+        }
 
     def eval_items(self, n: int) -> list[Mapping[str, Any]]:
         """The first ``n`` evaluation items (CoMLRL evaluates a fixed head of the eval set)."""

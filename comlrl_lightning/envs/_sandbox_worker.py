@@ -145,10 +145,19 @@ def _malformed():
     raise ValueError("malformed value")
 
 
-_PLAIN = ((str, str.__str__), (int, int.__index__), (float, float.__float__), (bytes, bytes.__bytes__),
-          (bytearray, bytearray), (complex, lambda v: complex(v.real, v.imag)), (list, list.copy),
-          (tuple, lambda v: tuple.__getitem__(v, slice(None))), (dict, dict.copy), (set, set.copy),
-          (frozenset, frozenset.copy))
+_PLAIN = (
+    (str, str.__str__),
+    (int, int.__index__),
+    (float, float.__float__),
+    (bytes, bytes.__bytes__),
+    (bytearray, bytearray),
+    (complex, lambda v: complex(v.real, v.imag)),
+    (list, list.copy),
+    (tuple, lambda v: tuple.__getitem__(v, slice(None))),
+    (dict, dict.copy),
+    (set, set.copy),
+    (frozenset, frozenset.copy),
+)
 
 
 # Standard-library value types, rebuilt by the receiver's own constructors: tag -> (type, fields, constructor).
@@ -217,8 +226,11 @@ def stdlib_reference(value):
 
 def stdlib_object(module, name):
     """The object ``module.name`` of a standard-library module (``name`` may be dotted; no private parts)."""
-    if module.split(".")[0] not in sys.stdlib_module_names or "<" in name or any(
-            part.startswith("_") for part in name.split(".")):
+    if (
+        module.split(".")[0] not in sys.stdlib_module_names
+        or "<" in name
+        or any(part.startswith("_") for part in name.split("."))
+    ):
         raise ValueError("not a standard-library name")
     value = importlib.import_module(module)
     for part in name.split("."):
@@ -271,8 +283,12 @@ def umount(target):
 
 
 def prctl(option, value):
-    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                       ctypes.c_ulong(0)), f"prctl {option}")
+    _check(
+        _libc.prctl(
+            ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)
+        ),
+        f"prctl {option}",
+    )
 
 
 def drop_capabilities():
@@ -322,8 +338,12 @@ def build_root(root, workdir):
         if os.path.exists("/dev/" + name):
             open(f"{root}/dev/{name}", "w").close()
             _bind_readonly("/dev/" + name, f"{root}/dev/{name}", MS_NOSUID, readonly=False)
-    for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for link, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{root}/dev/{link}")
     os.makedirs(root + "/proc")
     os.makedirs(root + "/tmp", exist_ok=True)
@@ -344,24 +364,96 @@ def _bind_readonly(source, target, extra, readonly=True):
 
 DENIED_SYSCALLS = (
     # new processes and programs
-    "fork", "vfork", "clone", "clone3", "execve", "execveat",
+    "fork",
+    "vfork",
+    "clone",
+    "clone3",
+    "execve",
+    "execveat",
     # other processes: signals (kill(0, sig), its own process group, stays allowed), memory, tracing, pidfds,
     # scheduling, sessions
-    "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "ptrace", "process_vm_readv", "process_vm_writev",
-    "kcmp", "pidfd_open", "pidfd_getfd", "pidfd_send_signal", "setpriority", "ioprio_set", "sched_setaffinity",
-    "sched_setscheduler", "sched_setparam", "sched_setattr", "setsid", "setpgid", "prctl",
+    "tkill",
+    "tgkill",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "pidfd_open",
+    "pidfd_getfd",
+    "pidfd_send_signal",
+    "setpriority",
+    "ioprio_set",
+    "sched_setaffinity",
+    "sched_setscheduler",
+    "sched_setparam",
+    "sched_setattr",
+    "setsid",
+    "setpgid",
+    "prctl",
     # namespaces, mounts, devices, the kernel
-    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mknod", "mknodat", "open_by_handle_at",
-    "name_to_handle_at", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load", "init_module",
-    "finit_module", "delete_module", "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl", "settimeofday",
-    "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "mknod",
+    "mknodat",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "syslog",
+    "acct",
+    "quotactl",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "sethostname",
+    "setdomainname",
+    "iopl",
+    "ioperm",
     "fanotify_init",
     # the network
-    "socket", "socketpair",
+    "socket",
+    "socketpair",
     # System V and POSIX IPC (a message from one test's sandbox to the next one's, through the job's IPC namespace)
-    "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl", "shmget", "shmat", "shmdt",
-    "shmctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "shmget",
+    "shmat",
+    "shmdt",
+    "shmctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
 )
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 
@@ -405,8 +497,16 @@ def load_seccomp(program):
         return False
     buf = ctypes.create_string_buffer(program, len(program))
     fprog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
-    _check(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog),
-                       ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+    _check(
+        _libc.prctl(
+            ctypes.c_int(PR_SET_SECCOMP),
+            ctypes.c_ulong(SECCOMP_MODE_FILTER),
+            ctypes.byref(fprog),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        ),
+        "seccomp",
+    )
     return True
 
 
@@ -429,19 +529,57 @@ def install_guard(workdir, report_fd=VIOLATION_FD):
     state = {"busy": False}
     mypid = str(os.getpid())
     deny = {
-        "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
-        "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect",
-        "socket.bind", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr", "socket.sendto",
-        "socket.sendmsg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function",
-        "resource.setrlimit", "resource.prlimit", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-        "os.symlink", "os.link", "os.chown", "shutil.chown", "os.chroot", "os.setuid", "os.setgid", "os.setreuid",
+        "os.fork",
+        "os.forkpty",
+        "os.system",
+        "os.exec",
+        "os.spawn",
+        "os.posix_spawn",
+        "subprocess.Popen",
+        "pty.spawn",
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        "socket.__new__",
+        "socket.connect",
+        "socket.bind",
+        "socket.getaddrinfo",
+        "socket.gethostbyname",
+        "socket.gethostbyaddr",
+        "socket.sendto",
+        "socket.sendmsg",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.cdata",
+        "ctypes.call_function",
+        "resource.setrlimit",
+        "resource.prlimit",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "os.symlink",
+        "os.link",
+        "os.chown",
+        "shutil.chown",
+        "os.chroot",
+        "os.setuid",
+        "os.setgid",
+        "os.setreuid",
         "os.setregid",
     }
     bad_imports = {"ctypes", "_ctypes", "cffi", "_cffi_backend", "_posixsubprocess", "_posixshmem"}
     path_events = {  # event -> ((path argument, dir_fd argument or None), ...)
-        "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.rename": ((0, 2), (1, 3)),
-        "os.chmod": ((0, 2),), "os.utime": ((0, 3),), "os.truncate": ((0, None),), "os.chflags": ((0, None),),
-        "os.setxattr": ((0, None),), "os.removexattr": ((0, None),), "shutil.rmtree": ((0, None),),
+        "os.remove": ((0, 1),),
+        "os.rmdir": ((0, 1),),
+        "os.mkdir": ((0, 2),),
+        "os.rename": ((0, 2), (1, 3)),
+        "os.chmod": ((0, 2),),
+        "os.utime": ((0, 3),),
+        "os.truncate": ((0, None),),
+        "os.chflags": ((0, None),),
+        "os.setxattr": ((0, None),),
+        "os.removexattr": ((0, None),),
+        "shutil.rmtree": ((0, None),),
         "shutil.move": ((0, None), (1, None)),
     }
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -500,7 +638,8 @@ def install_guard(workdir, report_fd=VIOLATION_FD):
                 return
             p = resolve(path)
             write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & write_flags)
+                isinstance(flags, int) and flags & write_flags
+            )
             if write and not (inside(p) or p == os.devnull):
                 refuse("write " + p)
             if not write and not inside(p) and os.path.isdir(p):
@@ -527,9 +666,34 @@ def install_guard(workdir, report_fd=VIOLATION_FD):
     def blocked(*a, **k):
         refuse("process control")
 
-    for name in ("fork", "forkpty", "system", "popen", "kill", "killpg", "execv", "execve", "execl", "execle",
-                 "execlp", "execlpe", "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv",
-                 "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp", "setsid", "setpgid"):
+    for name in (
+        "fork",
+        "forkpty",
+        "system",
+        "popen",
+        "kill",
+        "killpg",
+        "execv",
+        "execve",
+        "execl",
+        "execle",
+        "execlp",
+        "execlpe",
+        "execvp",
+        "execvpe",
+        "spawnl",
+        "spawnle",
+        "spawnlp",
+        "spawnlpe",
+        "spawnv",
+        "spawnve",
+        "spawnvp",
+        "spawnvpe",
+        "posix_spawn",
+        "posix_spawnp",
+        "setsid",
+        "setpgid",
+    ):
         if hasattr(os, name):
             setattr(os, name, blocked)
     for name in ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"):
@@ -544,9 +708,14 @@ def install_guard(workdir, report_fd=VIOLATION_FD):
 def set_limits(cfg):
     mem = cfg["memory_mb"] << 20
     cpu = int(cfg["timeout_total"]) + 2
-    for lim, val in ((resource.RLIMIT_AS, (mem, mem)), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-                     (resource.RLIMIT_FSIZE, (16 << 20, 16 << 20)), (resource.RLIMIT_NOFILE, (64, 64)),
-                     (resource.RLIMIT_NPROC, (0, 0)), (resource.RLIMIT_CORE, (0, 0))):
+    for lim, val in (
+        (resource.RLIMIT_AS, (mem, mem)),
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_FSIZE, (16 << 20, 16 << 20)),
+        (resource.RLIMIT_NOFILE, (64, 64)),
+        (resource.RLIMIT_NPROC, (0, 0)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ):
         resource.setrlimit(lim, val)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file size limit fails with OSError
 
@@ -559,8 +728,15 @@ def sandbox_main(cfg, req_fd, rep_fd, out_fd, violation_fd, python_dirs):
     die_with_parent()
     null = os.open("/dev/null", os.O_RDWR)
     kept = {path: VIOLATION_FD + 1 + i for i, path in enumerate(python_dirs)}
-    for fd, target in ((null, 0), (out_fd, 1), (out_fd, 2), (req_fd, 3), (rep_fd, 4), (violation_fd, VIOLATION_FD),
-                       *((python_dirs[path], kept[path]) for path in python_dirs)):
+    for fd, target in (
+        (null, 0),
+        (out_fd, 1),
+        (out_fd, 2),
+        (req_fd, 3),
+        (rep_fd, 4),
+        (violation_fd, VIOLATION_FD),
+        *((python_dirs[path], kept[path]) for path in python_dirs),
+    ):
         os.dup2(fd, target)
     os.closerange(VIOLATION_FD + 1 + len(kept), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     os.set_blocking(VIOLATION_FD, False)  # the guard never waits on the evaluator
@@ -591,7 +767,7 @@ def _through_fd(path, fds):
     """``path`` spelt through ``/proc/self/fd/N`` when it lies in one of the directories ``fds`` holds."""
     for root, fd in fds.items():
         if path == root or path.startswith(root + os.sep):
-            return f"/proc/self/fd/{fd}" + path[len(root):]
+            return f"/proc/self/fd/{fd}" + path[len(root) :]
     return path
 
 
@@ -614,7 +790,7 @@ class Server:
             data = dumps(["raise", "ResultTooLarge", "Exception", None, f"over {MAX_MESSAGE} bytes", None])
         view = memoryview(data)
         while view:
-            view = view[os.write(4, view):]
+            view = view[os.write(4, view) :]
 
     def serve(self):
         error = None
@@ -664,8 +840,10 @@ class Server:
         if op != "call" or len(args) != 3:
             return None
         try:
-            return [[encode(a, self.other) if type(a) in MUTABLE else None for a in args[1]],
-                    {k: encode(a, self.other) for k, a in args[2].items() if type(a) in MUTABLE}]
+            return [
+                [encode(a, self.other) if type(a) in MUTABLE else None for a in args[1]],
+                {k: encode(a, self.other) for k, a in args[2].items() if type(a) in MUTABLE},
+            ]
         except BaseException:
             return None
 
@@ -760,7 +938,6 @@ class Server:
 
     def op_issubclass(self, obj, cls):
         return issubclass(obj, cls)
-
 
 
 # ------------------------------------------------------------------------------------------- spawner process
@@ -875,7 +1052,7 @@ class Spawner:
         msg = self.sock.recv(64)
         if not msg.startswith(prefix):
             raise RuntimeError("the sandbox spawner stopped")
-        return msg[len(prefix):]
+        return msg[len(prefix) :]
 
     def spawn(self, capture):
         req_r, req_w = os.pipe()
@@ -913,8 +1090,9 @@ class Abort(BaseException):
     """Ends the running test: its sandbox timed out, died or broke the protocol (``args[0]``: the error)."""
 
 
-_BUILTIN_EXCEPTIONS = {name: kind for name, kind in vars(builtins).items()
-                       if isinstance(kind, type) and issubclass(kind, Exception)}
+_BUILTIN_EXCEPTIONS = {
+    name: kind for name, kind in vars(builtins).items() if isinstance(kind, type) and issubclass(kind, Exception)
+}
 _SYNTHETIC_EXCEPTIONS = {}
 
 
@@ -963,7 +1141,7 @@ class Channel:
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(self.req_w, view):]
+                view = view[os.write(self.req_w, view) :]
         except OSError:
             self.fail("Crash")
         return self.reply(self.read_line(), values if op == "call" else None)
@@ -981,8 +1159,10 @@ class Channel:
         reference = stdlib_reference(value)
         if reference is not None:
             return ["M", *reference]
-        raise TypeError(f"{type(value).__name__} cannot be passed to the sandboxed program (plain data, standard-"
-                        "library functions and classes, and its own objects only)")
+        raise TypeError(
+            f"{type(value).__name__} cannot be passed to the sandboxed program (plain data, standard-"
+            "library functions and classes, and its own objects only)"
+        )
 
     def count_violations(self):
         """The refusals the sandbox's guard has reported so far (read from the violation pipe; a sandbox that
@@ -1014,7 +1194,7 @@ class Channel:
                 self.received += len(chunk)
         end = self.buffer.index(b"\n")
         line = bytes(self.buffer[:end])
-        del self.buffer[:end + 1]
+        del self.buffer[: end + 1]
         return line
 
     def pump_output(self):
@@ -1094,8 +1274,11 @@ class Channel:
             live = _LIVE[data[2]]()
             live._remote = Remote(self, data[1], "container")
             base = _LIVE[data[2]].__mro__[1]
-            items = [[decode(k, self.resolve), decode(v, self.resolve)] for k, v in data[3]] if base is dict else \
-                [decode(v, self.resolve) for v in data[3]]
+            items = (
+                [[decode(k, self.resolve), decode(v, self.resolve)] for k, v in data[3]]
+                if base is dict
+                else [decode(v, self.resolve) for v in data[3]]
+            )
             (base.update if base is not list else base.extend)(live, items)
             return live
         raise ValueError("malformed value")
@@ -1213,19 +1396,56 @@ def _mirrored(base, name):
 
 
 def _live_class(base, mutators):
-    return type(f"Live{base.__name__.title()}", (base,), {
-        "__slots__": ("_remote",), "__doc__": f"A {base.__name__} attribute of a sandboxed object (see _mirrored).",
-        **{name: _mirrored(base, name) for name in mutators}})
+    return type(
+        f"Live{base.__name__.title()}",
+        (base,),
+        {
+            "__slots__": ("_remote",),
+            "__doc__": f"A {base.__name__} attribute of a sandboxed object (see _mirrored).",
+            **{name: _mirrored(base, name) for name in mutators},
+        },
+    )
 
 
 _LIVE = {
-    "l": _live_class(list, ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert",
-                            "remove", "pop", "clear", "sort", "reverse")),
-    "d": _live_class(dict, ("__setitem__", "__delitem__", "__ior__", "update", "pop", "popitem", "clear",
-                            "setdefault")),
-    "s": _live_class(set, ("__ior__", "__iand__", "__isub__", "__ixor__", "add", "discard", "remove", "pop",
-                           "clear", "update", "difference_update", "intersection_update",
-                           "symmetric_difference_update")),
+    "l": _live_class(
+        list,
+        (
+            "__setitem__",
+            "__delitem__",
+            "__iadd__",
+            "__imul__",
+            "append",
+            "extend",
+            "insert",
+            "remove",
+            "pop",
+            "clear",
+            "sort",
+            "reverse",
+        ),
+    ),
+    "d": _live_class(
+        dict, ("__setitem__", "__delitem__", "__ior__", "update", "pop", "popitem", "clear", "setdefault")
+    ),
+    "s": _live_class(
+        set,
+        (
+            "__ior__",
+            "__iand__",
+            "__isub__",
+            "__ixor__",
+            "add",
+            "discard",
+            "remove",
+            "pop",
+            "clear",
+            "update",
+            "difference_update",
+            "intersection_update",
+            "symmetric_difference_update",
+        ),
+    ),
 }
 
 
@@ -1239,8 +1459,9 @@ class TestGlobals(dict):
     working directory (ClassEval writes its fixtures beside it)."""
 
     def __init__(self, channel, entry_points):
-        super().__init__(__builtins__=builtins, __name__="__sandbox_test__",
-                         __file__=os.path.join(os.getcwd(), "test_module.py"))
+        super().__init__(
+            __builtins__=builtins, __name__="__sandbox_test__", __file__=os.path.join(os.getcwd(), "test_module.py")
+        )
         self.channel, self.entry_points = channel, entry_points
 
     def __missing__(self, name):
@@ -1383,8 +1604,9 @@ class Isolation:
             umount(self.workdir)
         os.fchdir(self.workdir_fd)
         if root:
-            self.python_dirs = {path: os.open(path, os.O_PATH | os.O_DIRECTORY)
-                                for path in python_paths() if not world_readable(path)}
+            self.python_dirs = {
+                path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in python_paths() if not world_readable(path)
+            }
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
@@ -1543,13 +1765,20 @@ class Evaluation:
         def tell(message):
             view = memoryview(dumps(message))
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
 
         channel = None
         if first:
             channel, error, syntax_ok = self.start(first=True)
-            tell(["program", syntax_ok, error, {**self.layers, "tmpfs_workdir": self.isolation.layers["tmpfs_workdir"]},
-                  self.capture.data.decode("latin-1")])
+            tell(
+                [
+                    "program",
+                    syntax_ok,
+                    error,
+                    {**self.layers, "tmpfs_workdir": self.isolation.layers["tmpfs_workdir"]},
+                    self.capture.data.decode("latin-1"),
+                ]
+            )
             if error is not None:
                 self.finish(channel)
                 return
@@ -1635,7 +1864,7 @@ class Lines:
             self.buffer += chunk
         end = self.buffer.index(b"\n")
         line = bytes(self.buffer[:end])
-        del self.buffer[:end + 1]
+        del self.buffer[: end + 1]
         try:
             return json.loads(line)
         except ValueError:
@@ -1667,7 +1896,7 @@ def evaluator_main(payload_fd, result_fd, stderr_fd):
     def report(obj):
         view = memoryview(dumps(obj))
         while view:
-            view = view[os.write(result_fd, view):]
+            view = view[os.write(result_fd, view) :]
 
     cfg = read_part(payload_fd)
     cfg["mapped_mb"] = mapped_mb()  # before the root changes: /proc then shows the job's PID namespace only
@@ -1704,8 +1933,26 @@ def evaluator_main(payload_fd, result_fd, stderr_fd):
 # ----------------------------------------------------------------------------------------------- launcher
 
 SECCOMP_PROGRAM = None  # set by the launcher, inherited by every fork
-PRELOAD = ("subprocess", "unittest", "math", "random", "collections", "re", "itertools", "functools", "heapq", "bisect",
-           "string", "datetime", "decimal", "fractions", "copy", "typing", "statistics", "traceback")
+PRELOAD = (
+    "subprocess",
+    "unittest",
+    "math",
+    "random",
+    "collections",
+    "re",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "string",
+    "datetime",
+    "decimal",
+    "fractions",
+    "copy",
+    "typing",
+    "statistics",
+    "traceback",
+)
 
 
 def launcher_main(sock_fd):

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from comlrl_lightning.envs.coding import all_passed, per_turn_means, strip_markdown
-from comlrl_lightning.envs.untrusted import compile_error, parse_python
 from comlrl_lightning.envs.loading import load_rows
+from comlrl_lightning.envs.untrusted import compile_error, parse_python
 
 CLASSEVAL_HUB_ID = "FudanSELab/ClassEval"
 EVAL_HEAD = 16  # default eval set: the first EVAL_HEAD (stdlib-only) items, training: the rest
@@ -70,8 +70,11 @@ def _test_cases(test_code: str, test_classes: Sequence[str] | None = None) -> li
             continue
         if not wanted and not any("TestCase" in ast.unparse(b) for b in node.bases):
             continue
-        out += [(node.name, f.name) for f in node.body
-                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test")]
+        out += [
+            (node.name, f.name)
+            for f in node.body
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test")
+        ]
     return out
 
 
@@ -85,7 +88,7 @@ def skeleton_methods(skeleton: str) -> list[str]:
 def split_methods(methods: Sequence[str], num_agents: int = 2) -> list[list[str]]:
     """Contiguous chunks in order: agent 0 gets the first ``ceil(n / num_agents)`` methods, and so on."""
     size = max(1, math.ceil(len(methods) / num_agents)) if methods else 1
-    return [list(methods[i * size:(i + 1) * size]) for i in range(num_agents)]
+    return [list(methods[i * size : (i + 1) * size]) for i in range(num_agents)]
 
 
 def _normalise(row: Mapping[str, Any], num_agents: int = 2) -> dict[str, Any]:
@@ -103,16 +106,20 @@ def _normalise(row: Mapping[str, Any], num_agents: int = 2) -> dict[str, Any]:
     return item
 
 
-def classeval_tasks(path_or_id: str = CLASSEVAL_HUB_ID, split: str | None = "test",
-                    limit: int | None = None) -> list[dict[str, Any]]:
+def classeval_tasks(
+    path_or_id: str = CLASSEVAL_HUB_ID, split: str | None = "test", limit: int | None = None
+) -> list[dict[str, Any]]:
     """ClassEval items (see the module docstring). ``path_or_id``: a hub id or a local ``.json``/``.json.gz``
     file (one split: a split name is ignored, a slice such as ``"test[:20]"`` is applied). Offline, a hub id
     raises a ``FileNotFoundError`` that says to pass the local file."""
     from comlrl_lightning.envs.test_names import check_item, keep_checked
 
     items = [_normalise(r) for r in load_rows(path_or_id, split)]
-    items = keep_checked(items, lambda item: check_item(unittest_setup(item), unittest_snippets(item["test_cases"]),
-                                                        [item["class_name"]]), f"ClassEval ({path_or_id})")
+    items = keep_checked(
+        items,
+        lambda item: check_item(unittest_setup(item), unittest_snippets(item["test_cases"]), [item["class_name"]]),
+        f"ClassEval ({path_or_id})",
+    )
     return items[:limit] if limit is not None else items
 
 
@@ -193,8 +200,12 @@ def classeval_agent1_prompt(item: Mapping[str, Any]) -> str:
 
 def _is_stub(fn: ast.AST) -> bool:
     body = list(fn.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(
-            body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         body = body[1:]
     for node in body:
         if isinstance(node, ast.Pass) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
@@ -239,8 +250,11 @@ def parse_completion(completion: str) -> tuple[dict[str, ast.AST], list[str], bo
             continue
         indent = len(m.group(1))
         start = k
-        while start > 0 and lines[start - 1].strip().startswith("@") and \
-                len(lines[start - 1]) - len(lines[start - 1].lstrip()) == indent:
+        while (
+            start > 0
+            and lines[start - 1].strip().startswith("@")
+            and len(lines[start - 1]) - len(lines[start - 1].lstrip()) == indent
+        ):
             start -= 1
         end = k + 1
         while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
@@ -279,7 +293,7 @@ def merge_class(agent_completions: Sequence[str], item: Mapping[str, Any]) -> di
     return {"code": code, "implemented": implemented, "parsed": parsed}
 
 
-_RUNNER = '''
+_RUNNER = """
 
 def _run_test(_cls_name, _method):
     import unittest as _unittest
@@ -290,7 +304,7 @@ def _run_test(_cls_name, _method):
         _exc = (_result.errors or _result.failures)[0][1].strip().splitlines()[-1]
         raise AssertionError(_exc[:200])
     return _result.testsRun == 1
-'''
+"""
 
 
 def _strip_main(test_code: str) -> str:
@@ -351,8 +365,14 @@ class ClassEvalReward:
 
     reward_range = (REWARD_MIN, REWARD_MAX)
 
-    def __init__(self, timeout_per_test: float = 5.0, workers: int = 2, timeout_total: float = 60.0,
-                 sandbox_isolation: Literal["best_effort", "strict"] = "best_effort", **limits: Any):
+    def __init__(
+        self,
+        timeout_per_test: float = 5.0,
+        workers: int = 2,
+        timeout_total: float = 60.0,
+        sandbox_isolation: Literal["best_effort", "strict"] = "best_effort",
+        **limits: Any,
+    ):
         self.timeout_per_test = timeout_per_test
         self.workers = workers
         self.limits = {"timeout_total": timeout_total, "isolation": sandbox_isolation, **limits}
@@ -364,8 +384,9 @@ class ClassEvalReward:
 
         return sandbox.run_many(jobs, workers=self.workers, timeout_per_test=self.timeout_per_test, **self.limits)
 
-    def breakdown(self, *agent_completions: Sequence[str],
-                  batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def breakdown(
+        self, *agent_completions: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
         lists = [list(c) for c in agent_completions]
         if len(lists) < 2 or len({len(c) for c in lists}) != 1:
             raise ValueError("classeval reward needs ≥ 2 completion lists of equal length.")
@@ -374,11 +395,25 @@ class ClassEvalReward:
         for k, item in enumerate(items):
             merged = merge_class([c[k] for c in lists], item)
             contributed = all(merged["implemented"][i] for i in range(len(lists)))
-            b = {"implemented": merged["implemented"], "parsed": merged["parsed"], "contributed": contributed,
-                 "syntax_ok": False, "syntax_error": None, "tests_run": False, "passed": 0,
-                 "total_tests": len(item["test_cases"]), "pass_ratio": 0.0, "timeouts": 0, "errors": [],
-                 "level_syntax": 0.0, "level_tests": 0.0, "bonus": 0.0, "penalty": 0.0, "total": 0.0,
-                 "program": ""}
+            b = {
+                "implemented": merged["implemented"],
+                "parsed": merged["parsed"],
+                "contributed": contributed,
+                "syntax_ok": False,
+                "syntax_error": None,
+                "tests_run": False,
+                "passed": 0,
+                "total_tests": len(item["test_cases"]),
+                "pass_ratio": 0.0,
+                "timeouts": 0,
+                "errors": [],
+                "level_syntax": 0.0,
+                "level_tests": 0.0,
+                "bonus": 0.0,
+                "penalty": 0.0,
+                "total": 0.0,
+                "program": "",
+            }
             rows.append(b)
             if not any(merged["implemented"]):
                 continue
@@ -394,8 +429,14 @@ class ClassEvalReward:
                 job_rows.append(k)
         for k, res in zip(job_rows, self.run(jobs)):
             b = rows[k]
-            b.update(tests_run=True, passed=res.passed, total_tests=res.total, timeouts=res.timeouts,
-                     errors=list(res.errors), pass_ratio=float(res.pass_ratio))
+            b.update(
+                tests_run=True,
+                passed=res.passed,
+                total_tests=res.total,
+                timeouts=res.timeouts,
+                errors=list(res.errors),
+                pass_ratio=float(res.pass_ratio),
+            )
             b["level_tests"] = 5.0 * b["pass_ratio"]
             b["bonus"] = 0.5 if b["contributed"] and res.passed > 0 else 0.0
             if res.timeouts > 0 or any(e in ("Timeout", "SandboxViolation") for e in res.errors):
@@ -404,16 +445,18 @@ class ClassEvalReward:
             b["total"] = round(b["level_syntax"] + b["level_tests"] + b["bonus"] + b["penalty"], 10)
         return rows
 
-    def __call__(self, *agent_completions: Sequence[str],
-                 batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+    def __call__(
+        self, *agent_completions: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[float]:
         return [b["total"] for b in self.breakdown(*agent_completions, batch_items=batch_items)]
 
 
 _default_reward = ClassEvalReward()
 
 
-def classeval_reward(*agent_completions: Sequence[str],
-                     batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+def classeval_reward(
+    *agent_completions: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[float]:
     """Team reward of each joint action (see the module docstring)."""
     return _default_reward(*agent_completions, batch_items=batch_items)
 
@@ -433,22 +476,34 @@ class CodeFeedbackTransition:
     testing its own methods first.
     """
 
-    def __init__(self, tasks: Iterable[Mapping[str, Any]] | None = None, load_default_tasks: bool = False,
-                 timeout_per_test: float = 5.0, workers: int = 2, max_failures: int = 3,
-                 sandbox_isolation: Literal["best_effort", "strict"] = "best_effort"):
+    def __init__(
+        self,
+        tasks: Iterable[Mapping[str, Any]] | None = None,
+        load_default_tasks: bool = False,
+        timeout_per_test: float = 5.0,
+        workers: int = 2,
+        max_failures: int = 3,
+        sandbox_isolation: Literal["best_effort", "strict"] = "best_effort",
+    ):
         rows = list(tasks or []) + (classeval_default_tasks() if load_default_tasks else [])
         self.tasks = {r.get("prompt") or r.get("skeleton"): _item(r) for r in rows}
-        self.reward = ClassEvalReward(timeout_per_test=timeout_per_test, workers=workers,
-                                      sandbox_isolation=sandbox_isolation)
+        self.reward = ClassEvalReward(
+            timeout_per_test=timeout_per_test, workers=workers, sandbox_isolation=sandbox_isolation
+        )
         self.max_failures = max_failures
 
     def _lookup(self, prompt: str) -> dict[str, Any]:
         item = self.tasks.get(prompt)
         return dict(item) if item is not None else _normalise({"skeleton": prompt})
 
-    def __call__(self, prompt: str, agent_completions: Sequence[str], num_agents: int,
-                 prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
-                 response_history_per_agent: Sequence[Sequence[str]] | None = None) -> list[str]:
+    def __call__(
+        self,
+        prompt: str,
+        agent_completions: Sequence[str],
+        num_agents: int,
+        prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
+        response_history_per_agent: Sequence[Sequence[str]] | None = None,
+    ) -> list[str]:
         item = self._lookup(prompt)
         item["agent_methods"] = _agent_methods(item, num_agents)
         merged = merge_class(list(agent_completions), item)
@@ -485,12 +540,23 @@ class CodeFeedbackTransition:
                     lines.append(f"  {c}{tag}: {p}/{t} passed; errors: {'; '.join(errs) or 'failed'}")
             else:
                 lines.append("- Tests: not run (no implemented method or no tests available)")
-            out.append("\n".join([
-                prompt.rstrip(), "",
-                f"Your methods: {', '.join(own) or '(none)'}; your teammate implements: {', '.join(mate) or '(none)'}",
-                "", "Your previous code:", previous or "(empty)", "", "Feedback:", *lines, "",
-                "Revise your methods accordingly. Output ONLY the Python code of your method definitions.",
-            ]))
+            out.append(
+                "\n".join(
+                    [
+                        prompt.rstrip(),
+                        "",
+                        f"Your methods: {', '.join(own) or '(none)'}; your teammate implements: {', '.join(mate) or '(none)'}",
+                        "",
+                        "Your previous code:",
+                        previous or "(empty)",
+                        "",
+                        "Feedback:",
+                        *lines,
+                        "",
+                        "Revise your methods accordingly. Output ONLY the Python code of your method definitions.",
+                    ]
+                )
+            )
         return out
 
 
@@ -500,9 +566,12 @@ code_feedback_transition = CodeFeedbackTransition()
 # ------------------------------------------------------------------------------------------------ eval
 
 
-def classeval_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]],
-                          batch_items: Sequence[Mapping[str, Any]] | None = None,
-                          reward: ClassEvalReward | None = None, **_: Any) -> list[dict[str, Any]]:
+def classeval_eval_logger(
+    agent_completions_turns: Sequence[Sequence[Sequence[str]]],
+    batch_items: Sequence[Mapping[str, Any]] | None = None,
+    reward: ClassEvalReward | None = None,
+    **_: Any,
+) -> list[dict[str, Any]]:
     """Per eval sample ``{"sample": s, "turns": [breakdown per turn]}``; ``agent_completions_turns[i][s][t]``."""
     num_samples = len(agent_completions_turns[0]) if agent_completions_turns else 0
     out: list[dict[str, Any]] = [{"sample": s, "turns": []} for s in range(num_samples)]
@@ -525,10 +594,14 @@ def classeval_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[st
 def classeval_eval_aggregator(metrics: Sequence[Mapping[str, Any]], num_turns: int | None = None) -> dict[str, float]:
     """Per turn means: ``turn_t/pass_rate``, ``turn_t/all_passed_rate``, ``turn_t/syntax_rate``,
     ``turn_t/cooperation_rate`` and ``turn_t/avg_total_reward``."""
-    return per_turn_means(metrics, num_turns, {
-        "pass_rate": lambda r: r["pass_ratio"],
-        "all_passed_rate": all_passed,
-        "syntax_rate": lambda r: float(r["level_syntax"] > 0),
-        "cooperation_rate": lambda r: float(r["contributed"]),
-        "avg_total_reward": lambda r: r["total"],
-    })
+    return per_turn_means(
+        metrics,
+        num_turns,
+        {
+            "pass_rate": lambda r: r["pass_ratio"],
+            "all_passed_rate": all_passed,
+            "syntax_rate": lambda r: float(r["level_syntax"] > 0),
+            "cooperation_rate": lambda r: float(r["contributed"]),
+            "avg_total_reward": lambda r: r["total"],
+        },
+    )

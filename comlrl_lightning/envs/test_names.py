@@ -43,8 +43,7 @@ def defined_names(code: str) -> set[str]:
     table = _table(code)
     if table is None:
         return set()
-    return {s.get_name() for s in table.get_symbols()
-            if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    return {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
 
 
 def free_names(code: str) -> set[str]:
@@ -71,8 +70,11 @@ def module_attributes(code: str, module: str) -> set[str]:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return set()
-    return {node.attr for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == module}
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == module
+    }
 
 
 def check_item(setup: str, tests: Sequence[str], entry_points: Iterable[str]) -> NameCheck:
@@ -88,8 +90,9 @@ def check_item(setup: str, tests: Sequence[str], entry_points: Iterable[str]) ->
         if module is None:
             found.broken.append(name)
             continue
-        missing = sorted({a for code in (setup, *tests) for a in module_attributes(code, name)
-                          if not hasattr(module, a)})
+        missing = sorted(
+            {a for code in (setup, *tests) for a in module_attributes(code, name) if not hasattr(module, a)}
+        )
         if missing:
             found.broken.extend(f"{name}.{a}" for a in missing)
         else:
@@ -112,10 +115,16 @@ def keep_checked(items: list[dict], check, dataset: str) -> list[dict]:
         kept.append(item)
     if dropped or fixed:
         shown = "; ".join(f"{task}: {', '.join(names)}" for task, names in dropped[:5])
-        log.warning("%s: %d of %d items' tests use names nothing trusted defines (only a program could supply "
-                    "them): %d fixed with a standard-library import in the trusted setup, %d dropped%s", dataset,
-                    fixed + len(dropped), len(items), fixed, len(dropped), f" ({shown}{', ...' if len(dropped) > 5 else ''})"
-                    if dropped else "")
+        log.warning(
+            "%s: %d of %d items' tests use names nothing trusted defines (only a program could supply "
+            "them): %d fixed with a standard-library import in the trusted setup, %d dropped%s",
+            dataset,
+            fixed + len(dropped),
+            len(items),
+            fixed,
+            len(dropped),
+            f" ({shown}{', ...' if len(dropped) > 5 else ''})" if dropped else "",
+        )
     return kept
 
 

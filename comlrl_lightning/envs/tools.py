@@ -57,8 +57,18 @@ from comlrl_lightning.envs.untrusted import UNPARSABLE
 REWARD_MIN, REWARD_MAX = -0.4, 1.2
 CATEGORIES = ("parallel", "parallel_multiple", "live_parallel", "live_parallel_multiple")
 ROLE_MODES = ("self_select", "same_prompt", "odd_even", "split_by_order")
-WEIGHTS = {"parse": 0.05, "name_f1": 0.25, "arg_match": 0.35, "count_match": 0.10, "balance": 0.15,
-           "exact": 0.20, "overlap_rate": -0.20, "lazy_rate": -0.15, "extra_rate": -0.05, "duplicate_rate": -0.05}
+WEIGHTS = {
+    "parse": 0.05,
+    "name_f1": 0.25,
+    "arg_match": 0.35,
+    "count_match": 0.10,
+    "balance": 0.15,
+    "exact": 0.20,
+    "overlap_rate": -0.20,
+    "lazy_rate": -0.15,
+    "extra_rate": -0.05,
+    "duplicate_rate": -0.05,
+}
 
 # --------------------------------------------------------------------------------------------- loading
 
@@ -68,9 +78,11 @@ def _data_dir(path: str | Path | None) -> Path:
         return Path(path).expanduser()
     spec = importlib.util.find_spec("bfcl_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("bfcl_tasks() needs the BFCL data of the 'bfcl-eval' package: "
-                          "pip install --no-deps bfcl-eval (or pass path= a folder with BFCL_v4_<category>.json "
-                          "and possible_answer/).")
+        raise ImportError(
+            "bfcl_tasks() needs the BFCL data of the 'bfcl-eval' package: "
+            "pip install --no-deps bfcl-eval (or pass path= a folder with BFCL_v4_<category>.json "
+            "and possible_answer/)."
+        )
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
@@ -81,8 +93,9 @@ def _user_text(question: Any) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def bfcl_tasks(categories: Sequence[str] | str = CATEGORIES, limit: int | None = None,
-               path: str | Path | None = None) -> list[dict[str, Any]]:
+def bfcl_tasks(
+    categories: Sequence[str] | str = CATEGORIES, limit: int | None = None, path: str | Path | None = None
+) -> list[dict[str, Any]]:
     """BFCL v4 items ``{"id", "prompt", "function", "ground_truth", "official_category", "question"}``.
 
     ``prompt`` is the user request (the user messages of the first turn), ``function`` the JSON schemas,
@@ -100,9 +113,16 @@ def bfcl_tasks(categories: Sequence[str] | str = CATEGORIES, limit: int | None =
         for row in read_records(qfile):
             if row["id"] not in answers:
                 continue
-            items.append({"id": row["id"], "prompt": _user_text(row.get("question")), "function": row["function"],
-                          "ground_truth": answers[row["id"]], "official_category": cat,
-                          "question": row.get("question")})
+            items.append(
+                {
+                    "id": row["id"],
+                    "prompt": _user_text(row.get("question")),
+                    "function": row["function"],
+                    "ground_truth": answers[row["id"]],
+                    "official_category": cat,
+                    "question": row.get("question"),
+                }
+            )
     return items[:limit] if limit is not None else items
 
 
@@ -125,7 +145,7 @@ def bfcl_eval_tasks() -> list[dict[str, Any]]:
 
 _ROLE_TEXT = {
     "self_select": "Contribute a useful, non-empty subset of the requested calls that you are confident about; "
-                   "your teammates do the same, so the team covers the request together.",
+    "your teammates do the same, so the team covers the request together.",
     "same_prompt": "Answer the request with the function calls it needs.",
 }
 
@@ -135,11 +155,15 @@ def _role_text(mode: str, i: int, n: int) -> str:
         return _ROLE_TEXT[mode]
     if mode == "odd_even":
         pos = ", ".join(f"{k}" for k in range(i + 1, i + 1 + 3 * n, n))
-        return (f"Handle only the intents at positions {pos}, ... of the request (every {n}-th intent starting with "
-                f"intent {i + 1}, in the order they are mentioned); your teammates handle the others.")
+        return (
+            f"Handle only the intents at positions {pos}, ... of the request (every {n}-th intent starting with "
+            f"intent {i + 1}, in the order they are mentioned); your teammates handle the others."
+        )
     if mode == "split_by_order":
-        return (f"Split the request's intents, in the order they are mentioned, into {n} consecutive parts of "
-                f"(nearly) equal size and handle only part {i + 1} of {n}; your teammates handle the other parts.")
+        return (
+            f"Split the request's intents, in the order they are mentioned, into {n} consecutive parts of "
+            f"(nearly) equal size and handle only part {i + 1} of {n}; your teammates handle the other parts."
+        )
     raise ValueError(f"role_mode must be one of {ROLE_MODES}, got {mode!r}.")
 
 
@@ -223,7 +247,7 @@ def _value(node: ast.AST) -> Any:
     except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
         if isinstance(node, ast.Name):  # unit=celsius → "celsius"
             return node.id
-        raise ValueError("not a literal")
+        raise ValueError("not a literal") from None
 
 
 def _param_names(functions: Sequence[Mapping[str, Any]] | None, name: str) -> list[str]:
@@ -377,8 +401,7 @@ def merge_calls(per_agent_calls: Sequence[Sequence[tuple[str, dict[str, Any]]]])
     for a, calls in enumerate(per_agent):
         for c in calls:
             variants.setdefault(c[0], {}).setdefault(call_key(c), set()).add(a)
-    conflicts = [name for name, keys in variants.items()
-                 if len(keys) > 1 and len(set().union(*keys.values())) > 1]
+    conflicts = [name for name, keys in variants.items() if len(keys) > 1 and len(set().union(*keys.values())) > 1]
     return MergedCalls(merged, per_agent, overlap, conflicts)
 
 
@@ -402,8 +425,11 @@ def value_matches(value: Any, expected: Any) -> bool:
     if isinstance(expected, str):
         return isinstance(value, str) and _norm_str(value) == _norm_str(expected)
     if isinstance(expected, (list, tuple)):
-        return (isinstance(value, (list, tuple)) and len(value) == len(expected)
-                and all(value_matches(v, e) for v, e in zip(value, expected)))
+        return (
+            isinstance(value, (list, tuple))
+            and len(value) == len(expected)
+            and all(value_matches(v, e) for v, e in zip(value, expected))
+        )
     return value == expected
 
 
@@ -425,8 +451,9 @@ def _gt_calls(ground_truth: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict
     return [(name, dict(args)) for entry in ground_truth for name, args in entry.items()]
 
 
-def match_calls(pred: Sequence[tuple[str, dict[str, Any]]], truth: Sequence[tuple[str, dict[str, Any]]]
-                ) -> list[tuple[int, int, float]]:
+def match_calls(
+    pred: Sequence[tuple[str, dict[str, Any]]], truth: Sequence[tuple[str, dict[str, Any]]]
+) -> list[tuple[int, int, float]]:
     """Greedy matching (pred index, truth index, score): same-name pairs, highest score first."""
     pairs = [(args_score(p[1], t[1]), i, j) for i, p in enumerate(pred) for j, t in enumerate(truth) if p[0] == t[0]]
     pairs.sort(key=lambda x: (-x[0], x[1], x[2]))
@@ -506,9 +533,17 @@ def _score_parsed(parsed: Sequence[ParsedCalls], item: Mapping[str, Any]) -> dic
         "duplicate_rate": dups / raw_total if raw_total else 0.0,
     }
     raw = sum(WEIGHTS[k] * b[k] for k in WEIGHTS)
-    b.update(num_calls=m, num_ground_truth=t, per_agent_calls=counts, malformed=sum(p.malformed for p in parsed),
-             duplicates=dups, overlap=merged.overlap, conflicts=merged.conflicts, raw_total=round(raw, 10),
-             total=round(max(REWARD_MIN, min(REWARD_MAX, raw)), 10))
+    b.update(
+        num_calls=m,
+        num_ground_truth=t,
+        per_agent_calls=counts,
+        malformed=sum(p.malformed for p in parsed),
+        duplicates=dups,
+        overlap=merged.overlap,
+        conflicts=merged.conflicts,
+        raw_total=round(raw, 10),
+        total=round(max(REWARD_MIN, min(REWARD_MAX, raw)), 10),
+    )
     return b
 
 
@@ -522,8 +557,9 @@ def _items_for(k: int, batch_items: Sequence[Mapping[str, Any]] | None) -> list[
     return list(batch_items)
 
 
-def bfcl_reward_breakdown(*agent_completions: Sequence[str],
-                          batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+def bfcl_reward_breakdown(
+    *agent_completions: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Per joint action, the dict of :func:`score_joint`."""
     if not agent_completions:
         return []
@@ -534,8 +570,9 @@ def bfcl_reward_breakdown(*agent_completions: Sequence[str],
     return [score_joint([c[j] for c in agent_completions], items[j]) for j in range(k)]
 
 
-def bfcl_reward(*agent_completions: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
-                ) -> list[float]:
+def bfcl_reward(
+    *agent_completions: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[float]:
     """Team reward in [−0.4, 1.2] per joint action (see the module docstring)."""
     return [b["total"] for b in bfcl_reward_breakdown(*agent_completions, batch_items=batch_items)]
 
@@ -547,8 +584,11 @@ bfcl_reward.reward_range = (REWARD_MIN, REWARD_MAX)
 EVAL_METRICS = ("total", *WEIGHTS, "num_calls", "malformed")
 
 
-def bfcl_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]],
-                     batch_items: Sequence[Mapping[str, Any]] | None = None, **_: Any) -> list[dict[str, float]]:
+def bfcl_eval_logger(
+    agent_completions_turns: Sequence[Sequence[Sequence[str]]],
+    batch_items: Sequence[Mapping[str, Any]] | None = None,
+    **_: Any,
+) -> list[dict[str, float]]:
     """Per eval sample ``{"turn_k/<name>": value}`` for the names in :data:`EVAL_METRICS` (plus
     ``turn_k/parse_ok`` is ``parse``); ``agent_completions_turns[i][s]`` is agent i's completions over turns."""
     num_samples = len(agent_completions_turns[0]) if agent_completions_turns else 0
@@ -565,8 +605,7 @@ def bfcl_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]],
     return out
 
 
-def bfcl_eval_aggregator(metrics: Sequence[Mapping[str, float]], num_turns: int | None = None
-                         ) -> dict[str, float]:
+def bfcl_eval_aggregator(metrics: Sequence[Mapping[str, float]], num_turns: int | None = None) -> dict[str, float]:
     """Means over samples: ``turn_k/avg_<name>`` for every ``turn_k/<name>`` key (e.g.
     ``turn_1/avg_total``, ``turn_1/avg_exact``, ``turn_1/avg_overlap_rate``)."""
     sums: dict[str, list[float]] = {}

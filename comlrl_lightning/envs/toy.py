@@ -19,14 +19,46 @@ import re
 from typing import Any, Mapping, Sequence
 
 STORY_TOPICS = [
-    "a lighthouse keeper", "a lost umbrella", "a robot gardener", "the last train home", "a talking cat",
-    "a snowy mountain village", "an old violin", "a secret garden", "a broken clock", "a friendly dragon",
-    "the first day of school", "a message in a bottle", "a forgotten birthday", "a night at the museum",
-    "a tiny spaceship", "a rainy market", "a stubborn goat", "a haunted bakery", "a kite festival",
-    "a library at midnight", "an underwater city", "a lonely scarecrow", "a picnic with ants", "a magic paintbrush",
-    "a desert oasis", "a runaway balloon", "a chess tournament", "a fox and a crow", "a river ferry",
-    "a lost puppy", "a summer storm", "a clockmaker's apprentice", "a bicycle race", "a jar of fireflies",
-    "a mountain rescue", "a pirate's map", "a quiet island", "a baker's first loaf", "a paper boat", "a new neighbor",
+    "a lighthouse keeper",
+    "a lost umbrella",
+    "a robot gardener",
+    "the last train home",
+    "a talking cat",
+    "a snowy mountain village",
+    "an old violin",
+    "a secret garden",
+    "a broken clock",
+    "a friendly dragon",
+    "the first day of school",
+    "a message in a bottle",
+    "a forgotten birthday",
+    "a night at the museum",
+    "a tiny spaceship",
+    "a rainy market",
+    "a stubborn goat",
+    "a haunted bakery",
+    "a kite festival",
+    "a library at midnight",
+    "an underwater city",
+    "a lonely scarecrow",
+    "a picnic with ants",
+    "a magic paintbrush",
+    "a desert oasis",
+    "a runaway balloon",
+    "a chess tournament",
+    "a fox and a crow",
+    "a river ferry",
+    "a lost puppy",
+    "a summer storm",
+    "a clockmaker's apprentice",
+    "a bicycle race",
+    "a jar of fireflies",
+    "a mountain rescue",
+    "a pirate's map",
+    "a quiet island",
+    "a baker's first loaf",
+    "a paper boat",
+    "a new neighbor",
 ]
 
 _WORD = re.compile(r"[A-Za-z']+")
@@ -45,13 +77,15 @@ def story_eval_tasks() -> list[dict[str, Any]]:
 
 
 def opening_prompt(item: Mapping[str, Any]) -> str:
-    return (f"Write the opening sentence of a very short story about {item['topic']}. "
-            "Answer with that one sentence only.")
+    return (
+        f"Write the opening sentence of a very short story about {item['topic']}. Answer with that one sentence only."
+    )
 
 
 def closing_prompt(item: Mapping[str, Any]) -> str:
-    return (f"Write the closing sentence of a very short story about {item['topic']}. "
-            "Answer with that one sentence only.")
+    return (
+        f"Write the closing sentence of a very short story about {item['topic']}. Answer with that one sentence only."
+    )
 
 
 def _words(text: str) -> list[str]:
@@ -66,8 +100,9 @@ def _brevity(num_words: int, low: int = 5, high: int = 20, fade: int = 10) -> fl
     return max(0.0, 1.0 - (num_words - high) / fade)
 
 
-def story_reward(openings: Sequence[str], closings: Sequence[str],
-                 batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+def story_reward(
+    openings: Sequence[str], closings: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[float]:
     """Team reward in [0, 3] per (opening, closing) pair; see the module docstring."""
     rewards = []
     for k, (opening, closing) in enumerate(zip(openings, closings)):
@@ -117,9 +152,13 @@ def letter_reward(*agent_completions: Sequence[str], letter: str = "e") -> list[
 letter_reward.reward_range = (0.0, 1.0)
 
 
-def revise_transition(prompt: str, agent_completions: Sequence[str], num_agents: int,
-                      prompt_history_per_agent: Sequence[Sequence[str]],
-                      response_history_per_agent: Sequence[Sequence[str]]) -> list[str]:
+def revise_transition(
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    prompt_history_per_agent: Sequence[Sequence[str]],
+    response_history_per_agent: Sequence[Sequence[str]],
+) -> list[str]:
     """Second-turn prompts: each agent sees the team's previous sentences and is asked to improve its own."""
     team = "\n".join(f"Part {i + 1}: {c.strip()}" for i, c in enumerate(agent_completions))
     return [

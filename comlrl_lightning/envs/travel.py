@@ -100,11 +100,22 @@ TRAVEL_HUB_ID = "osunlp/TravelPlanner"
 TRAIN_HEAD = 40  # the shared 45 annotated train rows: first 40 train, last 5 eval (as in LLM_Collab_Travel)
 MAX_REFERENCE_CHARS = 4000
 PENALTY_COEFFICIENTS = {
-    "overlap": 0.15, "conflict": 0.30, "coverage_deficit": 0.25, "invalid_slot": 0.15, "over_capacity": 0.25,
-    "duplicate": 0.15, "explicit_empty_mismatch": 0.25, "spurious_fill": 0.15,
+    "overlap": 0.15,
+    "conflict": 0.30,
+    "coverage_deficit": 0.25,
+    "invalid_slot": 0.15,
+    "over_capacity": 0.25,
+    "duplicate": 0.15,
+    "explicit_empty_mismatch": 0.25,
+    "spurious_fill": 0.15,
 }
-P_WEIGHTS = {"coverage": 0.20, "slot_quality": 0.45, "gated_empty_recall": 0.05, "role_balance": 0.15,
-             "owned_slot_quality": 0.10}
+P_WEIGHTS = {
+    "coverage": 0.20,
+    "slot_quality": 0.45,
+    "gated_empty_recall": 0.05,
+    "role_balance": 0.15,
+    "owned_slot_quality": 0.10,
+}
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -158,8 +169,16 @@ def travel_tasks(path_or_id: str = TRAVEL_HUB_ID, split: str = "train", limit: i
         ref = row.get("reference_information") or ""
         sections = _literal(ref) if isinstance(ref, str) else ref
         sections = [s for s in sections if isinstance(s, Mapping)] if isinstance(sections, list) else []
-        items.append({**row, "prompt": str(query), "days": days, "reference_information": ref if isinstance(
-            ref, str) else repr(ref), "reference_sections": sections, "plan": plan})
+        items.append(
+            {
+                **row,
+                "prompt": str(query),
+                "days": days,
+                "reference_information": ref if isinstance(ref, str) else repr(ref),
+                "reference_sections": sections,
+                "plan": plan,
+            }
+        )
     return items
 
 
@@ -223,8 +242,10 @@ def _role_lines(agent_id: int, days: int) -> str:
         own = "breakfast, attraction and lunch on every day, and dinner on odd-numbered days"
         other = "current_city, transportation and accommodation on every day, and dinner on even-numbered days"
     slots = ", ".join(f"day {d} {f}" for d, f in owned_slots(agent_id, days))
-    return (f"You are planner agent {agent_id} of a team of two. You are responsible for {own}. "
-            f"Your teammate fills {other}; do not write its slots.\nYour slots: {slots}.")
+    return (
+        f"You are planner agent {agent_id} of a team of two. You are responsible for {own}. "
+        f"Your teammate fills {other}; do not write its slots.\nYour slots: {slots}."
+    )
 
 
 def travel_prompt(item: Mapping[str, Any], agent_id: int, max_reference_chars: int = MAX_REFERENCE_CHARS) -> str:
@@ -234,9 +255,9 @@ def travel_prompt(item: Mapping[str, Any], agent_id: int, max_reference_chars: i
         f"Trip request: {item['prompt']}\n\n"
         f"Reference information (only use names and options listed here):\n"
         f"{reference_text(item, max_reference_chars)}\n\n"
-        "Values look like \"Restaurant Name, City\", \"Flight Number: F123, from A to B, Departure Time: 10:00, "
-        "Arrival Time: 12:00\" or \"from A to B\" for a travel day's current_city; several attractions are "
-        "separated by \";\". Write \"-\" for a slot of yours that should stay empty.\n"
+        'Values look like "Restaurant Name, City", "Flight Number: F123, from A to B, Departure Time: 10:00, '
+        'Arrival Time: 12:00" or "from A to B" for a travel day\'s current_city; several attractions are '
+        'separated by ";". Write "-" for a slot of yours that should stay empty.\n'
         f"Reply with exactly one JSON object and nothing else:\n"
         f'{{"agent_id": {agent_id}, "assignments": [{{"day": 1, "field": "<one of your fields>", '
         f'"value": "<text or ->"}}, ...]}}\n'
@@ -277,10 +298,18 @@ def parse_proposal(text: str, agent_id: int, days: int) -> dict[str, Any]:
     """Parse one agent's completion; never raises. Returns ``decoded`` (bool), ``components`` (the 6 soft
     validity components), ``validity`` (V_i), ``slots`` (``{(day, field): value}`` of the kept entries),
     ``num_entries``, ``num_wellformed``, ``num_invalid``, ``num_duplicates``, ``num_off_role``, ``agent_id_ok``."""
-    out = {"decoded": False, "components": dict.fromkeys(("shape", "agent_id", "entries", "role", "unique", "owned"),
-                                                          0.0),
-           "validity": 0.0, "slots": {}, "num_entries": 0, "num_wellformed": 0, "num_invalid": 0,
-           "num_duplicates": 0, "num_off_role": 0, "agent_id_ok": False}
+    out = {
+        "decoded": False,
+        "components": dict.fromkeys(("shape", "agent_id", "entries", "role", "unique", "owned"), 0.0),
+        "validity": 0.0,
+        "slots": {},
+        "num_entries": 0,
+        "num_wellformed": 0,
+        "num_invalid": 0,
+        "num_duplicates": 0,
+        "num_off_role": 0,
+        "agent_id_ok": False,
+    }
     try:
         text = text if isinstance(text, str) else ""
         fenced = _FENCE.findall(text)
@@ -305,8 +334,13 @@ def parse_proposal(text: str, agent_id: int, days: int) -> dict[str, Any]:
             if not isinstance(e, dict):
                 continue
             day, field, value = e.get("day"), e.get("field"), e.get("value")
-            if (not isinstance(day, int) or isinstance(day, bool) or not 1 <= day <= days or field not in FIELDS
-                    or not isinstance(value, str)):
+            if (
+                not isinstance(day, int)
+                or isinstance(day, bool)
+                or not 1 <= day <= days
+                or field not in FIELDS
+                or not isinstance(value, str)
+            ):
                 continue
             wellformed += 1
             off_role += slot_owner(day, field) != agent_id
@@ -315,8 +349,14 @@ def parse_proposal(text: str, agent_id: int, days: int) -> dict[str, Any]:
                 continue
             value = value.strip()
             slots[(day, field)] = value if value else EMPTY
-        out.update(slots=slots, num_entries=len(entries), num_wellformed=wellformed,
-                   num_invalid=len(entries) - wellformed, num_duplicates=duplicates, num_off_role=off_role)
+        out.update(
+            slots=slots,
+            num_entries=len(entries),
+            num_wellformed=wellformed,
+            num_invalid=len(entries) - wellformed,
+            num_duplicates=duplicates,
+            num_off_role=off_role,
+        )
         if entries:
             comp["entries"] = wellformed / len(entries)
         if wellformed:
@@ -381,8 +421,9 @@ def _gold_slots(item: Mapping[str, Any]) -> tuple[int, dict[tuple[int, str], str
         plan = _plan_days(_literal(item.get("annotated_plan")))
     days = int(item.get("days") or len(plan))
     if not plan:
-        raise ValueError("the travel reward needs items with an annotated plan ('plan'/'annotated_plan'; "
-                         "train split only).")
+        raise ValueError(
+            "the travel reward needs items with an annotated plan ('plan'/'annotated_plan'; train split only)."
+        )
     gold = {}
     for k, day in enumerate(plan[:days]):
         d = int(day.get("days", k + 1)) if str(day.get("days", "")).isdigit() else k + 1
@@ -400,8 +441,9 @@ def _is_empty(v: str) -> bool:
     return normalise(v) == EMPTY or not normalise(v)
 
 
-def travel_reward_breakdown(agent0_completion: str, agent1_completion: str,
-                            item: Mapping[str, Any]) -> dict[str, float]:
+def travel_reward_breakdown(
+    agent0_completion: str, agent1_completion: str, item: Mapping[str, Any]
+) -> dict[str, float]:
     """Every term of the dense joint reward v3 for one joint action (see the module docstring)."""
     days, gold = _gold_slots(item)
     n = days * len(FIELDS)
@@ -434,10 +476,16 @@ def travel_reward_breakdown(agent0_completion: str, agent1_completion: str,
     owned_quality = []
     for i in range(2):
         mine = [s for s in filled if slot_owner(*s) == i]
-        owned_quality.append(sum(slot_match(parsed[i]["slots"].get(s), gold[s], s[1]) for s in mine) / len(mine)
-                             if mine else 1.0)
-    terms_p = {"coverage": coverage, "slot_quality": slot_quality, "gated_empty_recall": empty_recall,
-               "role_balance": role_balance, "owned_slot_quality": min(owned_quality)}
+        owned_quality.append(
+            sum(slot_match(parsed[i]["slots"].get(s), gold[s], s[1]) for s in mine) / len(mine) if mine else 1.0
+        )
+    terms_p = {
+        "coverage": coverage,
+        "slot_quality": slot_quality,
+        "gated_empty_recall": empty_recall,
+        "role_balance": role_balance,
+        "owned_slot_quality": min(owned_quality),
+    }
     p = sum(P_WEIGHTS[k] * terms_p[k] for k in P_WEIGHTS)
     exact = float(all(s in plan and normalise(plan[s]) == normalise(gold[s]) for s in gold))
 
@@ -448,49 +496,96 @@ def travel_reward_breakdown(agent0_completion: str, agent1_completion: str,
         "conflict": len(merged["conflict"]) / n,
         "coverage_deficit": sum(s not in plan for s in gold) / n,
         "invalid_slot": sum(q["num_invalid"] for q in parsed) / entries if entries else 0.0,
-        "over_capacity": sum(min(1.0, max(0, parsed[i]["num_wellformed"] - len(owned[i])) / len(owned[i]))
-                             if owned[i] else 0.0 for i in range(2)) / 2,
+        "over_capacity": sum(
+            min(1.0, max(0, parsed[i]["num_wellformed"] - len(owned[i])) / len(owned[i])) if owned[i] else 0.0
+            for i in range(2)
+        )
+        / 2,
         "duplicate": sum(q["num_duplicates"] for q in parsed) / wellformed if wellformed else 0.0,
         "explicit_empty_mismatch": sum(s in plan and _is_empty(plan[s]) for s in filled) / len(filled)
-        if filled else 0.0,
+        if filled
+        else 0.0,
         "spurious_fill": sum(s in plan and not _is_empty(plan[s]) for s in empty) / len(empty) if empty else 0.0,
     }
     raw = 0.05 * a + g * p + 0.20 * exact - sum(PENALTY_COEFFICIENTS[k] * penalties[k] for k in penalties)
     return {
-        "total": min(REWARD_MAX, max(REWARD_MIN, raw)), "unclamped_total": raw,
-        "A": a, "V_0": v_i[0], "V_1": v_i[1], "V": v, "C_0": c_i[0], "C_1": c_i[1], "C": c, "G": g, "P": p,
-        **terms_p, "exact_bonus": exact, **penalties,
-        "parse_rate": a, "num_conflicts": float(len(merged["conflict"])),
-        "num_overlaps": float(len(merged["overlap"])), "num_slots": float(n),
+        "total": min(REWARD_MAX, max(REWARD_MIN, raw)),
+        "unclamped_total": raw,
+        "A": a,
+        "V_0": v_i[0],
+        "V_1": v_i[1],
+        "V": v,
+        "C_0": c_i[0],
+        "C_1": c_i[1],
+        "C": c,
+        "G": g,
+        "P": p,
+        **terms_p,
+        "exact_bonus": exact,
+        **penalties,
+        "parse_rate": a,
+        "num_conflicts": float(len(merged["conflict"])),
+        "num_overlaps": float(len(merged["overlap"])),
+        "num_slots": float(n),
     }
 
 
-def travel_reward(agent0_completions: Sequence[str], agent1_completions: Sequence[str],
-                  batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+def travel_reward(
+    agent0_completions: Sequence[str],
+    agent1_completions: Sequence[str],
+    batch_items: Sequence[Mapping[str, Any]] | None = None,
+) -> list[float]:
     """Dense joint reward v3 in [−0.5, 1.2] per joint action (``batch_items`` aligned with the completions)."""
     if not batch_items:
         raise ValueError("travel_reward needs batch_items (the items with their annotated plans).")
     if len(batch_items) == 1 and len(agent0_completions) > 1:
         batch_items = list(batch_items) * len(agent0_completions)
-    return [travel_reward_breakdown(c0, c1, item)["total"]
-            for c0, c1, item in zip(agent0_completions, agent1_completions, batch_items)]
+    return [
+        travel_reward_breakdown(c0, c1, item)["total"]
+        for c0, c1, item in zip(agent0_completions, agent1_completions, batch_items)
+    ]
 
 
 travel_reward.reward_range = (REWARD_MIN, REWARD_MAX)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
-EVAL_METRICS = ("total_reward", "parse_rate", "validity", "contribution", "coverage", "slot_quality",
-                "gated_empty_recall", "role_balance", "owned_slot_quality", "exact_match", "overlap_rate",
-                "conflict_rate", "coverage_deficit", "invalid_slot_rate", "over_capacity", "duplicate_rate",
-                "explicit_empty_mismatch", "spurious_fill")
-_FROM_BREAKDOWN = {"total_reward": "total", "parse_rate": "A", "validity": "V", "contribution": "C",
-                   "exact_match": "exact_bonus", "overlap_rate": "overlap", "conflict_rate": "conflict",
-                   "invalid_slot_rate": "invalid_slot", "duplicate_rate": "duplicate"}
+EVAL_METRICS = (
+    "total_reward",
+    "parse_rate",
+    "validity",
+    "contribution",
+    "coverage",
+    "slot_quality",
+    "gated_empty_recall",
+    "role_balance",
+    "owned_slot_quality",
+    "exact_match",
+    "overlap_rate",
+    "conflict_rate",
+    "coverage_deficit",
+    "invalid_slot_rate",
+    "over_capacity",
+    "duplicate_rate",
+    "explicit_empty_mismatch",
+    "spurious_fill",
+)
+_FROM_BREAKDOWN = {
+    "total_reward": "total",
+    "parse_rate": "A",
+    "validity": "V",
+    "contribution": "C",
+    "exact_match": "exact_bonus",
+    "overlap_rate": "overlap",
+    "conflict_rate": "conflict",
+    "invalid_slot_rate": "invalid_slot",
+    "duplicate_rate": "duplicate",
+}
 
 
-def travel_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]],
-                       batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[dict[str, float]]:
+def travel_eval_logger(
+    agent_completions_turns: Sequence[Sequence[Sequence[str]]], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, float]]:
     """Per-sample dicts ``turn_k/<name>`` for the names in :data:`EVAL_METRICS` (``agent_completions_turns[i][s]``
     is agent i's list of completions over turns for sample s)."""
     if len(agent_completions_turns) < 2:
@@ -503,8 +598,7 @@ def travel_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]
         metrics: dict[str, float] = {}
         for t, (c0, c1) in enumerate(zip(first, second)):
             b = travel_reward_breakdown(c0, c1, item)
-            metrics.update({f"turn_{t + 1}/{name}": float(b[_FROM_BREAKDOWN.get(name, name)])
-                            for name in EVAL_METRICS})
+            metrics.update({f"turn_{t + 1}/{name}": float(b[_FROM_BREAKDOWN.get(name, name)]) for name in EVAL_METRICS})
         per_sample.append(metrics)
     return per_sample
 

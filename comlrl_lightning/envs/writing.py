@@ -138,17 +138,21 @@ def _post(item: Mapping[str, Any]) -> str:
 
 def tldr_concise_prompt(item: Mapping[str, Any]) -> str:
     """Agent 1 (TL;DR): a short, factual summary of the post."""
-    return ("Write a concise summary of the Reddit post below: one or a few factual sentences that give its "
-            "main point. Another writer will produce a longer, detailed summary.\n\n"
-            f"{_post(item)}\n\nConcise summary:")
+    return (
+        "Write a concise summary of the Reddit post below: one or a few factual sentences that give its "
+        "main point. Another writer will produce a longer, detailed summary.\n\n"
+        f"{_post(item)}\n\nConcise summary:"
+    )
 
 
 def tldr_detailed_prompt(item: Mapping[str, Any]) -> str:
     """Agent 2 (TL;DR): a longer summary with a richer vocabulary and transition words."""
-    return ("Write a detailed summary of the Reddit post below. Cover the situation, the reasons and the "
-            "question in full; use a varied vocabulary and link your sentences with transition words "
-            "(for example, however, therefore, moreover). Another writer gives a one-line summary.\n\n"
-            f"{_post(item)}\n\nDetailed summary:")
+    return (
+        "Write a detailed summary of the Reddit post below. Cover the situation, the reasons and the "
+        "question in full; use a varied vocabulary and link your sentences with transition words "
+        "(for example, however, therefore, moreover). Another writer gives a one-line summary.\n\n"
+        f"{_post(item)}\n\nDetailed summary:"
+    )
 
 
 def _abstract(item: Mapping[str, Any]) -> str:
@@ -158,51 +162,65 @@ def _abstract(item: Mapping[str, Any]) -> str:
 
 def arxiv_background_prompt(item: Mapping[str, Any]) -> str:
     """Agent 1 (arXiv): background and motivation of an introduction built from the abstract."""
-    return ("Using the paper abstract below, write the first part of the paper's introduction: the background "
-            "of the problem and the motivation for the work. A second writer covers the methodology and its "
-            "implications, so do not describe those.\n\n"
-            f"Abstract: {_abstract(item)}\n\nBackground and motivation:")
+    return (
+        "Using the paper abstract below, write the first part of the paper's introduction: the background "
+        "of the problem and the motivation for the work. A second writer covers the methodology and its "
+        "implications, so do not describe those.\n\n"
+        f"Abstract: {_abstract(item)}\n\nBackground and motivation:"
+    )
 
 
 def arxiv_method_prompt(item: Mapping[str, Any]) -> str:
     """Agent 2 (arXiv): methodology and implications of an introduction built from the abstract."""
-    return ("Using the paper abstract below, write the second part of the paper's introduction: the proposed "
-            "methodology and the implications of the results. A second writer covers the background and "
-            "motivation, so do not repeat those.\n\n"
-            f"Abstract: {_abstract(item)}\n\nMethodology and implications:")
+    return (
+        "Using the paper abstract below, write the second part of the paper's introduction: the proposed "
+        "methodology and the implications of the results. A second writer covers the background and "
+        "motivation, so do not repeat those.\n\n"
+        f"Abstract: {_abstract(item)}\n\nMethodology and implications:"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ reward pieces
 TRANSITION_CATEGORIES: dict[str, tuple[str, ...]] = {
     "addition": ("furthermore", "moreover", "additionally", "in addition", "besides", "also"),
-    "contrast": ("however", "nevertheless", "nonetheless", "on the other hand", "in contrast", "whereas",
-                 "although", "yet"),
+    "contrast": (
+        "however",
+        "nevertheless",
+        "nonetheless",
+        "on the other hand",
+        "in contrast",
+        "whereas",
+        "although",
+        "yet",
+    ),
     "cause": ("because", "since", "due to", "owing to", "given that"),
     "effect": ("therefore", "thus", "consequently", "as a result", "hence", "accordingly"),
     "example": ("for example", "for instance", "such as", "namely", "to illustrate", "specifically"),
     "emphasis": ("indeed", "in fact", "notably", "certainly", "above all", "importantly"),
     "sequence": ("first", "second", "next", "then", "finally", "subsequently", "afterwards"),
-    "time": ("meanwhile", "previously", "eventually", "currently", "recently", "later", "before", "after",
-             "during"),
+    "time": ("meanwhile", "previously", "eventually", "currently", "recently", "later", "before", "after", "during"),
     "comparison": ("similarly", "likewise", "in the same way", "compared to", "by comparison", "equally"),
     "conclusion": ("in conclusion", "overall", "in summary", "to sum up", "ultimately", "in short"),
     "clarification": ("in other words", "that is", "to clarify", "put simply", "to put it differently"),
     "condition": ("if", "unless", "provided that", "as long as", "in case", "otherwise"),
 }
 _TRANSITION_PATTERNS = {
-    name: re.compile(r"\b(?:" + "|".join(r"\s+".join(map(re.escape, p.split())) for p in phrases) + r")\b",
-                     re.IGNORECASE)
+    name: re.compile(
+        r"\b(?:" + "|".join(r"\s+".join(map(re.escape, p.split())) for p in phrases) + r")\b", re.IGNORECASE
+    )
     for name, phrases in TRANSITION_CATEGORIES.items()
 }
 
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a about above after again against all also am an and any are as at be been before being below between both but
 by can could did do does doing down during each few for from further had has have having he her here hers him
 his how i if in into is it its itself just me more most my no nor not now of off on once only or other our ours
 out over own same she should so some such than that the their theirs them then there these they this those
 through to too under until up very was we were what when where which while who whom why will with would you
 your yours
-""".split())
+""".split()
+)
 
 _WORD = re.compile(r"\b\w+\b")
 
@@ -298,8 +316,12 @@ def reward_breakdown(c1: str, c2: str, spec: WritingSpec) -> dict[str, Any]:
     l1_ok = spec.min_tokens <= t1 <= spec.max_tokens and spec.min_tokens <= t2 <= spec.max_tokens
     l2 = trapezoid(lr, spec.length_window)
     l3 = trapezoid(ur, spec.unique_window)
-    ungated = [LEVEL_WEIGHTS[0] if l1_ok else 0.0, LEVEL_WEIGHTS[1] * (l2 or 0.0),
-               LEVEL_WEIGHTS[2] * (l3 or 0.0), LEVEL_WEIGHTS[3] * style_score(c1, c2, spec.jaccard_cap)]
+    ungated = [
+        LEVEL_WEIGHTS[0] if l1_ok else 0.0,
+        LEVEL_WEIGHTS[1] * (l2 or 0.0),
+        LEVEL_WEIGHTS[2] * (l3 or 0.0),
+        LEVEL_WEIGHTS[3] * style_score(c1, c2, spec.jaccard_cap),
+    ]
     passed = [l1_ok, l2 is not None, l3 is not None, True]
     gated, open_ = [], True
     for value, ok in zip(ungated, passed):
@@ -311,10 +333,15 @@ def reward_breakdown(c1: str, c2: str, spec: WritingSpec) -> dict[str, Any]:
             break
         levels_passed += 1
     out: dict[str, Any] = {
-        "tokens_1": t1, "tokens_2": t2, "token_ratio": t2 / t1 if t1 else 0.0,
-        "length_ratio": lr, "unique_word_ratio": ur,
-        "transition_categories": found, "transition_coverage": len(found) / len(TRANSITION_CATEGORIES),
-        "transition_score": transition_score(c2), "jaccard": content_jaccard(c1, c2),
+        "tokens_1": t1,
+        "tokens_2": t2,
+        "token_ratio": t2 / t1 if t1 else 0.0,
+        "length_ratio": lr,
+        "unique_word_ratio": ur,
+        "transition_categories": found,
+        "transition_coverage": len(found) / len(TRANSITION_CATEGORIES),
+        "transition_score": transition_score(c2),
+        "jaccard": content_jaccard(c1, c2),
     }
     for k in range(4):
         out[f"level_{k + 1}"] = gated[k]
@@ -336,14 +363,16 @@ def arxiv_reward_breakdown(background: str, method: str) -> dict[str, Any]:
     return reward_breakdown(background, method, ARXIV_SPEC)
 
 
-def tldr_reward(summaries: Sequence[str], details: Sequence[str],
-                batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+def tldr_reward(
+    summaries: Sequence[str], details: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[float]:
     """Team reward in [0, 3] per (concise summary, detailed summary) pair; see the module docstring."""
     return [float(tldr_reward_breakdown(a, b)["total"]) for a, b in zip(summaries, details)]
 
 
-def arxiv_reward(backgrounds: Sequence[str], methods: Sequence[str],
-                 batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+def arxiv_reward(
+    backgrounds: Sequence[str], methods: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[float]:
     """Team reward in [0, 3] per (background, methodology) pair; see the module docstring."""
     return [float(arxiv_reward_breakdown(a, b)["total"]) for a, b in zip(backgrounds, methods)]
 
@@ -354,9 +383,22 @@ arxiv_reward.reward_range = (0.0, 3.0)
 
 # ------------------------------------------------------------------------------------------------ evaluation
 EVAL_METRICS = (
-    "total_reward", "ungated_total_reward", "level_1_reward", "level_2_reward", "level_3_reward", "level_4_reward",
-    "ungated_level_1_reward", "ungated_level_2_reward", "ungated_level_3_reward", "ungated_level_4_reward",
-    "levels_passed", "token_ratio", "length_ratio", "unique_word_ratio", "transition_coverage", "jaccard",
+    "total_reward",
+    "ungated_total_reward",
+    "level_1_reward",
+    "level_2_reward",
+    "level_3_reward",
+    "level_4_reward",
+    "ungated_level_1_reward",
+    "ungated_level_2_reward",
+    "ungated_level_3_reward",
+    "ungated_level_4_reward",
+    "levels_passed",
+    "token_ratio",
+    "length_ratio",
+    "unique_word_ratio",
+    "transition_coverage",
+    "jaccard",
 )
 
 
@@ -366,9 +408,11 @@ def _infer_task(batch_items: Sequence[Mapping[str, Any]] | None) -> str:
     return "tldr"
 
 
-def writing_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]]],
-                        batch_items: Sequence[Mapping[str, Any]] | None = None,
-                        task: str | None = None) -> list[dict[str, float]]:
+def writing_eval_logger(
+    agent_completions_turns: Sequence[Sequence[Sequence[str]]],
+    batch_items: Sequence[Mapping[str, Any]] | None = None,
+    task: str | None = None,
+) -> list[dict[str, float]]:
     """Per-sample metric dicts for the evaluation callback.
 
     ``agent_completions_turns[i][s]`` is agent i's list of completions over turns for sample s (agent 0 is
@@ -391,12 +435,16 @@ def writing_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[str]
         for t, (c1, c2) in enumerate(zip(first, second)):
             b = reward_breakdown(c1, c2, spec)
             values = {
-                "total_reward": b["total"], "ungated_total_reward": b["ungated_total"],
+                "total_reward": b["total"],
+                "ungated_total_reward": b["ungated_total"],
                 **{f"level_{k}_reward": b[f"level_{k}"] for k in range(1, 5)},
                 **{f"ungated_level_{k}_reward": b[f"ungated_level_{k}"] for k in range(1, 5)},
-                "levels_passed": b["levels_passed"], "token_ratio": b["token_ratio"],
-                "length_ratio": b["length_ratio"] or 0.0, "unique_word_ratio": b["unique_word_ratio"] or 0.0,
-                "transition_coverage": b["transition_coverage"], "jaccard": b["jaccard"],
+                "levels_passed": b["levels_passed"],
+                "token_ratio": b["token_ratio"],
+                "length_ratio": b["length_ratio"] or 0.0,
+                "unique_word_ratio": b["unique_word_ratio"] or 0.0,
+                "transition_coverage": b["transition_coverage"],
+                "jaccard": b["jaccard"],
             }
             metrics.update({f"turn_{t + 1}/{name}": float(v) for name, v in values.items()})
         per_sample.append(metrics)

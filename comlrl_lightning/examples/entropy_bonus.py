@@ -1,6 +1,7 @@
 """MAGRPO with an entropy bonus: the loss subtracts β·Σ_t w_t·H_t, the policy's entropy at each completion token
 weighted as the policy term is (docs/new_algorithm.md). One flag asks scoring for the entropy; one field, one
 override."""
+
 from typing import Any
 
 from comlrl_lightning.algorithms import MAGRPO
@@ -8,7 +9,7 @@ from comlrl_lightning.algorithms import MAGRPO
 
 class EntropyMAGRPO(MAGRPO):
     """Args:
-        entropy_coef: β, the weight of the entropy bonus."""
+    entropy_coef: β, the weight of the entropy bonus."""
 
     needs_token_entropy = True  # scoring returns H_t beside log π (PolicyBatch.entropy)
 

@@ -1,4 +1,5 @@
 """MAGRPO with the group median as its baseline: register the baseline, make it the class's default."""
+
 from torch import Tensor
 
 from comlrl_lightning.algorithms import MAGRPO

@@ -2,6 +2,7 @@
 policy's token log-probs stored with every sample, PPO's clipped surrogate objective (Schulman et al. 2017,
 arXiv:1707.06347) and ``ppo_epochs`` shuffled passes over every drained buffer. The stored log-probs travel with
 the buffered samples, so a checkpoint taken while samples wait for their update keeps them."""
+
 from typing import Any, Iterator
 
 import torch
@@ -35,7 +36,9 @@ class MAPPOClip(MAGRPO):
         super().after_rollout(rollout)
         for agent in range(self.num_agents):
             samples, inputs = self.agent_inputs(rollout.nodes, agent)
-            logprobs = self.sampling_logprobs(agent, samples, inputs).split([s.completion_ids.shape[0] for s in samples])
+            logprobs = self.sampling_logprobs(agent, samples, inputs).split(
+                [s.completion_ids.shape[0] for s in samples]
+            )
             for sample, rows in zip(samples, logprobs):
                 sample.old_logprobs = rows[:, : sample.completion_ids.shape[1]]
 

@@ -185,12 +185,14 @@ class CentralizedCollaboration:
     def split_roles(self, joint_texts: Sequence[str], items: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         """Per-role texts ``[role][row]`` so evaluation can hand the user's logger ordinary agent completions."""
         rows = self._items(items, len(joint_texts))
-        split = [split_joint(self.adapter, t, it, self.num_roles, on_parse_error="empty")
-                 for t, it in zip(joint_texts, rows)]
+        split = [
+            split_joint(self.adapter, t, it, self.num_roles, on_parse_error="empty") for t, it in zip(joint_texts, rows)
+        ]
         return [[row[i] for row in split] for i in range(self.num_roles)]
 
-    def split_turns(self, joint_turns: Sequence[Sequence[str]],
-                    items: Sequence[Mapping[str, Any]]) -> list[list[list[str]]]:
+    def split_turns(
+        self, joint_turns: Sequence[Sequence[str]], items: Sequence[Mapping[str, Any]]
+    ) -> list[list[list[str]]]:
         """``[item][turn]`` joint texts → ``[role][item][turn]`` role texts (evaluation's agent_completions_turns)."""
         out: list[list[list[str]]] = [[] for _ in range(self.num_roles)]
         for turns, item in zip(joint_turns, items):
@@ -223,5 +225,4 @@ class CentralizedCollaboration:
 
     def __repr__(self) -> str:
         name = getattr(self.reward_func, "__name__", type(self.reward_func).__name__)
-        return (f"CentralizedCollaboration(adapter={self.adapter!r}, num_roles={self.num_roles}, "
-                f"reward_func={name})")
+        return f"CentralizedCollaboration(adapter={self.adapter!r}, num_roles={self.num_roles}, reward_func={name})"

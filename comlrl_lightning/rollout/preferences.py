@@ -34,16 +34,20 @@ def collect_preference_pairs(
         scores = node.rewards
         mean = float(scores.mean())
         for w, l in select_pairs(scores, selection, limit, generator):
-            pairs.append(PreferencePair(
-                prompts=[a.prompt for a in node.agents],
-                winner_completions=[a.texts[w] for a in node.agents],
-                loser_completions=[a.texts[l] for a in node.agents],
-                winner_reward=float(scores[w]), loser_reward=float(scores[l]), candidate_reward_mean=mean,
-                raw_rewards=[float(node.raw_rewards[w]), float(node.raw_rewards[l])],
-                prompt_ids=[a.prompt_ids for a in node.agents],
-                winner_ids=[a.completion_ids[w][a.completion_mask[w]] for a in node.agents],
-                loser_ids=[a.completion_ids[l][a.completion_mask[l]] for a in node.agents],
-            ))
+            pairs.append(
+                PreferencePair(
+                    prompts=[a.prompt for a in node.agents],
+                    winner_completions=[a.texts[w] for a in node.agents],
+                    loser_completions=[a.texts[l] for a in node.agents],
+                    winner_reward=float(scores[w]),
+                    loser_reward=float(scores[l]),
+                    candidate_reward_mean=mean,
+                    raw_rewards=[float(node.raw_rewards[w]), float(node.raw_rewards[l])],
+                    prompt_ids=[a.prompt_ids for a in node.agents],
+                    winner_ids=[a.completion_ids[w][a.completion_mask[w]] for a in node.agents],
+                    loser_ids=[a.completion_ids[l][a.completion_mask[l]] for a in node.agents],
+                )
+            )
     return pairs
 
 
@@ -60,7 +64,8 @@ def tokenize_pairs(pairs: Sequence[PreferencePair], tokenizers: Sequence[Any], m
     for pair in pairs:
         pair.prompt_ids, pair.winner_ids, pair.loser_ids = [], [], []
     for i, tokenizer in enumerate(tokenizers[: pairs[0].num_agents]):
-        def encode(texts: list[str]) -> list[list[int]]:
+
+        def encode(texts: list[str], tokenizer=tokenizer) -> list[list[int]]:
             return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
         prompts = encode([model_input(tokenizer, p.prompts[i]) for p in pairs])

@@ -49,7 +49,9 @@ def build_formatters(formatters: Formatter | Sequence[Formatter] | None, num_age
     if isinstance(formatters, Sequence) and not isinstance(formatters, str) and len(formatters) == 1:
         formatters = list(formatters) * num_agents  # one formatter for every agent
     if not isinstance(formatters, Sequence) or isinstance(formatters, str):
-        raise ValueError(f"formatters must be a callable or a list of {num_agents} callables, got {type(formatters).__name__}.")
+        raise ValueError(
+            f"formatters must be a callable or a list of {num_agents} callables, got {type(formatters).__name__}."
+        )
     if len(formatters) != num_agents:
         raise ValueError(f"formatters: number of formatters ({len(formatters)}) must match num_agents ({num_agents}).")
     for i, f in enumerate(formatters):
@@ -79,20 +81,22 @@ def _wrap_formatter(func: Formatter) -> Formatter:
                 prompt = func(item)
         except KeyError as err:  # a dataset without the column the formatter reads
             keys = sorted(item) if isinstance(item, Mapping) else type(item).__name__
-            raise KeyError(f"formatter {callable_name(func)} needs the key {err.args[0]!r}, which the dataset item "
-                           f"{_item_summary(item)} does not have (its keys: {keys}).") from None
+            raise KeyError(
+                f"formatter {callable_name(func)} needs the key {err.args[0]!r}, which the dataset item "
+                f"{_item_summary(item)} does not have (its keys: {keys})."
+            ) from None
         if not isinstance(prompt, str):
-            raise TypeError(f"formatter {callable_name(func)} must return a string prompt, got "
-                            f"{type(prompt).__name__} for item {_item_summary(item)}.")
+            raise TypeError(
+                f"formatter {callable_name(func)} must return a string prompt, got "
+                f"{type(prompt).__name__} for item {_item_summary(item)}."
+            )
         return prompt
 
     formatter.__wrapped__ = func
     return formatter
 
 
-def format_prompt(
-    formatter: Formatter, item: Mapping[str, Any], external_prompt: str | None, passthrough: bool
-) -> str:
+def format_prompt(formatter: Formatter, item: Mapping[str, Any], external_prompt: str | None, passthrough: bool) -> str:
     """The model input for one agent at one node (docs/algorithms.md#formatters-rewards-and-transitions).
 
     Turn 1 formats the item. Later turns either use the external prompt verbatim (passthrough) or format a
@@ -124,9 +128,11 @@ def check_reward_signature(reward_func: Callable[..., Any], num_agents: int) -> 
     try:
         signature.bind(*([[]] * num_agents), **named)
     except TypeError as err:
-        raise TypeError(f"reward_func {callable_name(reward_func)}{signature} cannot take the completions of "
-                        f"{num_agents} agents ({err}); the expected signature is {REWARD_SIGNATURE}, one positional "
-                        "list per agent.") from None
+        raise TypeError(
+            f"reward_func {callable_name(reward_func)}{signature} cannot take the completions of "
+            f"{num_agents} agents ({err}); the expected signature is {REWARD_SIGNATURE}, one positional "
+            "list per agent."
+        ) from None
 
 
 class RewardTimeoutError(TimeoutError):
@@ -140,8 +146,13 @@ class RewardCaller:
     :class:`RewardTimeoutError` naming the field and ``where()`` (the module's step) instead of hanging it.
     """
 
-    def __init__(self, reward_func: Callable[..., Any], reward_processor: Callable[[float], float] | None = None,
-                 timeout: float | None = None, where: Callable[[], str] | None = None):
+    def __init__(
+        self,
+        reward_func: Callable[..., Any],
+        reward_processor: Callable[[float], float] | None = None,
+        timeout: float | None = None,
+        where: Callable[[], str] | None = None,
+    ):
         if not callable(reward_func):
             raise ValueError(f"reward_func must be a callable, got {type(reward_func).__name__}.")
         if reward_processor is not None and not callable(reward_processor):
@@ -174,7 +185,8 @@ class RewardCaller:
             raise RewardTimeoutError(
                 f"reward_func {callable_name(self.reward_func)} did not return within reward_timeout = "
                 f"{self.timeout:g} s{where} ({len(args[0]) if args else 0} joint actions); raise reward_timeout if "
-                "the reward is slow by design, or look for a hang in it.")
+                "the reward is slow by design, or look for a hang in it."
+            )
         if "error" in outcome:
             raise outcome["error"]
         return outcome["value"]
@@ -212,7 +224,9 @@ class RewardCaller:
         processed = [float(self.reward_processor(v)) for v in raw]
         bad = [i for i, v in enumerate(processed) if not math.isfinite(v)]
         if bad:
-            raise ValueError(f"reward_processor returned a non-finite value {processed[bad[0]]!r} (raw {raw[bad[0]]!r}).")
+            raise ValueError(
+                f"reward_processor returned a non-finite value {processed[bad[0]]!r} (raw {raw[bad[0]]!r})."
+            )
         return processed
 
     def __call__(self, agent_completions, prompts=None, batch_items=None, check_count: bool = True) -> list[float]:
@@ -230,8 +244,9 @@ def _as_float_list(values: Any) -> list[float]:
     values = [v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v for v in values]
     for i, v in enumerate(values):  # numpy / torch scalars were unwrapped above
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"reward_func must return a list of numbers; joint action {i} got "
-                            f"{type(v).__name__} {v!r}.")
+            raise TypeError(
+                f"reward_func must return a list of numbers; joint action {i} got {type(v).__name__} {v!r}."
+            )
     return [float(v) for v in values]
 
 
@@ -253,8 +268,10 @@ def call_external_transition(
         response_history_per_agent=[list(h) for h in response_history_per_agent],
     )
     if not isinstance(prompts, (list, tuple)):
-        raise ValueError(f"External transition must return per-agent prompts (a list of {num_agents} strings), "
-                         f"got {type(prompts).__name__}.")
+        raise ValueError(
+            f"External transition must return per-agent prompts (a list of {num_agents} strings), "
+            f"got {type(prompts).__name__}."
+        )
     if len(prompts) != num_agents:
         raise ValueError(f"External transition returned {len(prompts)} values but expected {num_agents}.")
     return list(prompts)

@@ -58,11 +58,20 @@ class SamplingConfig:
 
 def validate_generation_kwargs(generation_kwargs: dict | None) -> None:
     """Extra ``generate`` arguments may not override what has its own field (sampling is always on)."""
-    reserved = {"do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "num_return_sequences",
-                "num_beams"} & set(generation_kwargs or {})
+    reserved = {
+        "do_sample",
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_new_tokens",
+        "num_return_sequences",
+        "num_beams",
+    } & set(generation_kwargs or {})
     if reserved:
-        raise ValueError(f"generation_kwargs must not set {sorted(reserved)}: sampling is always on and these have "
-                         "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations).")
+        raise ValueError(
+            f"generation_kwargs must not set {sorted(reserved)}: sampling is always on and these have "
+            "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations)."
+        )
 
 
 @dataclass
@@ -91,8 +100,16 @@ class Completions:
             rows = slice(start * self.num_samples, (start + count) * self.num_samples)
             width = max(int(self.completion_mask[rows].sum(-1).max()), 1)  # as wide as this group's longest
             cut = [None if t is None else t[rows, :width] for t in (self.logprobs, self.engine_logprobs)]
-            out.append(Completions(self.prompt_ids[start : start + count], self.completion_ids[rows, :width],
-                                   self.completion_mask[rows, :width], self.texts[rows], self.num_samples, *cut))
+            out.append(
+                Completions(
+                    self.prompt_ids[start : start + count],
+                    self.completion_ids[rows, :width],
+                    self.completion_mask[rows, :width],
+                    self.texts[rows],
+                    self.num_samples,
+                    *cut,
+                )
+            )
             start += count
         return out
 
@@ -117,9 +134,15 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_ids: Sequence[int]) -> 
     return eos_before == 0
 
 
-def assemble_completions(prompt_ids: Sequence[Tensor], rows: Sequence[Tensor], tokenizer, eos_ids: Sequence[int],
-                         num_samples: int, logprobs: Sequence[Tensor] | None = None,
-                         engine_logprobs: Sequence[Tensor] | None = None) -> Completions:
+def assemble_completions(
+    prompt_ids: Sequence[Tensor],
+    rows: Sequence[Tensor],
+    tokenizer,
+    eos_ids: Sequence[int],
+    num_samples: int,
+    logprobs: Sequence[Tensor] | None = None,
+    engine_logprobs: Sequence[Tensor] | None = None,
+) -> Completions:
     """The :class:`Completions` of ``rows`` (each a [r, t] block of generated ids, blocks of any width, rows
     prompt-major), their log-probs laid out the same way: right-padded with the pad id, masked up to and including
     the first EOS, anything after it padding (a backend's custom stopping included), decoded without special
@@ -135,8 +158,15 @@ def assemble_completions(prompt_ids: Sequence[Tensor], rows: Sequence[Tensor], t
             return None
         return (_pad_right([p.float() for p in parts], 0.0) * completion_mask).cpu()
 
-    return Completions(list(prompt_ids), completion_ids.cpu(), completion_mask.cpu(), texts, num_samples,
-                       laid_out(logprobs), laid_out(engine_logprobs))
+    return Completions(
+        list(prompt_ids),
+        completion_ids.cpu(),
+        completion_mask.cpu(),
+        texts,
+        num_samples,
+        laid_out(logprobs),
+        laid_out(engine_logprobs),
+    )
 
 
 def _pad_right(chunks: Sequence[Tensor], value: float) -> Tensor:
@@ -155,15 +185,16 @@ class ScoringInputs:
     completion_mask: Tensor  # [B, T] bool
 
 
-def build_scoring_inputs(prompt_ids: Sequence[Tensor], completion_ids: Tensor, completion_mask: Tensor,
-                         pad_id: int) -> ScoringInputs:
+def build_scoring_inputs(
+    prompt_ids: Sequence[Tensor], completion_ids: Tensor, completion_mask: Tensor, pad_id: int
+) -> ScoringInputs:
     """Left-pad the B prompts (one per row) and append the completions; positions match generation."""
     width = max(len(p) for p in prompt_ids)
     prompts = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
     for row, ids in enumerate(prompt_ids):  # one slice copy per row; no per-token work
-        prompts[row, width - len(ids):] = ids
-        prompt_mask[row, width - len(ids):] = 1
+        prompts[row, width - len(ids) :] = ids
+        prompt_mask[row, width - len(ids) :] = 1
     attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     return ScoringInputs(
@@ -175,8 +206,9 @@ def build_scoring_inputs(prompt_ids: Sequence[Tensor], completion_ids: Tensor, c
     )
 
 
-def token_logprobs(model, inputs: ScoringInputs, share_prompts: bool = True,
-                   entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def token_logprobs(
+    model, inputs: ScoringInputs, share_prompts: bool = True, entropy: bool = False
+) -> Tensor | tuple[Tensor, Tensor]:
     """log π(y_t | x, y_<t) for every completion position, [B, T] float32 (0 where masked); with ``entropy`` also
     the policy's entropy H_t = −Σ_v π(v) log π(v) at each position, [B, T] (0 where masked), from the same logits.
 
@@ -189,8 +221,11 @@ def token_logprobs(model, inputs: ScoringInputs, share_prompts: bool = True,
     """
     device = next(model.parameters()).device
     T = inputs.completion_ids.shape[1]
-    ids, mask, positions = (inputs.input_ids.to(device), inputs.attention_mask.to(device),
-                            inputs.position_ids.to(device))
+    ids, mask, positions = (
+        inputs.input_ids.to(device),
+        inputs.attention_mask.to(device),
+        inputs.position_ids.to(device),
+    )
     shared = shared_prompts(inputs) if share_prompts and shares_prompts(model) else None
     if shared is None:
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=T + 1)
@@ -198,12 +233,23 @@ def token_logprobs(model, inputs: ScoringInputs, share_prompts: bool = True,
     else:
         first, prompt_of = (x.to(device) for x in shared)
         P = ids.shape[1] - T  # all prompt tokens but the last go through the prompt forward, once per prompt
-        prompts = model(input_ids=ids[first, : P - 1], attention_mask=mask[first, : P - 1],
-                        position_ids=positions[first, : P - 1], use_cache=True, logits_to_keep=1)
+        prompts = model(
+            input_ids=ids[first, : P - 1],
+            attention_mask=mask[first, : P - 1],
+            position_ids=positions[first, : P - 1],
+            use_cache=True,
+            logits_to_keep=1,
+        )
         cache = cache_of(prompts)
         cache.batch_select_indices(prompt_of)  # an indexing copy: gradients flow back to the shared prompt
-        out = model(input_ids=ids[:, P - 1 : -1], attention_mask=mask[:, :-1], position_ids=positions[:, P - 1 : -1],
-                    use_cache=True, logits_to_keep=T, **{CACHE_KEYWORD: cache})
+        out = model(
+            input_ids=ids[:, P - 1 : -1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, P - 1 : -1],
+            use_cache=True,
+            logits_to_keep=T,
+            **{CACHE_KEYWORD: cache},
+        )
         logits = out.logits  # the last prompt token and the completion but its last token: T positions
     targets = inputs.completion_ids.to(device)
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1).float()
@@ -253,8 +299,9 @@ def shares_prompts(model) -> bool:
     return not (torch.is_grad_enabled() and is_checkpointing(model))
 
 
-def collate_rows(prompt_ids: Sequence[Tensor], completions: Sequence[Tensor], masks: Sequence[Tensor],
-                 pad_id: int) -> ScoringInputs:
+def collate_rows(
+    prompt_ids: Sequence[Tensor], completions: Sequence[Tensor], masks: Sequence[Tensor], pad_id: int
+) -> ScoringInputs:
     """Scoring inputs for groups of samples: group g contributes its ``completions[g]`` rows ([K_g, T_g]),
     each paired with ``prompt_ids[g]``; completions are right-padded to the longest group."""
     width = max(c.shape[1] for c in completions)
@@ -265,8 +312,12 @@ def collate_rows(prompt_ids: Sequence[Tensor], completions: Sequence[Tensor], ma
 
 
 def select_rows(inputs: ScoringInputs, rows: slice | Tensor) -> ScoringInputs:
-    return ScoringInputs(*(getattr(inputs, f)[rows] for f in
-                           ("input_ids", "attention_mask", "position_ids", "completion_ids", "completion_mask")))
+    return ScoringInputs(
+        *(
+            getattr(inputs, f)[rows]
+            for f in ("input_ids", "attention_mask", "position_ids", "completion_ids", "completion_mask")
+        )
+    )
 
 
 def trim_prompt_padding(inputs: ScoringInputs) -> ScoringInputs:
@@ -275,12 +326,18 @@ def trim_prompt_padding(inputs: ScoringInputs) -> ScoringInputs:
     first = int(inputs.attention_mask.any(0).long().argmax())
     if first == 0:
         return inputs
-    return ScoringInputs(inputs.input_ids[:, first:], inputs.attention_mask[:, first:], inputs.position_ids[:, first:],
-                         inputs.completion_ids, inputs.completion_mask)
+    return ScoringInputs(
+        inputs.input_ids[:, first:],
+        inputs.attention_mask[:, first:],
+        inputs.position_ids[:, first:],
+        inputs.completion_ids,
+        inputs.completion_mask,
+    )
 
 
-def micro_batches(inputs: ScoringInputs, max_rows: int | None = None, max_tokens: int | None = None,
-                  share_prompts: bool = True) -> list[slice | Tensor]:
+def micro_batches(
+    inputs: ScoringInputs, max_rows: int | None = None, max_tokens: int | None = None, share_prompts: bool = True
+) -> list[slice | Tensor]:
     """The rows of each forward of one update. By rows only: consecutive ranges of at most ``max_rows`` rows (neither
     limit: one range with every row). With a token budget: rows bucketed by length — sorted by prompt length, then
     packed so that a micro-batch's forwards run at most ``max_tokens`` tokens (:func:`forward_tokens`: rows × its

@@ -21,15 +21,18 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices, expand_rewards
 from comlrl_lightning.choices import Choice
+from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices, expand_rewards
 from comlrl_lightning.rollout.generation import GenerationBackend, make_backend
 from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, validate_generation_kwargs
 
 # align/aligned and cross/crossed: one semantics per name pair, unlike CoMLRL; its wording of the error.
-JOINT_MODE = Choice("joint_mode", {"aligned": ("align",), "cross": ("crossed",)},
-                    message="Unsupported joint_mode: {value} (joint_mode must be one of: {allowed}{aliases}).")
+JOINT_MODE = Choice(
+    "joint_mode",
+    {"aligned": ("align",), "cross": ("crossed",)},
+    message="Unsupported joint_mode: {value} (joint_mode must be one of: {allowed}{aliases}).",
+)
 JOINT_MODES = JOINT_MODE.values
 normalize_joint_mode = JOINT_MODE
 
@@ -164,8 +167,9 @@ class RolloutEngine:
         self.external_transition = external_transition
         self.external_prompt_passthrough = external_prompt_passthrough
         self.use_chat_template = use_chat_template
-        self.backend = backend or make_backend("hf", batch_size=generation_batch_size,
-                                               generation_kwargs=generation_kwargs, concurrent=parallel_agents)
+        self.backend = backend or make_backend(
+            "hf", batch_size=generation_batch_size, generation_kwargs=generation_kwargs, concurrent=parallel_agents
+        )
         # Actor-critic: the reward is called per node and may return 1, J or (per_agent_rewards) N values.
         self.reward_per_node, self.per_agent_rewards = reward_per_node, per_agent_rewards
         validate_generation_kwargs(generation_kwargs)
@@ -191,15 +195,18 @@ class RolloutEngine:
         reward = reward or self.reward
         threshold = self.early_termination_threshold if early_termination else None
         timings: dict[str, float] = defaultdict(float)
-        frontier = [_Pending(b, item, None, [[] for _ in range(self.num_agents)], [[] for _ in range(self.num_agents)],
-                             None) for b, item in enumerate(items)]
+        frontier = [
+            _Pending(b, item, None, [[] for _ in range(self.num_agents)], [[] for _ in range(self.num_agents)], None)
+            for b, item in enumerate(items)
+        ]
         levels: list[list[Node]] = []
         start_step = env_step
         for turn in range(self.num_turns):
             if not frontier:
                 break
-            level, env_step = self._expand_level(models, tokenizers, frontier, turn, K, policy_version, env_step,
-                                                 timings, reward)
+            level, env_step = self._expand_level(
+                models, tokenizers, frontier, turn, K, policy_version, env_step, timings, reward
+            )
             levels.append(level)
             expanded, frontier = frontier, []
             if turn + 1 < self.num_turns:
@@ -233,9 +240,16 @@ class RolloutEngine:
         reward_prompts = [prompts[0][m] for m in range(M) for _ in range(J)]
         reward_items = [frontier[m].item for m in range(M) for _ in range(J)]
         if self.reward_per_node:  # actor-critic: one call per node; 1, J or N values (per agent)
-            per_node = [self._node_rewards(reward, [t[m * J:(m + 1) * J] for t in agent_texts],
-                                           reward_prompts[m * J:(m + 1) * J], reward_items[m * J:(m + 1) * J], J)
-                        for m in range(M)]
+            per_node = [
+                self._node_rewards(
+                    reward,
+                    [t[m * J : (m + 1) * J] for t in agent_texts],
+                    reward_prompts[m * J : (m + 1) * J],
+                    reward_items[m * J : (m + 1) * J],
+                    J,
+                )
+                for m in range(M)
+            ]
             agent_rewards = torch.stack([p for p, _ in per_node])  # [M, N, J]
             raw_t = torch.stack([r for _, r in per_node])  # [M, J] team view: mean over agents
             rewards = agent_rewards.mean(dim=1)
@@ -254,18 +268,31 @@ class RolloutEngine:
                 rows = slice(m * K, (m + 1) * K)
                 mask = samples[i].completion_mask[rows]
                 width = max(int(mask.sum(-1).max()), 1)
-                agents.append(AgentSamples(
-                    prompt=prompts[i][m],
-                    prompt_ids=samples[i].prompt_ids[m],
-                    completion_ids=samples[i].completion_ids[rows, :width],
-                    completion_mask=mask[:, :width],
-                    texts=samples[i].texts[rows],
-                    sampling_logprobs=None if samples[i].logprobs is None else samples[i].logprobs[rows, :width],
-                    engine_logprobs=(None if samples[i].engine_logprobs is None
-                                     else samples[i].engine_logprobs[rows, :width]),
-                ))
-            node = Node(pending.item, turn, agents, joint, rewards[m], raw_t[m], env_step, policy_version,
-                        pending.item_index, agent_rewards=None if agent_rewards is None else agent_rewards[m])
+                agents.append(
+                    AgentSamples(
+                        prompt=prompts[i][m],
+                        prompt_ids=samples[i].prompt_ids[m],
+                        completion_ids=samples[i].completion_ids[rows, :width],
+                        completion_mask=mask[:, :width],
+                        texts=samples[i].texts[rows],
+                        sampling_logprobs=None if samples[i].logprobs is None else samples[i].logprobs[rows, :width],
+                        engine_logprobs=(
+                            None if samples[i].engine_logprobs is None else samples[i].engine_logprobs[rows, :width]
+                        ),
+                    )
+                )
+            node = Node(
+                pending.item,
+                turn,
+                agents,
+                joint,
+                rewards[m],
+                raw_t[m],
+                env_step,
+                policy_version,
+                pending.item_index,
+                agent_rewards=None if agent_rewards is None else agent_rewards[m],
+            )
             if pending.parent is not None:
                 parent, j = pending.parent
                 parent.children[j] = node
@@ -284,15 +311,18 @@ class RolloutEngine:
 
     def first_prompts(self, items: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         """[N][M] formatted first-turn prompts of each agent for ``items``."""
-        return [[format_prompt(self.formatters[i], item, None, self.external_prompt_passthrough) for item in items]
-                for i in range(self.num_agents)]
+        return [
+            [format_prompt(self.formatters[i], item, None, self.external_prompt_passthrough) for item in items]
+            for i in range(self.num_agents)
+        ]
 
     def model_input(self, tokenizer, prompt: str) -> str:
         """What the model reads for a formatted prompt (the chat template applied when it is on)."""
         if not self.use_chat_template:
             return prompt
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
 
     def sample(self, models, tokenizers, prompts: Sequence[Sequence[str]], K: int) -> list[Completions]:
         """K samples per prompt: ``models[j]`` answers ``prompts[j]`` through the generation backend."""
@@ -317,8 +347,9 @@ class RolloutEngine:
                 prompt_history_per_agent=prompt_history,
                 response_history_per_agent=response_history,
             )
-            children.append(_Pending(pending.item_index, node.item, next_prompts, prompt_history, response_history,
-                                     (node, j)))
+            children.append(
+                _Pending(pending.item_index, node.item, next_prompts, prompt_history, response_history, (node, j))
+            )
         return children
 
     def _compute_returns(self, levels: list[list[Node]], K: int) -> None:

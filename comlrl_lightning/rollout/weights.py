@@ -29,8 +29,9 @@ def answer_groups(models: Sequence[Any], tokenizers: Sequence[Any]) -> list[list
     return list(calls.values())
 
 
-def place_answers(groups: Sequence[Sequence[int]], answers: Sequence[Sequence[Completions]],
-                  num_agents: int) -> list[Completions]:
+def place_answers(
+    groups: Sequence[Sequence[int]], answers: Sequence[Sequence[Completions]], num_agents: int
+) -> list[Completions]:
     """One ``Completions`` per agent, in agent order, from each group's answers."""
     out: list[Completions | None] = [None] * num_agents
     for agents, completions in zip(groups, answers):
@@ -75,5 +76,6 @@ def changed_parameters(model: torch.nn.Module, seen: WeightsSeen) -> list[bool]:
     now = [(p.data_ptr(), p._version) for p in model.parameters()]
     if len(now) != len(seen.stamps):
         return [True] * len(now)
-    return [stamp != then or (updated and p.requires_grad)
-            for p, stamp, then in zip(model.parameters(), now, seen.stamps)]
+    return [
+        stamp != then or (updated and p.requires_grad) for p, stamp, then in zip(model.parameters(), now, seen.stamps)
+    ]

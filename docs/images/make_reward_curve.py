@@ -28,8 +28,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--output", type=Path, default=OUTPUT, help=f"where the PNG goes (default {OUTPUT})")
     args = parser.parse_args(argv)
     run = load_run(args.run)
-    figure = plot_run(run, ["rewards", "eval"],
-                      title="MAGRPO demo: two SmolLM2-135M-Instruct agents co-write a story (configs/magrpo.yaml)")
+    figure = plot_run(
+        run,
+        ["rewards", "eval"],
+        title="MAGRPO demo: two SmolLM2-135M-Instruct agents co-write a story (configs/magrpo.yaml)",
+    )
     figure.savefig(args.output, dpi=110)
     print(f"{args.output} from {run.attrs['source']}")
     return args.output

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TypeVar, get_args
 
 AIR_BLOCKS = frozenset({"air", "cave_air", "void_air"})
-SYSTEM_PROMPT = ("You are a Minecraft building agent. Answer with Minecraft commands only: no markdown, no code "
-                 "fences and no other text. Any line that is not a command is invalid.")
+SYSTEM_PROMPT = (
+    "You are a Minecraft building agent. Answer with Minecraft commands only: no markdown, no code "
+    "fences and no other text. Any line that is not a command is invalid."
+)
 Position = tuple[int, int, int]
 T = TypeVar("T")
 
@@ -23,7 +25,7 @@ T = TypeVar("T")
 def normalize_block(name: Any) -> str:
     """``"minecraft:stone "`` → ``"stone"`` (surrounding spaces and the namespace removed; case kept)."""
     text = str(name or "").strip()
-    return text[len("minecraft:"):] if text.startswith("minecraft:") else text
+    return text[len("minecraft:") :] if text.startswith("minecraft:") else text
 
 
 def is_air(name: Any) -> bool:
@@ -139,8 +141,7 @@ def slice_split(items: list[T], split: str, named: Mapping[str, slice], field: s
         return items[named[split]]
     m = re.fullmatch(r"\s*\[\s*(-?\d*)\s*:\s*(-?\d*)\s*\]\s*", split)
     if not m:
-        raise ValueError(f"{field} must be one of {', '.join(map(repr, named))} or a slice like '[:8]'; "
-                         f"got {split!r}.")
+        raise ValueError(f"{field} must be one of {', '.join(map(repr, named))} or a slice like '[:8]'; got {split!r}.")
     start, stop = (int(g) if g else None for g in m.groups())
     return items[start:stop]
 
@@ -173,7 +174,8 @@ def data_file(environment: str, name: str) -> Path:
     raise FileNotFoundError(
         f"Minecraft data file {name!r} not found (looked for {', '.join(str(p) for p in candidates)}). The tasks "
         "come from github.com/OpenMLRL/LLM_Collab_Minecraft (MIT): clone it and set COMLRL_MINECRAFT_DATA=<clone>, "
-        "or pass the file's path to the loader.")
+        "or pass the file's path to the loader."
+    )
 
 
 # ------------------------------------------------------------------------------------------------ prompt keys
@@ -196,7 +198,8 @@ class TaskTable:
             raise KeyError(
                 f"no {kind} task has the prompt key {prompt[:120]!r}. The {kind} feedback looks a prompt up among the "
                 f"items built by comlrl_lightning.envs.minecraft's {kind} loaders in this process, or among the items "
-                "given to the transition as tasks=[...]; load the dataset with those loaders or pass the items.")
+                "given to the transition as tasks=[...]; load the dataset with those loaders or pass the items."
+            )
         return item
 
 

@@ -90,8 +90,14 @@ from comlrl_lightning.envs.minecraft.common import (
     unique_blocks,
 )
 
-HouseBuildMode = Literal["perfect_feedback", "position_feedback", "position_modification", "rect_modification",
-                         "resource_schedule", "score_feedback"]
+HouseBuildMode = Literal[
+    "perfect_feedback",
+    "position_feedback",
+    "position_modification",
+    "rect_modification",
+    "resource_schedule",
+    "score_feedback",
+]
 DEFAULT_MAX_COMMANDS = 600
 TRAIN_HEAD = 8
 SPLITS = {"train": slice(None, TRAIN_HEAD), "eval": slice(TRAIN_HEAD, None), "all": slice(None)}
@@ -129,8 +135,12 @@ class HouseBuildTask:
         """The target block of every cell of the box (air included), in y, z, x order."""
         x0, y0, z0 = self.bbox_from
         letters = self.letters
-        return {(x0 + c, y0 + k, z0 + r): letters[ch] for k, rows in enumerate(self.layers)
-                for r, row in enumerate(rows) for c, ch in enumerate(row)}
+        return {
+            (x0 + c, y0 + k, z0 + r): letters[ch]
+            for k, rows in enumerate(self.layers)
+            for r, row in enumerate(rows)
+            for c, ch in enumerate(row)
+        }
 
     def resource_limits(self, num_agents: int) -> dict[str, int]:
         """Cells of each non-air block one agent may place: ``ceil(c / n) + floor(c / 2n)`` (see the docstring)."""
@@ -142,9 +152,11 @@ class HouseBuildTask:
         return {b: -(-counts.get(b, 0) // n) + counts.get(b, 0) // (2 * n) for b in blocks if not is_air(b)}
 
     def palettes(self, num_agents: int) -> list[list[str]]:
-        require(1 <= num_agents <= len(self.blocks),
-                f"HouseBuild has palettes for {len(self.blocks)} agents (block_agent1, block_agent2); got "
-                f"{num_agents} agents' completions.")
+        require(
+            1 <= num_agents <= len(self.blocks),
+            f"HouseBuild has palettes for {len(self.blocks)} agents (block_agent1, block_agent2); got "
+            f"{num_agents} agents' completions.",
+        )
         return [list(self.blocks[i]) for i in range(num_agents)]
 
     def rectangles(self, include_air: bool = True) -> dict[int, list[Rect]]:
@@ -157,29 +169,42 @@ class HouseBuildTask:
         return out
 
     def to_item(self) -> dict[str, Any]:
-        return {"prompt": self.prompt_key, "task_id": self.task_id, "inventory": dict(self.inventory),
-                "layers": [list(rows) for rows in self.layers], "bbox_from": list(self.bbox_from),
-                "bbox_to": list(self.bbox_to), "blocks": [list(b) for b in self.blocks],
-                "max_commands": self.max_commands, "limited_resource": self.limited_resource,
-                "player_hp": self.player_hp, "spider_attacks": list(self.spider_attacks),
-                "include_air_rects": self.include_air_rects}
+        return {
+            "prompt": self.prompt_key,
+            "task_id": self.task_id,
+            "inventory": dict(self.inventory),
+            "layers": [list(rows) for rows in self.layers],
+            "bbox_from": list(self.bbox_from),
+            "bbox_to": list(self.bbox_to),
+            "blocks": [list(b) for b in self.blocks],
+            "max_commands": self.max_commands,
+            "limited_resource": self.limited_resource,
+            "player_hp": self.player_hp,
+            "spider_attacks": list(self.spider_attacks),
+            "include_air_rects": self.include_air_rects,
+        }
 
     @classmethod
     def from_item(cls, item: Mapping[str, Any]) -> "HouseBuildTask":
         missing = [k for k in ("task_id", "inventory", "layers", "bbox_from", "bbox_to", "blocks") if k not in item]
         if missing:
-            raise KeyError(f"HouseBuild item without {missing} (keys: {sorted(item)}): build the items with "
-                           "comlrl_lightning.envs.minecraft.housebuild.housebuild_tasks.")
-        return cls(task_id=str(item["task_id"]),
-                   inventory=tuple((str(k), str(v)) for k, v in item["inventory"].items()),
-                   layers=tuple(tuple(str(r) for r in rows) for rows in item["layers"]),
-                   bbox_from=tuple(int(v) for v in item["bbox_from"]), bbox_to=tuple(int(v) for v in item["bbox_to"]),
-                   blocks=tuple(tuple(str(b) for b in p) for p in item["blocks"]),
-                   max_commands=int(item.get("max_commands") or DEFAULT_MAX_COMMANDS),
-                   limited_resource=bool(item.get("limited_resource", True)),
-                   player_hp=int(item.get("player_hp") or 0),
-                   spider_attacks=tuple(int(a) for a in item.get("spider_attacks") or ()),
-                   include_air_rects=bool(item.get("include_air_rects", False)))
+            raise KeyError(
+                f"HouseBuild item without {missing} (keys: {sorted(item)}): build the items with "
+                "comlrl_lightning.envs.minecraft.housebuild.housebuild_tasks."
+            )
+        return cls(
+            task_id=str(item["task_id"]),
+            inventory=tuple((str(k), str(v)) for k, v in item["inventory"].items()),
+            layers=tuple(tuple(str(r) for r in rows) for rows in item["layers"]),
+            bbox_from=tuple(int(v) for v in item["bbox_from"]),
+            bbox_to=tuple(int(v) for v in item["bbox_to"]),
+            blocks=tuple(tuple(str(b) for b in p) for p in item["blocks"]),
+            max_commands=int(item.get("max_commands") or DEFAULT_MAX_COMMANDS),
+            limited_resource=bool(item.get("limited_resource", True)),
+            player_hp=int(item.get("player_hp") or 0),
+            spider_attacks=tuple(int(a) for a in item.get("spider_attacks") or ()),
+            include_air_rects=bool(item.get("include_air_rects", False)),
+        )
 
 
 def layer_rectangles(rows: Sequence[str], letters: Mapping[str, str], x0: int, z0: int) -> list[Rect]:
@@ -209,8 +234,10 @@ def _layers_of(task_id: str, spec: Mapping[str, Any]) -> dict[int, list[str]]:
     if isinstance(raw, Mapping):
         entries = [(y, rows) for y, rows in raw.items()]
     elif isinstance(raw, list):
-        require(all(isinstance(e, Mapping) and "y" in e for e in raw),
-                f"{task_id}: target_spec.layers entries must be objects with 'y' and 'rows'.")
+        require(
+            all(isinstance(e, Mapping) and "y" in e for e in raw),
+            f"{task_id}: target_spec.layers entries must be objects with 'y' and 'rows'.",
+        )
         entries = [(e["y"], e.get("rows")) for e in raw]
     else:
         raise ValueError(f"{task_id}: target_spec.layers must be a list or a mapping; got {type(raw).__name__}.")
@@ -237,36 +264,55 @@ def _task_from_json(index: int, obj: Any, rules: dict[str, Any]) -> HouseBuildTa
     layers = _layers_of(task_id, spec)
     width, depth = len(next(iter(layers.values()))[0]), len(next(iter(layers.values())))
     for y, rows in layers.items():
-        require(len(rows) == depth and all(len(r) == width for r in rows),
-                f"{task_id}: layer y={y} is not {depth} rows of {width} letters like the others.")
+        require(
+            len(rows) == depth and all(len(r) == width for r in rows),
+            f"{task_id}: layer y={y} is not {depth} rows of {width} letters like the others.",
+        )
         unknown = sorted({ch for r in rows for ch in r} - {str(k) for k in inventory})
         require(not unknown, f"{task_id}: layer y={y} uses letters {unknown} that the inventory does not define.")
     ys = sorted(layers)
     if obj.get("bbox") is not None:
         bbox = obj["bbox"]
-        require(isinstance(bbox, Mapping) and all(isinstance(bbox.get(k), list) and len(bbox[k]) == 3
-                                                  for k in ("from", "to")),
-                f"{task_id}: bbox needs 'from' and 'to' lists of 3 integers.")
+        require(
+            isinstance(bbox, Mapping)
+            and all(isinstance(bbox.get(k), list) and len(bbox[k]) == 3 for k in ("from", "to")),
+            f"{task_id}: bbox needs 'from' and 'to' lists of 3 integers.",
+        )
         lo, hi = box_of([int(v) for v in bbox["from"]], [int(v) for v in bbox["to"]])
     else:
         lo, hi = (0, ys[0], 0), (max(0, width - 1), ys[-1], max(0, depth - 1))
     size = (hi[0] - lo[0] + 1, hi[1] - lo[1] + 1, hi[2] - lo[2] + 1)
-    require(size[0] == width and size[2] == depth,
-            f"{task_id}: the box is {size[0]} x {size[2]} (x, z) but the layers are {width} x {depth}.")
-    require(ys == list(range(lo[1], hi[1] + 1)),
-            f"{task_id}: the layers' y values {ys} must be every y of the box, {lo[1]}..{hi[1]}.")
+    require(
+        size[0] == width and size[2] == depth,
+        f"{task_id}: the box is {size[0]} x {size[2]} (x, z) but the layers are {width} x {depth}.",
+    )
+    require(
+        ys == list(range(lo[1], hi[1] + 1)),
+        f"{task_id}: the layers' y values {ys} must be every y of the box, {lo[1]}..{hi[1]}.",
+    )
     hint = spec.get("size")
     if isinstance(hint, list) and len(hint) == 3:
-        require([int(v) for v in hint] == list(size),
-                f"{task_id}: target_spec.size {hint} is not the box's {list(size)}.")
+        require(
+            [int(v) for v in hint] == list(size), f"{task_id}: target_spec.size {hint} is not the box's {list(size)}."
+        )
     inventory_pairs = tuple((str(k), str(v).strip()) for k, v in inventory.items())
     default_palette = tuple(unique_blocks(v for _, v in inventory_pairs))
-    blocks = tuple(tuple(unique_blocks(p)) if p else default_palette
-                   for p in (rules["block_agent1"], rules["block_agent2"]))
-    return HouseBuildTask(task_id=task_id, inventory=inventory_pairs, layers=tuple(tuple(layers[y]) for y in ys),
-                          bbox_from=lo, bbox_to=hi, blocks=blocks, max_commands=rules["max_commands"],
-                          limited_resource=rules["limited_resource"], player_hp=rules["player_hp"],
-                          spider_attacks=rules["spider_attacks"], include_air_rects=rules["include_air_rects"])
+    blocks = tuple(
+        tuple(unique_blocks(p)) if p else default_palette for p in (rules["block_agent1"], rules["block_agent2"])
+    )
+    return HouseBuildTask(
+        task_id=task_id,
+        inventory=inventory_pairs,
+        layers=tuple(tuple(layers[y]) for y in ys),
+        bbox_from=lo,
+        bbox_to=hi,
+        blocks=blocks,
+        max_commands=rules["max_commands"],
+        limited_resource=rules["limited_resource"],
+        player_hp=rules["player_hp"],
+        spider_attacks=rules["spider_attacks"],
+        include_air_rects=rules["include_air_rects"],
+    )
 
 
 def spider_attacks(num: int, low: int, high: int, seed: int) -> tuple[int, ...]:
@@ -275,11 +321,21 @@ def spider_attacks(num: int, low: int, high: int, seed: int) -> tuple[int, ...]:
     return tuple(rng.randint(int(low), int(high)) for _ in range(int(num)))
 
 
-def housebuild_tasks(path: str | Path | None = None, split: str = "all", *, block_agent1: Sequence[str] | None = None,
-                     block_agent2: Sequence[str] | None = None, max_commands: int = DEFAULT_MAX_COMMANDS,
-                     limited_resource: bool = True, player_hp: int = 5, spider_num: int = 3, spider_atk_low: int = 1,
-                     spider_atk_high: int = 3, spider_seed: int = 0,
-                     include_air_rects: bool = False) -> list[dict[str, Any]]:
+def housebuild_tasks(
+    path: str | Path | None = None,
+    split: str = "all",
+    *,
+    block_agent1: Sequence[str] | None = None,
+    block_agent2: Sequence[str] | None = None,
+    max_commands: int = DEFAULT_MAX_COMMANDS,
+    limited_resource: bool = True,
+    player_hp: int = 5,
+    spider_num: int = 3,
+    spider_atk_low: int = 1,
+    spider_atk_high: int = 3,
+    spider_seed: int = 0,
+    include_air_rects: bool = False,
+) -> list[dict[str, Any]]:
     """HouseBuild items from a JSON task list (default ``house_build/data.json`` under the data root).
 
     ``split``: ``train`` (tasks [:8]), ``eval`` ([8:]), ``all`` or a slice such as ``"[0:2]"``. Palettes default to
@@ -291,17 +347,24 @@ def housebuild_tasks(path: str | Path | None = None, split: str = "all", *, bloc
     require(max_commands >= 1, f"max_commands must be >= 1; got {max_commands}.")
     require(player_hp >= 0, f"player_hp must be >= 0; got {player_hp}.")
     require(spider_num >= 0, f"spider_num must be >= 0; got {spider_num}.")
-    require(spider_atk_low <= spider_atk_high,
-            f"spider_atk_low ({spider_atk_low}) must be <= spider_atk_high ({spider_atk_high}).")
+    require(
+        spider_atk_low <= spider_atk_high,
+        f"spider_atk_low ({spider_atk_low}) must be <= spider_atk_high ({spider_atk_high}).",
+    )
     for name, palette in (("block_agent1", block_agent1), ("block_agent2", block_agent2)):
-        require(palette is None or any(not is_air(b) for b in ([palette] if isinstance(palette, str) else palette)),
-                f"{name} must list at least one block other than air (or be null for the inventory's); "
-                f"got {palette!r}.")
-    rules = {"block_agent1": [block_agent1] if isinstance(block_agent1, str) else block_agent1,
-             "block_agent2": [block_agent2] if isinstance(block_agent2, str) else block_agent2,
-             "max_commands": int(max_commands), "limited_resource": bool(limited_resource),
-             "player_hp": int(player_hp), "include_air_rects": bool(include_air_rects),
-             "spider_attacks": spider_attacks(spider_num, spider_atk_low, spider_atk_high, spider_seed)}
+        require(
+            palette is None or any(not is_air(b) for b in ([palette] if isinstance(palette, str) else palette)),
+            f"{name} must list at least one block other than air (or be null for the inventory's); got {palette!r}.",
+        )
+    rules = {
+        "block_agent1": [block_agent1] if isinstance(block_agent1, str) else block_agent1,
+        "block_agent2": [block_agent2] if isinstance(block_agent2, str) else block_agent2,
+        "max_commands": int(max_commands),
+        "limited_resource": bool(limited_resource),
+        "player_hp": int(player_hp),
+        "include_air_rects": bool(include_air_rects),
+        "spider_attacks": spider_attacks(spider_num, spider_atk_low, spider_atk_high, spider_seed),
+    }
     path = Path(path) if path is not None else data_file("house_build", "data.json")
     if not path.exists():
         raise FileNotFoundError(f"HouseBuild data file {str(path)!r} does not exist.")
@@ -316,14 +379,35 @@ def housebuild_tasks(path: str | Path | None = None, split: str = "all", *, bloc
 class HouseBuildTasks:
     """:func:`housebuild_tasks` as a configurable loader for YAML (``dataset: {class_path: ..., init_args: ...}``)."""
 
-    def __init__(self, path: str | None = None, split: str = "train", block_agent1: list[str] | None = None,
-                 block_agent2: list[str] | None = None, max_commands: int = DEFAULT_MAX_COMMANDS,
-                 limited_resource: bool = True, player_hp: int = 5, spider_num: int = 3, spider_atk_low: int = 1,
-                 spider_atk_high: int = 3, spider_seed: int = 0, include_air_rects: bool = False):
-        self.kwargs = dict(path=path, split=split, block_agent1=block_agent1, block_agent2=block_agent2,
-                           max_commands=max_commands, limited_resource=limited_resource, player_hp=player_hp,
-                           spider_num=spider_num, spider_atk_low=spider_atk_low, spider_atk_high=spider_atk_high,
-                           spider_seed=spider_seed, include_air_rects=include_air_rects)
+    def __init__(
+        self,
+        path: str | None = None,
+        split: str = "train",
+        block_agent1: list[str] | None = None,
+        block_agent2: list[str] | None = None,
+        max_commands: int = DEFAULT_MAX_COMMANDS,
+        limited_resource: bool = True,
+        player_hp: int = 5,
+        spider_num: int = 3,
+        spider_atk_low: int = 1,
+        spider_atk_high: int = 3,
+        spider_seed: int = 0,
+        include_air_rects: bool = False,
+    ):
+        self.kwargs = dict(
+            path=path,
+            split=split,
+            block_agent1=block_agent1,
+            block_agent2=block_agent2,
+            max_commands=max_commands,
+            limited_resource=limited_resource,
+            player_hp=player_hp,
+            spider_num=spider_num,
+            spider_atk_low=spider_atk_low,
+            spider_atk_high=spider_atk_high,
+            spider_seed=spider_seed,
+            include_air_rects=include_air_rects,
+        )
         slice_split([], split, SPLITS)  # an unknown split fails here, before any model loads
 
     def __call__(self) -> list[dict[str, Any]]:
@@ -353,8 +437,14 @@ class ParsedFills:
     killed: bool = False
 
 
-def parse_fills(text: Any, palette: Sequence[str], bbox_from: Sequence[int], bbox_to: Sequence[int], budget: int,
-                limits: Mapping[str, int] | None = None) -> ParsedFills:
+def parse_fills(
+    text: Any,
+    palette: Sequence[str],
+    bbox_from: Sequence[int],
+    bbox_to: Sequence[int],
+    budget: int,
+    limits: Mapping[str, int] | None = None,
+) -> ParsedFills:
     """Accepted and rejected ``/fill`` and ``/kill`` lines of one completion (see the module docstring); never
     raises. ``limits``: cells per block this agent may place (``None``: unlimited)."""
     allowed = {normalize_block(b) for b in palette} | {"air"}
@@ -393,8 +483,9 @@ def parse_fills(text: Any, palette: Sequence[str], bbox_from: Sequence[int], bbo
         else:
             volume = (abs(b[0] - a[0]) + 1) * (abs(b[1] - a[1]) + 1) * (abs(b[2] - a[2]) + 1)
             if limits and not is_air(block) and block in limits and out.used.get(block, 0) + volume > limits[block]:
-                out.rejected.append((line, f"over the {block} limit ({out.used.get(block, 0) + volume} > "
-                                           f"{limits[block]})"))
+                out.rejected.append(
+                    (line, f"over the {block} limit ({out.used.get(block, 0) + volume} > {limits[block]})")
+                )
                 continue
             out.used[block] = out.used.get(block, 0) + volume
             out.fills.append((a, b, block))
@@ -407,8 +498,9 @@ def parse_team(task: HouseBuildTask, completions: Sequence[Any]) -> list[ParsedF
     palettes = task.palettes(n)
     budgets = command_budget(task.max_commands, n)
     limits = task.resource_limits(n) if task.limited_resource else None
-    return [parse_fills(c, palettes[i], task.bbox_from, task.bbox_to, budgets[i], limits)
-            for i, c in enumerate(completions)]
+    return [
+        parse_fills(c, palettes[i], task.bbox_from, task.bbox_to, budgets[i], limits) for i, c in enumerate(completions)
+    ]
 
 
 def build_world(parsed: Sequence[ParsedFills]) -> dict[Position, str]:
@@ -441,9 +533,15 @@ def score_world(task: HouseBuildTask, world: Mapping[Position, str], killed: boo
     union = len(target_solid) + len(built_solid) - both
     match = correct / len(expected) if expected else 0.0
     penalty = spider_penalty(task, killed)
-    return {"total": match - penalty, "match": match, "iou": both / union if union else 0.0,
-            "spider_penalty": penalty, "killed": float(killed), "correct_cells": float(correct),
-            "cells": float(len(expected))}
+    return {
+        "total": match - penalty,
+        "match": match,
+        "iou": both / union if union else 0.0,
+        "spider_penalty": penalty,
+        "killed": float(killed),
+        "correct_cells": float(correct),
+        "cells": float(len(expected)),
+    }
 
 
 def housebuild_breakdown(completions: Sequence[Any], item: Mapping[str, Any]) -> dict[str, float]:
@@ -457,8 +555,9 @@ def housebuild_breakdown(completions: Sequence[Any], item: Mapping[str, Any]) ->
     return out
 
 
-def housebuild_reward(*agent_completions: Sequence[Any],
-                      batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+def housebuild_reward(
+    *agent_completions: Sequence[Any], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[float]:
     """HouseBuild team reward in [−0.1, 1] per joint action (``batch_items`` aligned with the completions; one item
     serves them all)."""
     if not batch_items:
@@ -487,8 +586,7 @@ def resource_text(task: HouseBuildTask, num_agents: int) -> str:
     if not task.limited_resource:
         return ""
     limits = task.resource_limits(num_agents)
-    lines = [f"- {b}: {limits[b]}" for b in unique_blocks(normalize_block(v) for _, v in task.inventory)
-             if b in limits]
+    lines = [f"- {b}: {limits[b]}" for b in unique_blocks(normalize_block(v) for _, v in task.inventory) if b in limits]
     return "Resource limits per agent (air is unlimited):\n" + "\n".join(lines) if lines else ""
 
 
@@ -496,20 +594,37 @@ def _user_prompt(task: HouseBuildTask, agent_index: int, num_agents: int) -> str
     attacks = list(task.spider_attacks)
     lines = []
     if num_agents > 1:
-        lines += [f"You are agent {agent_index + 1} of a {num_agents}-agent Minecraft building team. You place only "
-                  "part of the blocks of the final build.", ""]
-    lines += ["Task: build the 3D structure given as horizontal slices, one per y.", "",
-              "Blocks you may use (only these):", "\n".join(f"- {b}" for b in task.blocks[agent_index]), "",
-              "Slices, lowest y first. Each slice is a set of rectangles in absolute (x, z) coordinates:",
-              "- Format: y=Y: {(x1, Y, z1, x2, Y, z2 block_id), (x1, Y, z1, x2, Y, z2 block_id)}", layers_text(task),
-              "", "Bounding box (inclusive, absolute coordinates):", f"- from: [{','.join(map(str, task.bbox_from))}]",
-              f"- to:   [{','.join(map(str, task.bbox_to))}]", "",
-              f"Threat: {len(attacks)} spiders are nearby and you have {task.player_hp} HP. Their attacks: "
-              f"[{', '.join(map(str, attacks))}], total damage {sum(attacks)}. To kill them, answer one line: /kill. "
-              "Every other line must be a building command.", "",
-              "Rules:", "- Answer with Minecraft commands only, one per line.", "- Commands: /fill and /kill.",
-              "- Fill format: /fill x1 y1 z1 x2 y2 z2 block", "- Absolute integer coordinates only (no ~).",
-              "- Only blocks from the list above.", "- Every coordinate must lie inside the bounding box."]
+        lines += [
+            f"You are agent {agent_index + 1} of a {num_agents}-agent Minecraft building team. You place only "
+            "part of the blocks of the final build.",
+            "",
+        ]
+    lines += [
+        "Task: build the 3D structure given as horizontal slices, one per y.",
+        "",
+        "Blocks you may use (only these):",
+        "\n".join(f"- {b}" for b in task.blocks[agent_index]),
+        "",
+        "Slices, lowest y first. Each slice is a set of rectangles in absolute (x, z) coordinates:",
+        "- Format: y=Y: {(x1, Y, z1, x2, Y, z2 block_id), (x1, Y, z1, x2, Y, z2 block_id)}",
+        layers_text(task),
+        "",
+        "Bounding box (inclusive, absolute coordinates):",
+        f"- from: [{','.join(map(str, task.bbox_from))}]",
+        f"- to:   [{','.join(map(str, task.bbox_to))}]",
+        "",
+        f"Threat: {len(attacks)} spiders are nearby and you have {task.player_hp} HP. Their attacks: "
+        f"[{', '.join(map(str, attacks))}], total damage {sum(attacks)}. To kill them, answer one line: /kill. "
+        "Every other line must be a building command.",
+        "",
+        "Rules:",
+        "- Answer with Minecraft commands only, one per line.",
+        "- Commands: /fill and /kill.",
+        "- Fill format: /fill x1 y1 z1 x2 y2 z2 block",
+        "- Absolute integer coordinates only (no ~).",
+        "- Only blocks from the list above.",
+        "- Every coordinate must lie inside the bounding box.",
+    ]
     limits = resource_text(task, num_agents)
     return "\n".join(lines) + (f"\n\n{limits}" if limits else "")
 
@@ -573,18 +688,29 @@ class HouseBuildFeedback:
         tasks: the items to look prompts up in (default: every item the HouseBuild loaders built in this process).
     """
 
-    def __init__(self, mode: HouseBuildMode = "score_feedback", original_prompt: bool = True,
-                 previous_response: bool = False, lim: int | None = None,
-                 tasks: Sequence[Mapping[str, Any]] | None = None):
+    def __init__(
+        self,
+        mode: HouseBuildMode = "score_feedback",
+        original_prompt: bool = True,
+        previous_response: bool = False,
+        lim: int | None = None,
+        tasks: Sequence[Mapping[str, Any]] | None = None,
+    ):
         check_choice("mode", mode, HouseBuildMode)
         require(lim is None or lim >= 0, f"lim must be >= 0 or null; got {lim!r}.")
         self.mode, self.original_prompt, self.previous_response = mode, bool(original_prompt), bool(previous_response)
         self.lim = lim or None
         self.tasks = {str(t["prompt"]): t for t in tasks} if tasks is not None else None
 
-    def __call__(self, prompt: str, agent_completions: Sequence[Any], num_agents: int | None = None,
-                 prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
-                 response_history_per_agent: Sequence[Sequence[str]] | None = None, **_: Any) -> list[str]:
+    def __call__(
+        self,
+        prompt: str,
+        agent_completions: Sequence[Any],
+        num_agents: int | None = None,
+        prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
+        response_history_per_agent: Sequence[Sequence[str]] | None = None,
+        **_: Any,
+    ) -> list[str]:
         n = len(agent_completions) if num_agents is None else int(num_agents)
         require(len(agent_completions) == n, f"expected {n} agent completions, got {len(agent_completions)}.")
         task = HouseBuildTask.from_item(TASKS.find(str(prompt), self.tasks, "HouseBuild"))
@@ -605,8 +731,11 @@ class HouseBuildFeedback:
             parts += after
             previous = completions[i] if self.previous_response else None
             if isinstance(previous, str) and previous.strip():
-                label = "Your previous raw output:" if self.mode in ("rect_modification", "resource_schedule") \
+                label = (
+                    "Your previous raw output:"
+                    if self.mode in ("rect_modification", "resource_schedule")
                     else "Your previous commands:"
+                )
                 parts += ["", label, previous.strip()]
             prompts.append("\n".join(parts).strip())
         return prompts
@@ -628,11 +757,18 @@ class HouseBuildFeedback:
             mine[owner].append((position, block))
         out = []
         for i in range(n):
-            body = ["Feedback on the last build (coordinate fixes):", f"- Turn: {turn}",
-                    "- Coordinates are absolute (x, y, z).", "- Answer with /fill commands only, no markdown.",
-                    "- No text other than commands.", "- Change only the positions listed below.",
-                    "- Use: /fill x y z x y z block", "", "Set these blocks:",
-                    _bullets([f"({x}, {y}, {z}) = {b}" for (x, y, z), b in mine[i]])]
+            body = [
+                "Feedback on the last build (coordinate fixes):",
+                f"- Turn: {turn}",
+                "- Coordinates are absolute (x, y, z).",
+                "- Answer with /fill commands only, no markdown.",
+                "- No text other than commands.",
+                "- Change only the positions listed below.",
+                "- Use: /fill x y z x y z block",
+                "",
+                "Set these blocks:",
+                _bullets([f"({x}, {y}, {z}) = {b}" for (x, y, z), b in mine[i]]),
+            ]
             if i == n - 1:  # every command lies inside the box, so this list is empty (kept as in the repository)
                 body += ["", "Clear these extra blocks (set them to air):", "- (none)"]
             out.append((body, []))
@@ -643,14 +779,30 @@ class HouseBuildFeedback:
         cells = sorted(((p, b) for p, b in task.expected().items() if not is_air(b)), key=lambda pb: top_down(pb[0]))
         share = max(1, len(cells) // 2) if cells else 0
         budgets = command_budget(task.max_commands, n)
-        return [(["Position feedback (choose your cells):", f"- Turn: {turn}", "- Coordinates are absolute (x, y, z).",
-                  "- Answer with /fill commands only, no markdown.", "- No text other than commands.",
-                  f"- Take about half of the positions (about {share}).", "- Use: /fill x y z x y z block",
-                  f"- At most {budgets[i]} commands.", "", "Target positions:",
-                  _bullets([f"({x}, {y}, {z}) = {b}" for (x, y, z), b in cells]), "",
-                  "Blocks you may use (only these):",
-                  "\n".join(f"- {b}" for b in task.blocks[i]), "",
-                  "Format: /fill <x> <y> <z> <x> <y> <z> <block>"], []) for i in range(n)]
+        return [
+            (
+                [
+                    "Position feedback (choose your cells):",
+                    f"- Turn: {turn}",
+                    "- Coordinates are absolute (x, y, z).",
+                    "- Answer with /fill commands only, no markdown.",
+                    "- No text other than commands.",
+                    f"- Take about half of the positions (about {share}).",
+                    "- Use: /fill x y z x y z block",
+                    f"- At most {budgets[i]} commands.",
+                    "",
+                    "Target positions:",
+                    _bullets([f"({x}, {y}, {z}) = {b}" for (x, y, z), b in cells]),
+                    "",
+                    "Blocks you may use (only these):",
+                    "\n".join(f"- {b}" for b in task.blocks[i]),
+                    "",
+                    "Format: /fill <x> <y> <z> <x> <y> <z> <block>",
+                ],
+                [],
+            )
+            for i in range(n)
+        ]
 
     def _position_modification(self, task, completions, parsed, turn):
         wrong = sorted(self._wrong_cells(task, parsed), key=lambda pb: (pb[0][1], pb[0][0], pb[0][2]))
@@ -673,26 +825,44 @@ class HouseBuildFeedback:
         for i in range(n):
             mine = rects if n == 1 else [r for r in rects if (r[0] <= 2 if i == 0 else r[0] >= 2)]
             mine = mine[: self.lim] if self.lim else mine
-            out.append(([], ["", "No text other than commands.", "",
-                             "Reminder: every turn starts from an empty world (all air).",
-                             "Accepted commands from your last turn:", _bullets(parsed[i].commands), "",
-                             "Suggested rectangles to fix the mismatches:", _rect_lines(mine)]))
+            out.append(
+                (
+                    [],
+                    [
+                        "",
+                        "No text other than commands.",
+                        "",
+                        "Reminder: every turn starts from an empty world (all air).",
+                        "Accepted commands from your last turn:",
+                        _bullets(parsed[i].commands),
+                        "",
+                        "Suggested rectangles to fix the mismatches:",
+                        _rect_lines(mine),
+                    ],
+                )
+            )
         return out
 
     def _resource_schedule(self, task, completions, parsed, turn):
-        require(task.limited_resource, "HouseBuild feedback mode resource_schedule needs items loaded with "
-                                       "limited_resource=True.")
+        require(
+            task.limited_resource,
+            "HouseBuild feedback mode resource_schedule needs items loaded with limited_resource=True.",
+        )
         n = len(completions)
         limits = task.resource_limits(n)
-        rects = [(y, x1, z1, x2, z2, b, (x2 - x1 + 1) * (z2 - z1 + 1))
-                 for y, layer in task.rectangles(include_air=False).items() for x1, z1, x2, z2, b in layer]
+        rects = [
+            (y, x1, z1, x2, z2, b, (x2 - x1 + 1) * (z2 - z1 + 1))
+            for y, layer in task.rectangles(include_air=False).items()
+            for x1, z1, x2, z2, b in layer
+        ]
         out = []
         for i in range(n):
             allowed = {normalize_block(b) for b in task.blocks[i]}
             left = {b: limit - parsed[i].used.get(b, 0) for b, limit in limits.items()}
             budget = dict(left)
-            candidates = sorted((r for r in rects if r[5] in allowed and budget.get(r[5], 0) > 0),
-                                key=lambda r: (-r[6], *r[:6]))
+            candidates = sorted(
+                (r for r in rects if r[5] in allowed and budget.get(r[5], 0) > 0), key=lambda r: (-r[6], *r[:6])
+            )
             plan, taken = [], set()
             for r in candidates:
                 if budget.get(r[5], 0) >= r[6]:
@@ -700,7 +870,7 @@ class HouseBuildFeedback:
                     taken.add(r[:6])
                     budget[r[5]] -= r[6]
             partial, partial_area = None, 0
-            for y, x1, z1, x2, z2, b, area in candidates:
+            for y, x1, z1, x2, z2, b, _area in candidates:
                 if (y, x1, z1, x2, z2, b) in taken or budget.get(b, 0) <= 0:
                     continue
                 px1, pz1, px2, pz2, parea = best_subrect(x1, z1, x2, z2, budget[b])
@@ -708,26 +878,54 @@ class HouseBuildFeedback:
                     partial, partial_area = (y, px1, pz1, px2, pz2, b), parea
             if partial is not None:
                 plan.append(partial)
-            remaining = [f"- {b}: {max(0, left[b])}"
-                         for b in unique_blocks(normalize_block(v) for _, v in task.inventory) if b in left]
-            out.append(([], ["", "No text other than commands.", "", "Accepted commands from your last turn:",
-                             _bullets(parsed[i].commands), "", "Resources left after the last turn (air is unlimited):",
-                             "\n".join(remaining) or "(none)", "",
-                             "Suggested rectangles to build next (largest first):", _rect_lines(plan)]))
+            remaining = [
+                f"- {b}: {max(0, left[b])}"
+                for b in unique_blocks(normalize_block(v) for _, v in task.inventory)
+                if b in left
+            ]
+            out.append(
+                (
+                    [],
+                    [
+                        "",
+                        "No text other than commands.",
+                        "",
+                        "Accepted commands from your last turn:",
+                        _bullets(parsed[i].commands),
+                        "",
+                        "Resources left after the last turn (air is unlimited):",
+                        "\n".join(remaining) or "(none)",
+                        "",
+                        "Suggested rectangles to build next (largest first):",
+                        _rect_lines(plan),
+                    ],
+                )
+            )
         return out
 
     def _score_feedback(self, task, completions, parsed, turn):
         total = score_world(task, build_world(parsed), any(p.killed for p in parsed))["total"]
-        return [(["Score feedback:", f"- Turn: {turn}", f"- Reward of the last build: {total:.4f}",
-                  "- No text other than commands."], []) for _ in completions]
+        return [
+            (
+                [
+                    "Score feedback:",
+                    f"- Turn: {turn}",
+                    f"- Reward of the last build: {total:.4f}",
+                    "- No text other than commands.",
+                ],
+                [],
+            )
+            for _ in completions
+        ]
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
 EVAL_METRICS = ("total_reward", "match", "iou", "spider_penalty", "killed", "accepted_commands", "rejected_commands")
 
 
-def housebuild_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[Any]]],
-                           batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[dict[str, float]]:
+def housebuild_eval_logger(
+    agent_completions_turns: Sequence[Sequence[Sequence[Any]]], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, float]]:
     """Per-sample ``turn_k/<name>`` for the names in :data:`EVAL_METRICS` (``agent_completions_turns[i][s]`` is
     agent i's list of completions over the turns of sample s)."""
     if not batch_items:

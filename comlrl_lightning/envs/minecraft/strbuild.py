@@ -101,19 +101,32 @@ REWARD_MIN, REWARD_MAX = -3.0, 2.0  # two agents; one agent: -2.75
 # 5 x 5 glyphs, top row first ('#' = block). The shapes are the environment repository's font (MIT, OpenMLRL),
 # so that a word has the same target here as there.
 GLYPHS = {
-    "A": ".###. #...# ##### #...# #...#", "B": "####. #...# ####. #...# ####.",
-    "C": ".#### #.... #.... #.... .####", "D": "####. #...# #...# #...# ####.",
-    "E": "##### #.... ####. #.... #####", "F": "##### #.... ####. #.... #....",
-    "G": ".#### #.... #.### #...# .###.", "H": "#...# #...# ##### #...# #...#",
-    "I": "##### ..#.. ..#.. ..#.. #####", "J": "..### ...#. ...#. #..#. .##..",
-    "K": "#...# #..#. ###.. #..#. #...#", "L": "#.... #.... #.... #.... #####",
-    "M": "#...# ##.## #.#.# #...# #...#", "N": "#...# ##..# #.#.# #..## #...#",
-    "O": ".###. #...# #...# #...# .###.", "P": "####. #...# ####. #.... #....",
-    "Q": ".###. #...# #...# #..## .####", "R": "####. #...# ####. #..#. #...#",
-    "S": ".#### #.... .###. ....# ####.", "T": "##### ..#.. ..#.. ..#.. ..#..",
-    "U": "#...# #...# #...# #...# .###.", "V": "#...# #...# #...# .#.#. ..#..",
-    "W": "#...# #...# #.#.# ##.## #...#", "X": "#...# .#.#. ..#.. .#.#. #...#",
-    "Y": "#...# .#.#. ..#.. ..#.. ..#..", "Z": "##### ...#. ..#.. .#... #####",
+    "A": ".###. #...# ##### #...# #...#",
+    "B": "####. #...# ####. #...# ####.",
+    "C": ".#### #.... #.... #.... .####",
+    "D": "####. #...# #...# #...# ####.",
+    "E": "##### #.... ####. #.... #####",
+    "F": "##### #.... ####. #.... #....",
+    "G": ".#### #.... #.### #...# .###.",
+    "H": "#...# #...# ##### #...# #...#",
+    "I": "##### ..#.. ..#.. ..#.. #####",
+    "J": "..### ...#. ...#. #..#. .##..",
+    "K": "#...# #..#. ###.. #..#. #...#",
+    "L": "#.... #.... #.... #.... #####",
+    "M": "#...# ##.## #.#.# #...# #...#",
+    "N": "#...# ##..# #.#.# #..## #...#",
+    "O": ".###. #...# #...# #...# .###.",
+    "P": "####. #...# ####. #.... #....",
+    "Q": ".###. #...# #...# #..## .####",
+    "R": "####. #...# ####. #..#. #...#",
+    "S": ".#### #.... .###. ....# ####.",
+    "T": "##### ..#.. ..#.. ..#.. ..#..",
+    "U": "#...# #...# #...# #...# .###.",
+    "V": "#...# #...# #...# .#.#. ..#..",
+    "W": "#...# #...# #.#.# ##.## #...#",
+    "X": "#...# .#.#. ..#.. .#.#. #...#",
+    "Y": "#...# .#.#. ..#.. ..#.. ..#..",
+    "Z": "##### ...#. ..#.. .#... #####",
 }
 BLANK_GLYPH = "..... ..... ..... ..... ....."  # characters without a glyph (digits, spaces, ...)
 GLYPH_SIZE = 5
@@ -153,41 +166,68 @@ class StrBuildTask:
         """The target cells: row r of the rows is ``y = bbox_from.y + (height − 1 − r)``."""
         height = len(self.rows)
         x0, y0, z0 = self.bbox_from
-        return [(x0 + x, y0 + height - 1 - r, z0) for r, row in enumerate(self.rows)
-                for x, char in enumerate(row) if char == "#"]
+        return [
+            (x0 + x, y0 + height - 1 - r, z0)
+            for r, row in enumerate(self.rows)
+            for x, char in enumerate(row)
+            if char == "#"
+        ]
 
     def palettes(self, num_agents: int) -> list[list[str]]:
         """Each agent's palette without air (what the missing-palette penalty and the colouring use)."""
-        require(1 <= num_agents <= len(self.blocks),
-                f"StrBuild has palettes for {len(self.blocks)} agents (block_agent1, block_agent2); got "
-                f"{num_agents} agents' completions.")
+        require(
+            1 <= num_agents <= len(self.blocks),
+            f"StrBuild has palettes for {len(self.blocks)} agents (block_agent1, block_agent2); got "
+            f"{num_agents} agents' completions.",
+        )
         return [[normalize_block(b) for b in self.blocks[i] if not is_air(b)] for i in range(num_agents)]
 
     def to_item(self) -> dict[str, Any]:
-        return {"prompt": self.prompt_key, "task_id": self.task_id, "string": self.word,
-                "difficulty": self.difficulty, "target_rows": list(self.rows), "bbox_from": list(self.bbox_from),
-                "bbox_to": list(self.bbox_to), "blocks": [list(b) for b in self.blocks],
-                "max_commands": self.max_commands, "provide_graph": self.provide_graph}
+        return {
+            "prompt": self.prompt_key,
+            "task_id": self.task_id,
+            "string": self.word,
+            "difficulty": self.difficulty,
+            "target_rows": list(self.rows),
+            "bbox_from": list(self.bbox_from),
+            "bbox_to": list(self.bbox_to),
+            "blocks": [list(b) for b in self.blocks],
+            "max_commands": self.max_commands,
+            "provide_graph": self.provide_graph,
+        }
 
     @classmethod
     def from_item(cls, item: Mapping[str, Any]) -> "StrBuildTask":
-        missing = [k for k in ("task_id", "string", "target_rows", "bbox_from", "bbox_to", "blocks")
-                   if k not in item]
+        missing = [k for k in ("task_id", "string", "target_rows", "bbox_from", "bbox_to", "blocks") if k not in item]
         if missing:
-            raise KeyError(f"StrBuild item without {missing} (keys: {sorted(item)}): build the items with "
-                           "comlrl_lightning.envs.minecraft.strbuild.strbuild_tasks.")
-        return cls(task_id=str(item["task_id"]), word=str(item["string"]), difficulty=int(item.get("difficulty") or 0),
-                   rows=tuple(str(r) for r in item["target_rows"]),
-                   bbox_from=tuple(int(v) for v in item["bbox_from"]), bbox_to=tuple(int(v) for v in item["bbox_to"]),
-                   blocks=tuple(tuple(str(b) for b in p) for p in item["blocks"]),
-                   max_commands=int(item.get("max_commands") or DEFAULT_MAX_COMMANDS),
-                   provide_graph=bool(item.get("provide_graph", True)))
+            raise KeyError(
+                f"StrBuild item without {missing} (keys: {sorted(item)}): build the items with "
+                "comlrl_lightning.envs.minecraft.strbuild.strbuild_tasks."
+            )
+        return cls(
+            task_id=str(item["task_id"]),
+            word=str(item["string"]),
+            difficulty=int(item.get("difficulty") or 0),
+            rows=tuple(str(r) for r in item["target_rows"]),
+            bbox_from=tuple(int(v) for v in item["bbox_from"]),
+            bbox_to=tuple(int(v) for v in item["bbox_to"]),
+            blocks=tuple(tuple(str(b) for b in p) for p in item["blocks"]),
+            max_commands=int(item.get("max_commands") or DEFAULT_MAX_COMMANDS),
+            provide_graph=bool(item.get("provide_graph", True)),
+        )
 
 
-def strbuild_tasks(path: str | Path | None = None, split: str = "all", *, spacing: int = 2, local_z: int = 0,
-                   block_agent1: Sequence[str] = DEFAULT_BLOCKS_AGENT1,
-                   block_agent2: Sequence[str] = DEFAULT_BLOCKS_AGENT2, max_commands: int = DEFAULT_MAX_COMMANDS,
-                   provide_graph: bool = True) -> list[dict[str, Any]]:
+def strbuild_tasks(
+    path: str | Path | None = None,
+    split: str = "all",
+    *,
+    spacing: int = 2,
+    local_z: int = 0,
+    block_agent1: Sequence[str] = DEFAULT_BLOCKS_AGENT1,
+    block_agent2: Sequence[str] = DEFAULT_BLOCKS_AGENT2,
+    max_commands: int = DEFAULT_MAX_COMMANDS,
+    provide_graph: bool = True,
+) -> list[dict[str, Any]]:
     """StrBuild items from a ``string,difficulty`` CSV (default ``str_build/data.csv`` under the data root).
 
     ``split``: ``train`` (rows [:8]), ``eval`` ([8:]), ``all`` or a slice such as ``"[2:5]"``. The rules
@@ -199,8 +239,10 @@ def strbuild_tasks(path: str | Path | None = None, split: str = "all", *, spacin
     blocks = []
     for field, palette in (("block_agent1", block_agent1), ("block_agent2", block_agent2)):
         palette = unique_blocks([palette] if isinstance(palette, str) else palette)
-        require(any(not is_air(b) for b in palette),
-                f"{field} must list at least one block other than air; got {list(palette)!r}.")
+        require(
+            any(not is_air(b) for b in palette),
+            f"{field} must list at least one block other than air; got {list(palette)!r}.",
+        )
         blocks.append(tuple(palette))
     path = Path(path) if path is not None else data_file("str_build", "data.csv")
     if not path.exists():
@@ -208,8 +250,10 @@ def strbuild_tasks(path: str | Path | None = None, split: str = "all", *, spacin
     tasks = []
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        require(reader.fieldnames is not None and "string" in reader.fieldnames,
-                f"StrBuild data {str(path)!r} needs a 'string' column (got {reader.fieldnames}).")
+        require(
+            reader.fieldnames is not None and "string" in reader.fieldnames,
+            f"StrBuild data {str(path)!r} needs a 'string' column (got {reader.fieldnames}).",
+        )
         for number, row in enumerate(reader, start=1):
             word = str(row.get("string") or "").strip()
             if not word:
@@ -220,11 +264,19 @@ def strbuild_tasks(path: str | Path | None = None, split: str = "all", *, spacin
                 difficulty = 0
             rows = render_word(word, spacing)
             width = len(rows[0])
-            tasks.append(StrBuildTask(task_id=f"str_build_{number:04d}", word=word, difficulty=difficulty,
-                                      rows=rows, bbox_from=(0, 0, int(local_z)),
-                                      bbox_to=(max(0, width - 1), GLYPH_SIZE - 1, int(local_z)),
-                                      blocks=tuple(blocks), max_commands=int(max_commands),
-                                      provide_graph=bool(provide_graph)).to_item())
+            tasks.append(
+                StrBuildTask(
+                    task_id=f"str_build_{number:04d}",
+                    word=word,
+                    difficulty=difficulty,
+                    rows=rows,
+                    bbox_from=(0, 0, int(local_z)),
+                    bbox_to=(max(0, width - 1), GLYPH_SIZE - 1, int(local_z)),
+                    blocks=tuple(blocks),
+                    max_commands=int(max_commands),
+                    provide_graph=bool(provide_graph),
+                ).to_item()
+            )
     items = slice_split(tasks, split, SPLITS)
     TASKS.add(items)
     return items
@@ -233,13 +285,27 @@ def strbuild_tasks(path: str | Path | None = None, split: str = "all", *, spacin
 class StrBuildTasks:
     """:func:`strbuild_tasks` as a configurable loader for YAML (``dataset: {class_path: ..., init_args: ...}``)."""
 
-    def __init__(self, path: str | None = None, split: str = "train", spacing: int = 2, local_z: int = 0,
-                 block_agent1: list[str] | None = None, block_agent2: list[str] | None = None,
-                 max_commands: int = DEFAULT_MAX_COMMANDS, provide_graph: bool = True):
-        self.kwargs = dict(path=path, split=split, spacing=spacing, local_z=local_z,
-                           block_agent1=block_agent1 or DEFAULT_BLOCKS_AGENT1,
-                           block_agent2=block_agent2 or DEFAULT_BLOCKS_AGENT2, max_commands=max_commands,
-                           provide_graph=provide_graph)
+    def __init__(
+        self,
+        path: str | None = None,
+        split: str = "train",
+        spacing: int = 2,
+        local_z: int = 0,
+        block_agent1: list[str] | None = None,
+        block_agent2: list[str] | None = None,
+        max_commands: int = DEFAULT_MAX_COMMANDS,
+        provide_graph: bool = True,
+    ):
+        self.kwargs = dict(
+            path=path,
+            split=split,
+            spacing=spacing,
+            local_z=local_z,
+            block_agent1=block_agent1 or DEFAULT_BLOCKS_AGENT1,
+            block_agent2=block_agent2 or DEFAULT_BLOCKS_AGENT2,
+            max_commands=max_commands,
+            provide_graph=provide_graph,
+        )
         slice_split([], split, SPLITS)  # an unknown split fails here, before any model loads
 
     def __call__(self) -> list[dict[str, Any]]:
@@ -265,8 +331,9 @@ class ParsedSetblocks:
     rejected: list[tuple[str, str]]
 
 
-def parse_setblocks(text: Any, palette: Sequence[str], bbox_from: Sequence[int], bbox_to: Sequence[int],
-                    budget: int) -> ParsedSetblocks:
+def parse_setblocks(
+    text: Any, palette: Sequence[str], bbox_from: Sequence[int], bbox_to: Sequence[int], budget: int
+) -> ParsedSetblocks:
     """Accepted and rejected ``/setblock`` lines of one completion (see the module docstring); never raises."""
     allowed = {normalize_block(b) for b in palette} | {"air"}
     lo, hi = box_of(bbox_from, bbox_to)
@@ -303,8 +370,9 @@ def parse_team(task: StrBuildTask, completions: Sequence[Any]) -> list[ParsedSet
     n = len(completions)
     task.palettes(n)  # checks the number of agents
     budgets = command_budget(task.max_commands, n)
-    return [parse_setblocks(c, task.blocks[i], task.bbox_from, task.bbox_to, budgets[i])
-            for i, c in enumerate(completions)]
+    return [
+        parse_setblocks(c, task.blocks[i], task.bbox_from, task.bbox_to, budgets[i]) for i, c in enumerate(completions)
+    ]
 
 
 def build_world(parsed: Sequence[ParsedSetblocks]) -> dict[Position, str]:
@@ -317,8 +385,16 @@ def build_world(parsed: Sequence[ParsedSetblocks]) -> dict[Position, str]:
 
 
 # ------------------------------------------------------------------------------------------------ reward
-_TEXTURES = {"oak_planks": "wood", "oak_wood": "wood", "stone": "stone", "cobblestone": "stone",
-             "smooth_stone": "stone", "stone_bricks": "stone", "white_concrete": "concrete", "obsidian": "obsidian"}
+_TEXTURES = {
+    "oak_planks": "wood",
+    "oak_wood": "wood",
+    "stone": "stone",
+    "cobblestone": "stone",
+    "smooth_stone": "stone",
+    "stone_bricks": "stone",
+    "white_concrete": "concrete",
+    "obsidian": "obsidian",
+}
 
 
 def texture(block: str) -> str:
@@ -355,13 +431,26 @@ def score_world(task: StrBuildTask, world: Mapping[Position, str], num_agents: i
     adjacent_same_ratio = same / pairs if pairs else 0.0
     placed = {normalize_block(b) for b in solid.values()}
     missing = sum(not set(p) <= placed for p in task.palettes(num_agents))
-    total = (WEIGHTS["coverage"] * coverage - WEIGHTS["extra"] * extra_ratio
-             - WEIGHTS["adjacent"] * adjacent_same_ratio - WEIGHTS["palette"] * missing)
+    total = (
+        WEIGHTS["coverage"] * coverage
+        - WEIGHTS["extra"] * extra_ratio
+        - WEIGHTS["adjacent"] * adjacent_same_ratio
+        - WEIGHTS["palette"] * missing
+    )
     union = len(targets) + extra
-    return {"total": total, "coverage": coverage, "extra_ratio": extra_ratio,
-            "adjacent_same_ratio": adjacent_same_ratio, "missing_palettes": float(missing),
-            "iou": covered / union if union else 0.0, "covered": float(covered), "target_cells": float(len(targets)),
-            "extra_blocks": float(extra), "adjacent_pairs": float(pairs), "adjacent_same_pairs": float(same)}
+    return {
+        "total": total,
+        "coverage": coverage,
+        "extra_ratio": extra_ratio,
+        "adjacent_same_ratio": adjacent_same_ratio,
+        "missing_palettes": float(missing),
+        "iou": covered / union if union else 0.0,
+        "covered": float(covered),
+        "target_cells": float(len(targets)),
+        "extra_blocks": float(extra),
+        "adjacent_pairs": float(pairs),
+        "adjacent_same_pairs": float(same),
+    }
 
 
 def strbuild_breakdown(completions: Sequence[Any], item: Mapping[str, Any]) -> dict[str, float]:
@@ -375,8 +464,9 @@ def strbuild_breakdown(completions: Sequence[Any], item: Mapping[str, Any]) -> d
     return out
 
 
-def strbuild_reward(*agent_completions: Sequence[Any],
-                    batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[float]:
+def strbuild_reward(
+    *agent_completions: Sequence[Any], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[float]:
     """StrBuild team reward in [−3, 2] per joint action (``batch_items`` aligned with the completions; one item
     serves them all)."""
     if not batch_items:
@@ -414,24 +504,42 @@ def _user_prompt(task: StrBuildTask, agent_index: int, num_agents: int) -> str:
     palette = "\n".join(f"- {b}" for b in task.blocks[agent_index])
     lines = []
     if num_agents > 1:
-        lines.append(f"You are agent {agent_index + 1} of a {num_agents}-agent Minecraft building team; together "
-                     "you build one structure and you place only part of its blocks.")
+        lines.append(
+            f"You are agent {agent_index + 1} of a {num_agents}-agent Minecraft building team; together "
+            "you build one structure and you place only part of its blocks."
+        )
         if agent_index > 0:
-            lines.append("Your commands run after agent 1's, so a block you set replaces whatever agent 1 put at "
-                         "that position. Pick a sensible part of the cells.")
+            lines.append(
+                "Your commands run after agent 1's, so a block you set replaces whatever agent 1 put at "
+                "that position. Pick a sensible part of the cells."
+            )
         lines.append("")
     if graph:
-        lines += ["The target is a grid of '#' (a block) and '.' (air), top row first; it fills the bounding box.",
-                  "Answer with /setblock commands for " + ("the '#' cells." if num_agents == 1 else
-                                                             "some of the '#' cells."), "",
-                  "Target grid (top row first):", *task.rows, ""]
-    lines += ["Bounding box (inclusive, absolute coordinates):",
-              f"- from: [{','.join(map(str, task.bbox_from))}]", f"- to:   [{','.join(map(str, task.bbox_to))}]", "",
-              "Coordinates:", "- x grows from the box's minimum x to its maximum x (left to right).",
-              "- y grows from the box's minimum y to its maximum y (bottom to top).",
-              "- z is fixed (minimum z = maximum z).", "", "Blocks you may use (only these):", palette, "", "Rules:",
-              "- Answer with Minecraft commands only, one per line; the only command is /setblock.",
-              "- Absolute integer coordinates only (no ~)."]
+        lines += [
+            "The target is a grid of '#' (a block) and '.' (air), top row first; it fills the bounding box.",
+            "Answer with /setblock commands for " + ("the '#' cells." if num_agents == 1 else "some of the '#' cells."),
+            "",
+            "Target grid (top row first):",
+            *task.rows,
+            "",
+        ]
+    lines += [
+        "Bounding box (inclusive, absolute coordinates):",
+        f"- from: [{','.join(map(str, task.bbox_from))}]",
+        f"- to:   [{','.join(map(str, task.bbox_to))}]",
+        "",
+        "Coordinates:",
+        "- x grows from the box's minimum x to its maximum x (left to right).",
+        "- y grows from the box's minimum y to its maximum y (bottom to top).",
+        "- z is fixed (minimum z = maximum z).",
+        "",
+        "Blocks you may use (only these):",
+        palette,
+        "",
+        "Rules:",
+        "- Answer with Minecraft commands only, one per line; the only command is /setblock.",
+        "- Absolute integer coordinates only (no ~).",
+    ]
     if graph:
         lines.append("- Put blocks only on '#' cells; leave '.' cells as air.")
     if num_agents > 1:
@@ -487,23 +595,39 @@ class StrBuildFeedback:
         tasks: the items to look prompts up in (default: every item the StrBuild loaders built in this process).
     """
 
-    def __init__(self, mode: StrBuildMode = "position_feedback", original_prompt: bool = True,
-                 previous_response: bool = False, tasks: Sequence[Mapping[str, Any]] | None = None):
+    def __init__(
+        self,
+        mode: StrBuildMode = "position_feedback",
+        original_prompt: bool = True,
+        previous_response: bool = False,
+        tasks: Sequence[Mapping[str, Any]] | None = None,
+    ):
         check_choice("mode", mode, StrBuildMode)
         self.mode, self.original_prompt, self.previous_response = mode, bool(original_prompt), bool(previous_response)
         self.tasks = {str(t["prompt"]): t for t in tasks} if tasks is not None else None
 
-    def __call__(self, prompt: str, agent_completions: Sequence[Any], num_agents: int | None = None,
-                 prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
-                 response_history_per_agent: Sequence[Sequence[str]] | None = None, **_: Any) -> list[str]:
+    def __call__(
+        self,
+        prompt: str,
+        agent_completions: Sequence[Any],
+        num_agents: int | None = None,
+        prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
+        response_history_per_agent: Sequence[Sequence[str]] | None = None,
+        **_: Any,
+    ) -> list[str]:
         n = len(agent_completions) if num_agents is None else int(num_agents)
         require(len(agent_completions) == n, f"expected {n} agent completions, got {len(agent_completions)}.")
         task = StrBuildTask.from_item(TASKS.find(str(prompt), self.tasks, "StrBuild"))
         task.palettes(n)  # one palette per agent, else a clear error
         bodies = getattr(self, f"_{self.mode}")(task, list(agent_completions), _turn(prompt_history_per_agent))
-        return [_closing([SYSTEM_PROMPT, "", *bodies[i]],
-                         _user_prompt(task, i, n) if self.original_prompt else None,
-                         agent_completions[i] if self.previous_response else None) for i in range(n)]
+        return [
+            _closing(
+                [SYSTEM_PROMPT, "", *bodies[i]],
+                _user_prompt(task, i, n) if self.original_prompt else None,
+                agent_completions[i] if self.previous_response else None,
+            )
+            for i in range(n)
+        ]
 
     def _perfect_feedback(self, task: StrBuildTask, completions: list[Any], turn: int) -> list[list[str]]:
         n = len(completions)
@@ -516,10 +640,16 @@ class StrBuildFeedback:
         extra = sorted((p for p, b in world.items() if p not in expected and not is_air(b)), key=top_down)
         bodies = []
         for i in range(n):
-            body = ["Feedback on the last build (coordinate fixes):", f"- Turn: {turn}",
-                    "- Coordinates are absolute (x, y, z).", "- Answer with /setblock commands only, no markdown.",
-                    "- Change only the positions listed below.", "", "Set the right block of your palette at:",
-                    format_positions(sorted(wrong[i], key=top_down))]
+            body = [
+                "Feedback on the last build (coordinate fixes):",
+                f"- Turn: {turn}",
+                "- Coordinates are absolute (x, y, z).",
+                "- Answer with /setblock commands only, no markdown.",
+                "- Change only the positions listed below.",
+                "",
+                "Set the right block of your palette at:",
+                format_positions(sorted(wrong[i], key=top_down)),
+            ]
             if i == n - 1:
                 body += ["", "Clear these extra blocks (set them to air):", format_positions(extra)]
             bodies.append(body)
@@ -530,27 +660,48 @@ class StrBuildFeedback:
         positions = sorted(task.targets(), key=top_down)
         share = max(1, len(positions) // 2) if positions else 0
         budgets = command_budget(task.max_commands, n)
-        return [["Position feedback (choose your cells):", f"- Turn: {turn}", "- Coordinates are absolute (x, y, z).",
-                 "- Answer with /setblock commands only, no markdown.",
-                 f"- Take about half of the positions (about {share}).",
-                 "- Avoid taking two positions that share a side.", f"- At most {budgets[i]} commands.", "",
-                 "Positions of the letters:", format_positions(positions), "", "Blocks you may use (only these):",
-                 "\n".join(f"- {b}" for b in task.blocks[i]), "", "Format: /setblock <x> <y> <z> <block>"]
-                for i in range(n)]
+        return [
+            [
+                "Position feedback (choose your cells):",
+                f"- Turn: {turn}",
+                "- Coordinates are absolute (x, y, z).",
+                "- Answer with /setblock commands only, no markdown.",
+                f"- Take about half of the positions (about {share}).",
+                "- Avoid taking two positions that share a side.",
+                f"- At most {budgets[i]} commands.",
+                "",
+                "Positions of the letters:",
+                format_positions(positions),
+                "",
+                "Blocks you may use (only these):",
+                "\n".join(f"- {b}" for b in task.blocks[i]),
+                "",
+                "Format: /setblock <x> <y> <z> <block>",
+            ]
+            for i in range(n)
+        ]
 
     def _score_feedback(self, task: StrBuildTask, completions: list[Any], turn: int) -> list[list[str]]:
         total = score_world(task, build_world(parse_team(task, completions)), len(completions))["total"]
-        return [["Score feedback:", f"- Turn: {turn}", f"- Reward of the last build: {total:.4f}"]
-                for _ in completions]
+        return [["Score feedback:", f"- Turn: {turn}", f"- Reward of the last build: {total:.4f}"] for _ in completions]
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
-EVAL_METRICS = ("total_reward", "coverage", "extra_ratio", "adjacent_same_ratio", "missing_palettes", "iou",
-                "accepted_commands", "rejected_commands")
+EVAL_METRICS = (
+    "total_reward",
+    "coverage",
+    "extra_ratio",
+    "adjacent_same_ratio",
+    "missing_palettes",
+    "iou",
+    "accepted_commands",
+    "rejected_commands",
+)
 
 
-def strbuild_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[Any]]],
-                         batch_items: Sequence[Mapping[str, Any]] | None = None) -> list[dict[str, float]]:
+def strbuild_eval_logger(
+    agent_completions_turns: Sequence[Sequence[Sequence[Any]]], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, float]]:
     """Per-sample ``turn_k/<name>`` for the names in :data:`EVAL_METRICS` (``agent_completions_turns[i][s]`` is
     agent i's list of completions over the turns of sample s)."""
     if not batch_items:
@@ -570,4 +721,3 @@ def strbuild_eval_logger(agent_completions_turns: Sequence[Sequence[Sequence[Any
 def strbuild_eval_aggregator(metrics: Sequence[Mapping[str, float]], num_turns: int = 1) -> dict[str, float]:
     """Means over samples: ``turn_k/avg_<name>`` (e.g. ``turn_1/avg_total_reward``, ``turn_2/avg_coverage``)."""
     return mean_by_turn(metrics, num_turns, EVAL_METRICS)
-

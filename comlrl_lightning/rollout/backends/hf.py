@@ -30,9 +30,14 @@ from comlrl_lightning.core.sampling import sample_tokens
 from comlrl_lightning.rollout.backends.hf_copies import sampling_copies
 from comlrl_lightning.rollout.backends.hf_products import fast_decoding_products
 from comlrl_lightning.rollout.backends.hf_shared_prefix import SharedPrefixCache, can_share, shared_prefix_decoding
+from comlrl_lightning.rollout.sampling import (
+    CACHE_KEYWORD,
+    Completions,
+    SamplingConfig,
+    assemble_completions,
+    eos_token_ids,
+)
 from comlrl_lightning.rollout.weights import answer_groups, generator_of, place_answers
-from comlrl_lightning.rollout.sampling import (CACHE_KEYWORD, Completions, SamplingConfig, assemble_completions,
-                                              eos_token_ids)
 
 
 class HFGenerate:
@@ -42,8 +47,12 @@ class HFGenerate:
     Agents that share weights answer in ONE call: agents given the same model (parameter sharing) and the agents of a
     LoRA team, whose rows each go through their own adapter (peft's mixed-adapter batch: ``adapter_names``)."""
 
-    def __init__(self, batch_size: int | None = None, generation_kwargs: Mapping[str, Any] | None = None,
-                 concurrent: bool = False):
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        generation_kwargs: Mapping[str, Any] | None = None,
+        concurrent: bool = False,
+    ):
         self.batch_size, self.generation_kwargs, self.concurrent = batch_size, dict(generation_kwargs or {}), concurrent
 
     name = "hf"
@@ -59,13 +68,30 @@ class HFGenerate:
         def one(agents: list[int]) -> list[Completions]:
             first = agents[0]
             if len(agents) == 1 and first not in copies:
-                return [sample_completions(models[first], tokenizers[first], inputs[first], K, sampling,
-                                           self.batch_size, self.generation_kwargs)]
+                return [
+                    sample_completions(
+                        models[first],
+                        tokenizers[first],
+                        inputs[first],
+                        K,
+                        sampling,
+                        self.batch_size,
+                        self.generation_kwargs,
+                    )
+                ]
             generator = copies[first] if first in copies else generator_of(models[first])[0]
             prompts = [prompt for i in agents for prompt in inputs[i]]
             names = [generator_of(models[i])[1] for i in agents for _ in inputs[i]]
-            joint = sample_completions(generator, tokenizers[first], prompts, K, sampling, self.batch_size,
-                                       self.generation_kwargs, adapters=None if names[0] is None else names)
+            joint = sample_completions(
+                generator,
+                tokenizers[first],
+                prompts,
+                K,
+                sampling,
+                self.batch_size,
+                self.generation_kwargs,
+                adapters=None if names[0] is None else names,
+            )
             return joint.split([len(inputs[i]) for i in agents])
 
         if self.concurrent and len(groups) > 1:
@@ -112,8 +138,13 @@ def sample_completions(
     try:
         step = batch_size or len(prompts)
         for start in range(0, len(prompts), step):
-            enc = tokenizer(list(prompts[start : start + step]), return_tensors="pt", padding=True,
-                            padding_side="left", add_special_tokens=False)
+            enc = tokenizer(
+                list(prompts[start : start + step]),
+                return_tensors="pt",
+                padding=True,
+                padding_side="left",
+                add_special_tokens=False,
+            )
             enc = {k: v.to(device) for k, v in enc.items()}
             names = None if adapters is None else list(adapters[start : start + step])
             recorder = SampledTokenLogprobs() if keep else None
@@ -125,8 +156,12 @@ def sample_completions(
                     extra.pop(name, None)
                 draw = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
             else:
-                draw = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                        "top_k": sampling.top_k if sampling.top_k is not None else 0}
+                draw = {
+                    "do_sample": True,
+                    "temperature": sampling.temperature,
+                    "top_p": sampling.top_p,
+                    "top_k": sampling.top_k if sampling.top_k is not None else 0,
+                }
             if processors:
                 extra["logits_processor"] = LogitsProcessorList(processors)
             # A cache of generate's own kind (``cache_implementation: static``, compiled decoding on a GPU) is built
@@ -164,8 +199,9 @@ def sample_completions(
             prompt_ids.extend(row[m].cpu() for row, m in zip(enc["input_ids"], mask))
     finally:
         model.train(was_training)
-    return assemble_completions(prompt_ids, chunks, tokenizer, eos_ids, num_samples,
-                                logprobs=[s.clone() for s in scores] if keep else None)
+    return assemble_completions(
+        prompt_ids, chunks, tokenizer, eos_ids, num_samples, logprobs=[s.clone() for s in scores] if keep else None
+    )
 
 
 class SampledTokenLogprobs(LogitsProcessor):
@@ -185,18 +221,36 @@ class SampledTokenLogprobs(LogitsProcessor):
     def finish(self, completion_ids: Tensor) -> Tensor:
         """[rows, T] for the T generated columns (the last step's token is read from ``completion_ids``)."""
         if self.last is not None and len(self.steps) < completion_ids.shape[1]:
-            self.steps.append(self.last.gather(-1, completion_ids[:, len(self.steps) : len(self.steps) + 1]).squeeze(-1))
-        return torch.stack(self.steps, dim=1) if self.steps else completion_ids.new_zeros(completion_ids.shape, dtype=torch.float)
+            self.steps.append(
+                self.last.gather(-1, completion_ids[:, len(self.steps) : len(self.steps) + 1]).squeeze(-1)
+            )
+        return (
+            torch.stack(self.steps, dim=1)
+            if self.steps
+            else completion_ids.new_zeros(completion_ids.shape, dtype=torch.float)
+        )
 
 
 # Generation settings that change the logits before a processor of ours sees them (then the recorded log-probs would
 # not be the model's), with the values that leave them alone.
-_LOGIT_CHANGERS = {"repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
-                   "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0), "min_length": (None, 0),
-                   "min_new_tokens": (None, 0), "bad_words_ids": (None,), "suppress_tokens": (None,),
-                   "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
-                   "sequence_bias": (None,), "exponential_decay_length_penalty": (None,), "logits_processor": (None,),
-                   "guidance_scale": (None, 1.0), "renormalize_logits": (None, False)}
+_LOGIT_CHANGERS = {
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "bad_words_ids": (None,),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "sequence_bias": (None,),
+    "exponential_decay_length_penalty": (None,),
+    "logits_processor": (None,),
+    "guidance_scale": (None, 1.0),
+    "renormalize_logits": (None, False),
+}
 
 
 def logits_reach_sampler_unchanged(model, generation_kwargs: dict | None) -> bool:
@@ -221,14 +275,21 @@ class TopKTopPSampler(LogitsProcessor):
 
 
 # Sampling truncations of ``generate`` that TopKTopPSampler does not apply, with the values that leave them off.
-_OTHER_TRUNCATIONS = {"min_p": (None, 0.0), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0),
-                      "eta_cutoff": (None, 0.0), "top_h": (None,)}
+_OTHER_TRUNCATIONS = {
+    "min_p": (None, 0.0),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "top_h": (None,),
+}
 
 
 def _all_neutral(model, generation_kwargs: dict | None, settings: dict[str, tuple]) -> bool:
     config = getattr(model, "generation_config", None)
-    return all((generation_kwargs or {}).get(name) in neutral and getattr(config, name, None) in neutral
-               for name, neutral in settings.items())
+    return all(
+        (generation_kwargs or {}).get(name) in neutral and getattr(config, name, None) in neutral
+        for name, neutral in settings.items()
+    )
 
 
 def samples_with_own_sampler(model, generation_kwargs: dict | None) -> bool:
@@ -237,8 +298,9 @@ def samples_with_own_sampler(model, generation_kwargs: dict | None) -> bool:
     return _all_neutral(model, generation_kwargs, _OTHER_TRUNCATIONS)
 
 
-def prefill_once(model, enc: dict[str, Tensor], K: int, adapters: list[str] | None = None,
-                 share: bool = True) -> dict[str, Any]:
+def prefill_once(
+    model, enc: dict[str, Tensor], K: int, adapters: list[str] | None = None, share: bool = True
+) -> dict[str, Any]:
     """``generate``'s inputs for K samples per prompt (rows prompt-major, K per prompt), with each prompt's KV cache
     computed once.
 
@@ -258,8 +320,14 @@ def prefill_once(model, enc: dict[str, Tensor], K: int, adapters: list[str] | No
         inputs["adapter_names"] = [name for name in adapters for _ in range(K)]
     if share and K > 1 and ids.shape[1] > 1:
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                    use_cache=True, logits_to_keep=1, **({"adapter_names": list(adapters)} if adapters else {}))
+        out = model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+            logits_to_keep=1,
+            **({"adapter_names": list(adapters)} if adapters else {}),
+        )
         cache = cache_of(out)
         if can_share(cache, model):
             cache = SharedPrefixCache(cache, K)

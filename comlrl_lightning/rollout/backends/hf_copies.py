@@ -41,13 +41,15 @@ class Packing:
 
 
 # A bf16 copy: weights in oneDNN's blocked layout. At the few rows of a decoding step the plain bf16 matmul re-lays
-# the weight out on every call; the packed one does not: 0.12 against 0.19 ms for one of SmolLM2-135M's projections
-# at 4 rows on one thread, 3.0 against 5.6 ms for its vocabulary projection (benchmarks/README.md).
+# the weight out on every call; the packed one does not (timed in benchmarks/README.md#the-decoding-products).
 BF16_BLOCKED = Packing(
-    "bf16 (oneDNN blocked layout)", torch.bfloat16, torch.bfloat16,
+    "bf16 (oneDNN blocked layout)",
+    torch.bfloat16,
+    torch.bfloat16,
     available=lambda: torch.backends.mkldnn.is_available() and cpu_multiplies_in(torch.bfloat16),
     pack=lambda weight, bias: torch.ops.mkldnn._reorder_linear_weight(weight, 4),  # 4: a decoding batch
-    multiply=lambda x, packed, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""))
+    multiply=lambda x, packed, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""),
+)
 
 # float16 on a CPU without fp16 matrix instructions: the weights are rounded to fp16 and packed for fbgemm, whose
 # kernel widens them to float32 as it reads them (F16C) and multiplies in float32. Decoding reads half the bytes:
@@ -55,12 +57,15 @@ BF16_BLOCKED = Packing(
 # (1 thread), 0.52 at 16 rows (benchmarks/bench_products.py, benchmarks/README.md#float16-weights-on-a-cpu). A
 # weight beyond fp16's range stays float32.
 FP16_WEIGHTS = Packing(
-    "fp16 weights, float32 products (fbgemm)", torch.float32, torch.float16,
+    "fp16 weights, float32 products (fbgemm)",
+    torch.float32,
+    torch.float16,
     available=lambda: "fbgemm" in torch.backends.quantized.supported_engines,
     pack=lambda weight, bias: torch.ops.quantized.linear_prepack_fp16(weight, bias),
     multiply=lambda x, packed, bias: torch.ops.quantized.linear_dynamic_fp16(x, packed),
     fits=lambda weight: max(-weight.min().item(), weight.max().item()) <= torch.finfo(torch.float16).max,
-    threaded=True)
+    threaded=True,
+)
 
 
 class PackedLinear(torch.nn.Linear):
@@ -106,8 +111,9 @@ def packing_works(packing: Packing) -> bool:
         return False
 
 
-def pack_linears(model: torch.nn.Module, packing: Packing,
-                 changed: Callable[[torch.Tensor], bool] | None = None) -> int:
+def pack_linears(
+    model: torch.nn.Module, packing: Packing, changed: Callable[[torch.Tensor], bool] | None = None
+) -> int:
     """Put a :class:`PackedLinear` in place of every plain ``nn.Linear`` of a CPU sampling copy (in its parent
     module, sharing the layer's parameters), and re-pack the packed ones (after a refresh: only those whose weight
     or bias is ``changed``, when given); returns how many were packed. Anything else (another device, weights not of
@@ -125,11 +131,12 @@ def pack_linears(model: torch.nn.Module, packing: Packing,
                 packed = PackedLinear(layer, packing, pack=False)  # packed below, with the others
                 setattr(parent, name, packed)
                 layers.append(packed)
-            elif type(layer) is PackedLinear and (changed is None or changed(layer.weight)
-                                                  or (layer.bias is not None and changed(layer.bias))):
+            elif type(layer) is PackedLinear and (
+                changed is None or changed(layer.weight) or (layer.bias is not None and changed(layer.bias))
+            ):
                 layers.append(layer)
-    # fbgemm's fp16 packing converts weight by weight on one thread (~18 ns a weight: 2.4 s for SmolLM2-135M); the
-    # op releases the GIL, so threads divide it.
+    # fbgemm's fp16 packing converts weight by weight on one thread (seconds per SmolLM2-135M agent:
+    # benchmarks/README.md#float16-weights-on-a-cpu); the op releases the GIL, so threads divide it.
     with ThreadPoolExecutor(max_workers=torch.get_num_threads() if packing.threaded else 1) as pool:
         list(pool.map(lambda layer: layer.pack(), layers))
     return len(layers)
@@ -185,8 +192,13 @@ class SamplingCopies:
     def _copy(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         on_cpu = device.type == "cpu"
         float32 = next(model.parameters()).dtype == torch.float32
-        if (self.dtype == torch.float16 and on_cpu and float32 and not cpu_multiplies_in(self.dtype)
-                and packing_works(FP16_WEIGHTS)):
+        if (
+            self.dtype == torch.float16
+            and on_cpu
+            and float32
+            and not cpu_multiplies_in(self.dtype)
+            and packing_works(FP16_WEIGHTS)
+        ):
             # The module tree copied, every tensor shared with the model: only the packed weights are new.
             tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
             clone = copy.deepcopy(model, tensors).eval()
@@ -217,12 +229,21 @@ def _warn_emulated(dtype: torch.dtype) -> None:
     name = str(dtype).removeprefix("torch.")
     # float16 is the fix for bfloat16 only (a float16 copy gets here where fp16 weights cannot be packed, or the model
     # is not float32)
-    fix = ("generation_dtype: float16 (fp16 weights, float32 products, benchmarks/README.md#float16-weights-on-a-cpu) "
-           "or generation_dtype: model" if dtype == torch.bfloat16 and packing_works(FP16_WEIGHTS)
-           else "generation_dtype: model")
-    log.warning("generation_dtype: %s on a CPU without %s matrix instructions: its matmuls are emulated, so "
-                "sampling from the %s copy is slower than from the float32 weights here (bfloat16: 1.4x slower on an "
-                "AMD EPYC with AVX2, benchmarks/README.md). Set %s on this machine.", name, name, name, fix)
+    fix = (
+        "generation_dtype: float16 (fp16 weights, float32 products, benchmarks/README.md#float16-weights-on-a-cpu) "
+        "or generation_dtype: model"
+        if dtype == torch.bfloat16 and packing_works(FP16_WEIGHTS)
+        else "generation_dtype: model"
+    )
+    log.warning(
+        "generation_dtype: %s on a CPU without %s matrix instructions: its matmuls are emulated, so "
+        "sampling from the %s copy is slower than from the float32 weights here (bfloat16: 1.4x slower on an "
+        "AMD EPYC with AVX2, benchmarks/README.md). Set %s on this machine.",
+        name,
+        name,
+        name,
+        fix,
+    )
 
 
 _COPIES: dict[str, SamplingCopies] = {}  # per dtype; each copy lives as long as its model

@@ -60,8 +60,10 @@ def columns_faster(layers: Sequence[torch.nn.Linear], rows: int, repeats: int = 
     every layer in order, as a decoding step does; each form's time is its best of ``repeats`` passes after one
     warm-up pass (the forms alternate)."""
     # Ones, not a random draw: the sampling that follows stays as seeded.
-    inputs = {shape: torch.ones(rows, shape[2], dtype=shape[0], device=layer.weight.device)
-              for shape, layer in {_shape(layer): layer for layer in layers}.items()}
+    inputs = {
+        shape: torch.ones(rows, shape[2], dtype=shape[0], device=layer.weight.device)
+        for shape, layer in {_shape(layer): layer for layer in layers}.items()
+    }
 
     def one_pass(form) -> float:
         start = time.perf_counter()
@@ -101,8 +103,12 @@ class _Products:
 def _multiplies_on_cpu(module: object) -> bool:
     """A plain ``nn.Linear`` with plain CPU tensors, whose forward is the class's (not one set on the instance, as
     accelerate's hooks do). A LoRA layer's base layer is one; a packed sampling copy or a sharded layer is not."""
-    return (type(module) is torch.nn.Linear and type(module.weight.data) is torch.Tensor
-            and module.weight.device.type == "cpu" and "forward" not in vars(module))
+    return (
+        type(module) is torch.nn.Linear
+        and type(module.weight.data) is torch.Tensor
+        and module.weight.device.type == "cpu"
+        and "forward" not in vars(module)
+    )
 
 
 def large_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:

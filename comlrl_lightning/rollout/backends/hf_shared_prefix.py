@@ -69,8 +69,10 @@ class SharedPrefixLayer(DynamicLayer):
 
     def repeated(self) -> tuple[Tensor, Tensor]:
         """The whole sequence's keys and values for every row, as an ordinary cache holds them."""
-        return tuple(torch.cat([prefix.repeat_interleave(self.repeats, 0), own], dim=-2)
-                     for prefix, own in ((self.prefix_keys, self.keys), (self.prefix_values, self.values)))
+        return tuple(
+            torch.cat([prefix.repeat_interleave(self.repeats, 0), own], dim=-2)
+            for prefix, own in ((self.prefix_keys, self.keys), (self.prefix_values, self.values))
+        )
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
         raise RuntimeError("a shared-prefix cache keeps each prompt's rows together; beam search reorders them")
@@ -94,8 +96,9 @@ def can_share(cache: DynamicCache, model) -> bool:
     """Whether ``cache`` (of a forward over the prompts) can become a :class:`SharedPrefixCache` for ``model``: every
     layer a plain growing one with entries, and the model's attention ``sdpa`` (:data:`REPLACES`)."""
     configs = _attention_configs(model)
-    plain = len(cache.layers) > 0 and all(type(layer) is DynamicLayer and layer.get_seq_length() > 0
-                                          for layer in cache.layers)
+    plain = len(cache.layers) > 0 and all(
+        type(layer) is DynamicLayer and layer.get_seq_length() > 0 for layer in cache.layers
+    )
     return plain and bool(configs) and all(config._attn_implementation == REPLACES for config in configs)
 
 
@@ -116,8 +119,16 @@ def shared_prefix_decoding(model, cache: SharedPrefixCache) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
-def shared_prefix_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                            scaling: float | None = None, dropout: float = 0.0, **kwargs) -> tuple[Tensor, None]:
+def shared_prefix_attention(
+    module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[Tensor, None]:
     """Attention of ``query`` (``[rows, heads, 1, d]``) over the prefix of :data:`_ACTIVE`'s layer and the rows' own
     ``key``/``value`` (the suffix ``update`` returned). ``attention_mask``: transformers' boolean mask over the whole
     sequence (``[rows, 1, 1, P + t]``), or None where nothing is masked. Returns ``[rows, 1, heads, d]``."""
@@ -128,8 +139,9 @@ def shared_prefix_attention(module, query: Tensor, key: Tensor, value: Tensor, a
         key, value = layer.repeated()
         shared = False
     if not shared:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     rows, heads, _, dim = query.shape
     prompts, kv_heads, P, _ = layer.prefix_keys.shape
     K, G = layer.repeats, heads // kv_heads

@@ -32,15 +32,24 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from comlrl_lightning.rollout.weights import (answer_groups, changed_parameters, generator_of, place_answers,
-                                                 weights_seen)
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, assemble_completions, eos_token_ids
+from comlrl_lightning.rollout.weights import (
+    answer_groups,
+    changed_parameters,
+    generator_of,
+    place_answers,
+    weights_seen,
+)
 
 log = logging.getLogger(__name__)
 
 # generation_kwargs the engine maps (HF name -> vLLM SamplingParams name); anything else has no vLLM equivalent.
-_MAPPED_KWARGS = {"min_new_tokens": "min_tokens", "repetition_penalty": "repetition_penalty", "min_p": "min_p",
-                  "stop_strings": "stop"}
+_MAPPED_KWARGS = {
+    "min_new_tokens": "min_tokens",
+    "repetition_penalty": "repetition_penalty",
+    "min_p": "min_p",
+    "stop_strings": "stop",
+}
 # KV cache of a CPU engine: room for this many tokens at least (vLLM queues what does not fit), or one sequence of
 # the engine's longest length.
 _CPU_KV_TOKENS = 8192
@@ -55,8 +64,10 @@ def unsupported_generation_kwargs(generation_kwargs: Mapping[str, Any] | None) -
     """Why ``generation_kwargs`` cannot go to vLLM (a key with no vLLM equivalent), or None."""
     unknown = sorted(set(generation_kwargs or {}) - set(_MAPPED_KWARGS))
     if unknown:
-        return (f"generation_kwargs {unknown} have no vLLM equivalent; with generation_backend: vllm these map: "
-                f"{', '.join(sorted(_MAPPED_KWARGS))} (or use generation_backend: hf).")
+        return (
+            f"generation_kwargs {unknown} have no vLLM equivalent; with generation_backend: vllm these map: "
+            f"{', '.join(sorted(_MAPPED_KWARGS))} (or use generation_backend: hf)."
+        )
     return None
 
 
@@ -93,14 +104,24 @@ class VLLMGenerate:
 
     name = "vllm"
 
-    def __init__(self, generation_kwargs: Mapping[str, Any] | None = None, gpu_memory_utilization: float = 0.3,
-                 enable_sleep_mode: bool = False, max_model_len: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        generation_kwargs: Mapping[str, Any] | None = None,
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = False,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ):
         problem = unsupported_generation_kwargs(generation_kwargs)
         if problem:
             raise ValueError(problem)
         self.generation_kwargs = dict(generation_kwargs or {})
-        self.options = dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode,
-                            max_model_len=max_model_len, seed=seed)
+        self.options = dict(
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=enable_sleep_mode,
+            max_model_len=max_model_len,
+            seed=seed,
+        )
         self.engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # generator -> the engine it used
 
     def engine(self, generator: nn.Module, tokenizer: Any) -> "VLLMEngine":
@@ -117,8 +138,9 @@ class VLLMGenerate:
             engine = self.engine(generator, tokenizers[agents[0]])
             prompts = [prompt for i in agents for prompt in inputs[i]]
             adapters = [generator_of(models[i])[1] for i in agents for _ in inputs[i]]
-            joint = engine.sample(generator, tokenizers[agents[0]], prompts, adapters, K, sampling,
-                                  self.generation_kwargs)
+            joint = engine.sample(
+                generator, tokenizers[agents[0]], prompts, adapters, K, sampling, self.generation_kwargs
+            )
             answers.append(joint.split([len(inputs[i]) for i in agents]) if len(agents) > 1 else [joint])
         return place_answers(groups, answers, len(models))
 
@@ -159,17 +181,31 @@ def _engine_key(generator: nn.Module, tokenizer: Any, options: Mapping[str, Any]
     base = generator.get_base_model() if peft else generator
     param = next(base.parameters())
     adapters = tuple(sorted((name, int(config.r)) for name, config in peft.items()))
-    return (base.config.to_json_string(use_diff=False), str(param.dtype), str(param.device), adapters,
-            getattr(tokenizer, "name_or_path", ""), len(tokenizer), tokenizer.eos_token_id,
-            tuple(sorted(options.items())))
+    return (
+        base.config.to_json_string(use_diff=False),
+        str(param.dtype),
+        str(param.device),
+        adapters,
+        getattr(tokenizer, "name_or_path", ""),
+        len(tokenizer),
+        tokenizer.eos_token_id,
+        tuple(sorted(options.items())),
+    )
 
 
 class VLLMEngine:
     """One vLLM ``LLM`` holding one weight set (module docstring). ``model`` is a causal LM, or a LoRA team's peft
     model (one adapter per agent)."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, gpu_memory_utilization: float = 0.3,
-                 enable_sleep_mode: bool = False, max_model_len: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = False,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ):
         _configure_vllm_environment()
         self.adapters = list(getattr(model, "peft_config", {}) or {})  # a LoRA team's adapter names
         base = model.get_base_model() if self.adapters else model
@@ -186,15 +222,26 @@ class VLLMEngine:
         self.sleep_mode = enable_sleep_mode
         self.asleep = False
         options: dict[str, Any] = dict(
-            model=str(root), load_format="dummy", dtype=str(param.dtype).removeprefix("torch."), seed=seed,
-            max_model_len=self.max_model_len, enable_prefix_caching=True, enable_sleep_mode=enable_sleep_mode)
+            model=str(root),
+            load_format="dummy",
+            dtype=str(param.dtype).removeprefix("torch."),
+            seed=seed,
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=True,
+            enable_sleep_mode=enable_sleep_mode,
+        )
         if self.device.type == "cpu":
-            options.update(enforce_eager=True, kv_cache_memory_bytes=self._cpu_kv_bytes(base.config, param.element_size()))
+            options.update(
+                enforce_eager=True, kv_cache_memory_bytes=self._cpu_kv_bytes(base.config, param.element_size())
+            )
         else:
             options.update(gpu_memory_utilization=gpu_memory_utilization)
         if self.adapters:
-            options.update(enable_lora=True, max_loras=len(self.adapters), max_lora_rank=_lora_rank_bucket(
-                max(int(model.peft_config[name].r) for name in self.adapters)))
+            options.update(
+                enable_lora=True,
+                max_loras=len(self.adapters),
+                max_lora_rank=_lora_rank_bucket(max(int(model.peft_config[name].r) for name in self.adapters)),
+            )
         with _engine_placement(self.device):
             from vllm import LLM
 
@@ -251,8 +298,11 @@ class VLLMEngine:
     def ensure_current(self, model: nn.Module, adapters: Sequence[str | None] = ()) -> None:
         """Sync where the training weights changed since the engine took them, then check that it holds them."""
         wanted = [a for a in dict.fromkeys(adapters) if a is not None]
-        if (self.seen is None or any(changed_parameters(model, self.seen))
-                or any(a not in self.adapter_folders or a in self.unsynced_adapters for a in wanted)):
+        if (
+            self.seen is None
+            or any(changed_parameters(model, self.seen))
+            or any(a not in self.adapter_folders or a in self.unsynced_adapters for a in wanted)
+        ):
             self.sync(model, wanted)
         self.check_current(model, wanted)
 
@@ -263,7 +313,8 @@ class VLLMEngine:
         if self.seen is None or any(changed_parameters(model, self.seen)) or missing:
             raise StaleWeights(
                 "the vLLM engine's weights are not the training model's (a weight sync did not happen): sampling "
-                "from it would train on samples of an older policy. This is a bug; please report it.")
+                "from it would train on samples of an older policy. This is a bug; please report it."
+            )
 
     def _load_base(self, model: nn.Module) -> None:
         weights = _checkpoint_weights(model.get_base_model() if self.adapters else model)
@@ -284,8 +335,16 @@ class VLLMEngine:
         return LoRARequest(name, self.adapter_ids[name], self.adapter_folders[name], load_inplace=load_inplace)
 
     # ------------------------------------------------------------------ sampling
-    def sample(self, model: nn.Module, tokenizer: Any, prompts: Sequence[str], adapters: Sequence[str | None], K: int,
-               sampling: SamplingConfig, generation_kwargs: Mapping[str, Any]) -> Completions:
+    def sample(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        prompts: Sequence[str],
+        adapters: Sequence[str | None],
+        K: int,
+        sampling: SamplingConfig,
+        generation_kwargs: Mapping[str, Any],
+    ) -> Completions:
         from vllm import SamplingParams
 
         self.wake()
@@ -296,22 +355,41 @@ class VLLMEngine:
         if "stop" in extra:  # HF's stop strings end a completion with the string in it
             extra.update(include_stop_str_in_output=True, stop=list(_as_list(extra["stop"])))
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # torch's stream: resumes exactly
-        params = [SamplingParams(n=K, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 top_k=sampling.top_k or 0, max_tokens=sampling.max_new_tokens,
-                                 stop_token_ids=list(eos_ids), logprobs=0, flat_logprobs=True, seed=seed,
-                                 detokenize="stop" in extra, **extra) for seed in seeds]
+        params = [
+            SamplingParams(
+                n=K,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k or 0,
+                max_tokens=sampling.max_new_tokens,
+                stop_token_ids=list(eos_ids),
+                logprobs=0,
+                flat_logprobs=True,
+                seed=seed,
+                detokenize="stop" in extra,
+                **extra,
+            )
+            for seed in seeds
+        ]
         requests = None
         if self.adapters:
             requests = [self._adapter_request(name) for name in adapters]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params,
-                                    lora_request=requests, use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_ids], params, lora_request=requests, use_tqdm=False
+        )
         rows, scores = [], []
         for output in outputs:  # per prompt: K samples
             for sample in output.outputs:
                 rows.append(torch.tensor(sample.token_ids, dtype=torch.long).view(1, -1))
                 scores.append(torch.tensor(sample.logprobs.logprobs, dtype=torch.float32).view(1, -1))
-        return assemble_completions([torch.tensor(ids, dtype=torch.long) for ids in prompt_ids], rows, tokenizer,
-                                    eos_ids, K, engine_logprobs=scores)
+        return assemble_completions(
+            [torch.tensor(ids, dtype=torch.long) for ids in prompt_ids],
+            rows,
+            tokenizer,
+            eos_ids,
+            K,
+            engine_logprobs=scores,
+        )
 
     def sleep(self) -> None:
         """Release the engine's GPU memory until it samples again (``enable_sleep_mode``)."""
@@ -341,8 +419,12 @@ def _repack_cpu_embeddings(model: nn.Module) -> None:
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         weight = getattr(module, "weight", None)
-        if (hasattr(module, "cpu_linear") and type(method).__name__ == "UnquantizedEmbeddingMethod"
-                and weight is not None and weight.numel() > 0):
+        if (
+            hasattr(module, "cpu_linear")
+            and type(method).__name__ == "UnquantizedEmbeddingMethod"
+            and weight is not None
+            and weight.numel() > 0
+        ):
             method.process_weights_after_loading(module)
 
 
