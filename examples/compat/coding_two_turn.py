@@ -45,8 +45,11 @@ def load_tasks(benchmark, source, train_items, eval_items):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--benchmark", choices=("che", "mbpp"), default="che")
-    parser.add_argument("--data", default=os.environ.get("COMPAT_CODING_DATA"),
-                        help="a local task file or a hub id (default: the offline copy when present, else the hub)")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("COMPAT_CODING_DATA"),
+        help="a local task file or a hub id (default: the offline copy when present, else the hub)",
+    )
     parser.add_argument("--model", default=os.environ.get("COMPAT_MODEL", "Qwen/Qwen2.5-Coder-3B"))
     parser.add_argument("--train-items", type=int, default=None)
     parser.add_argument("--eval-items", type=int, default=16)
@@ -82,9 +85,14 @@ def main(argv=None):
     )
     wandb_config = None
     if args.wandb_project:
-        wandb_config = {"project": args.wandb_project, "name": f"{args.benchmark}-magrpo-2turn",
-                        "config_sections": {"dataset": {"name": args.benchmark, "type": args.benchmark},
-                                            "external": {"mode": "level_feedback"}}}
+        wandb_config = {
+            "project": args.wandb_project,
+            "name": f"{args.benchmark}-magrpo-2turn",
+            "config_sections": {
+                "dataset": {"name": args.benchmark, "type": args.benchmark},
+                "external": {"mode": "level_feedback"},
+            },
+        }
 
     trainer = MAGRPOTrainer(
         agent_model=args.model,

@@ -41,8 +41,10 @@ def concise_prompt(item):
 
 
 def detailed_prompt(item):
-    return (f"{item['prompt'].strip()}\n\nWrite a detailed TL;DR of the post above, two to three times as long as a "
-            "one-sentence summary.\nTL;DR:")
+    return (
+        f"{item['prompt'].strip()}\n\nWrite a detailed TL;DR of the post above, two to three times as long as a "
+        "one-sentence summary.\nTL;DR:"
+    )
 
 
 def completion_lengths(rollouts):
