@@ -36,7 +36,7 @@ from matplotlib.ticker import MaxNLocator
 
 from comlrl_lightning.callbacks.charts import COMPARATOR_COLOR, TARGET_COLOR
 from comlrl_lightning.core.distributions import SIDES
-from comlrl_lightning.data.files import RESUMED_FROM
+from comlrl_lightning.runs.files import RESUMED_FROM
 
 __all__ = [
     "PLOT_KINDS",

@@ -40,8 +40,8 @@ from comlrl_lightning.callbacks.checkpoints import CHECKPOINT_EVERY, RunCheckpoi
 from comlrl_lightning.callbacks.progress import progress_bar
 from comlrl_lightning.config_errors import CONFIG_ERRORS, SECRET_FIELDS, ConfigurationError, describe, redact, tidy
 from comlrl_lightning.data import TaskDataModule
-from comlrl_lightning.data.files import run_root
 from comlrl_lightning.quiet import quiet_known_noise
+from comlrl_lightning.runs.files import run_root
 
 DEFAULT_ROOT_DIR = "outputs"
 FOLLOW_ROOT_DIR = "<trainer.default_root_dir>"  # a logger's save_dir that follows trainer.default_root_dir
@@ -64,7 +64,7 @@ class SecretSafeSaveConfig(SaveConfigCallback):
             if key.rsplit(".", 1)[-1] in SECRET_FIELDS and config[key] is not None:
                 config[key] = "<redacted>"
         self.config = config
-        # The run's folder (data/files.py: with W&B, <save_dir>/<project>/<run id>; Lightning's trainer.log_dir
+        # The run's folder (runs/files.py: with W&B, <save_dir>/<project>/<run id>; Lightning's trainer.log_dir
         # would be the save_dir every run shares); read on every rank, it is a collective.
         self.run_dir = run_root(trainer)
         super().setup(trainer, pl_module, stage)

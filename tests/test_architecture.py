@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "comlrl_lightning"
 # Each layer may import the ones after it, never the ones before it (leaves such as cli/callbacks sit on top).
-LAYERS = ["algorithms", "callbacks", "data", "comparators", "rollout", "agents", "core"]
+LAYERS = ["algorithms", "callbacks", "data", "comparators", "rollout", "agents", "runs", "core"]
 
 
 def imports_of(path: Path) -> set[str]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from comlrl_lightning.core import PAIR_SELECTIONS, RECORD_KEYS, PreferencePair, select_pairs
-from comlrl_lightning.data.files import load_pairs, save_pairs
+from comlrl_lightning.runs.files import load_pairs, save_pairs
 
 # Scores of K = 5 joint candidates; candidates 1 and 3 tie (3.0), so {1, 3} is never a pair.
 SCORES = [1.0, 3.0, 2.0, 3.0, 0.0]
@@ -201,7 +201,7 @@ def test_save_pairs_overwrites_atomically_and_cleans_up_on_failure(tmp_path, mon
     def boom(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("comlrl_lightning.data.files.os.replace", boom)
+    monkeypatch.setattr("comlrl_lightning.runs.files.os.replace", boom)
     with pytest.raises(OSError, match="disk full"):
         save_pairs([make_pair(), make_pair()], path)
     assert path.read_text() == original  # old file intact
@@ -220,7 +220,7 @@ def test_load_pairs_rejects_bad_files(tmp_path):
 
 
 def test_orphaned_temporary_writes_are_removed_and_nothing_else(tmp_path):
-    from comlrl_lightning.data.files import remove_orphaned_writes, write_json_atomic
+    from comlrl_lightning.runs.files import remove_orphaned_writes, write_json_atomic
 
     write_json_atomic({"a": 1}, tmp_path / "iteration_0001.json")
     left = [tmp_path / ".iteration_0002.json.k3j2.tmp", tmp_path / ".pairs.json.x9.tmp"]  # a killed writer's files

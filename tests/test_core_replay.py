@@ -17,8 +17,8 @@ from comlrl_lightning.core.replay import (
     replay_weights,
     select_comparison_pairs,
 )
-from comlrl_lightning.data.files import load_pairs
 from comlrl_lightning.data.replay import ReplayIndex, ReplayShard
+from comlrl_lightning.runs.files import load_pairs
 
 
 def make_pairs(tag: str, n: int) -> list[PreferencePair]:

@@ -20,8 +20,8 @@ import pytest
 import torch
 from test_iterative_api import server  # noqa: F401  (the loopback comparator API)
 
-from comlrl_lightning.data import ranks
 from comlrl_lightning.data.tasks import EpochSampler, ShardedBatches
+from comlrl_lightning.runs import ranks
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [

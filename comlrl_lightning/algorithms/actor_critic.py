@@ -42,7 +42,6 @@ from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.algorithms.team import team_placement, trainable_parameters
 from comlrl_lightning.core.advantages import critic_advantages, discounted_returns, td_targets
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
-from comlrl_lightning.data import ranks
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     build_scoring_inputs,
@@ -55,6 +54,7 @@ from comlrl_lightning.rollout.sampling import (
     trim_prompt_padding,
 )
 from comlrl_lightning.rollout.tree import Node, Rollout, episode
+from comlrl_lightning.runs import ranks
 
 
 @dataclass

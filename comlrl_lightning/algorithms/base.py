@@ -64,14 +64,14 @@ from comlrl_lightning.algorithms.team import check_strategy, lora_plan, team_for
 from comlrl_lightning.algorithms.user_state import load_user_states, save_user_states
 from comlrl_lightning.callbacks.checkpoints import wandb_identity
 from comlrl_lightning.config_errors import ConfigurationError
-from comlrl_lightning.data import ranks
-from comlrl_lightning.data.files import RESUMED_FROM, run_root
 from comlrl_lightning.rollout import generation, weights
 from comlrl_lightning.rollout.generation import backend_problem, make_backend
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
 from comlrl_lightning.rollout.sampling import SamplingConfig, ScoringInputs, forward_tokens, select_rows, token_logprobs
 from comlrl_lightning.rollout.seeding import rng_state, set_rng_state
 from comlrl_lightning.rollout.tree import RolloutEngine
+from comlrl_lightning.runs import ranks
+from comlrl_lightning.runs.files import RESUMED_FROM, run_root
 
 MODEL_CONFIG_KEYS = (
     "dtype",

@@ -12,9 +12,9 @@ from torch import Tensor
 from torchmetrics.aggregation import CatMetric
 
 from comlrl_lightning.core.advantages import suffix_returns
-from comlrl_lightning.data import ranks
 from comlrl_lightning.rollout.rewards import call_filtered
 from comlrl_lightning.rollout.tree import episode
+from comlrl_lightning.runs import ranks
 
 
 def turn_table(rollout: Any, num_items: int, num_turns: int, value: Callable[[Any], Any]) -> Tensor:

@@ -28,9 +28,9 @@ from typing import Any
 
 from comlrl_lightning.algorithms.fields import ComparatorFields, ReplayFields
 from comlrl_lightning.core.distributions import reward_range_of
-from comlrl_lightning.data.files import RunDirectories
 from comlrl_lightning.data.preferences import PairPlan
 from comlrl_lightning.data.rounds import ComparatorSpec, RoundPlan
+from comlrl_lightning.runs.files import RunDirectories
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, M
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
-from comlrl_lightning.data import ranks
 from comlrl_lightning.data.preferences import PairPlan
 from comlrl_lightning.rollout.rewards import RewardCaller
+from comlrl_lightning.runs import ranks
 
 BACKENDS: dict[str, type[MultiAgentModule]] = {
     "magrpo": MAGRPO,

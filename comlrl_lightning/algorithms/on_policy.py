@@ -22,11 +22,11 @@ from comlrl_lightning.agents import resolve_devices
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import ReferenceKLFields, RolloutFields, require
 from comlrl_lightning.core.losses import kl_estimate
-from comlrl_lightning.data import ranks
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.sampling import ScoringInputs, collate_rows
 from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
+from comlrl_lightning.runs import ranks
 
 
 class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):

@@ -9,7 +9,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from comlrl_lightning.data.files import run_root
+from comlrl_lightning.runs.files import run_root
 
 
 class CompletionsLogger(Callback):

@@ -14,7 +14,7 @@ from lightning.pytorch import Callback
 
 from comlrl_lightning.agents import save_agents
 from comlrl_lightning.agents.sharding import full_state_dicts
-from comlrl_lightning.data import ranks
+from comlrl_lightning.runs import ranks
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from comlrl_lightning.data.files import run_root
+from comlrl_lightning.runs.files import run_root
 
 
 class PredictionWriter(BasePredictionWriter):

@@ -17,8 +17,8 @@ from lightning.pytorch import Callback
 
 from comlrl_lightning.callbacks.charts import CHART_KINDS, svg_chart
 from comlrl_lightning.core.distributions import distribution_metrics, distribution_record
-from comlrl_lightning.data.files import RunDirectories, write_json_atomic
 from comlrl_lightning.data.rounds import RoundReport
+from comlrl_lightning.runs.files import RunDirectories, write_json_atomic
 
 
 class RoundMetrics(Callback):

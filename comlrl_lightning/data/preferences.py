@@ -37,13 +37,13 @@ from tqdm.auto import tqdm
 from comlrl_lightning.agents.sharding import gathered
 from comlrl_lightning.comparators.sources import IndependentRNG
 from comlrl_lightning.core.pairs import PreferencePair
-from comlrl_lightning.data import ranks
-from comlrl_lightning.data.files import RunDirectories, remove_orphaned_writes, save_pairs
 from comlrl_lightning.data.replay import ReplayIndex
 from comlrl_lightning.data.rounds import RoundCollector, RoundPlan, RoundReport
 from comlrl_lightning.data.tasks import TaskDataModule, _as_list, _Items
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.preferences import collect_preference_pairs, tokenize_pairs
+from comlrl_lightning.runs import ranks
+from comlrl_lightning.runs.files import RunDirectories, remove_orphaned_writes, save_pairs
 
 log = logging.getLogger(__name__)
 

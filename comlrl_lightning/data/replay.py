@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.replay import normalize_replay_mode, replay_weights
-from comlrl_lightning.data.files import load_pairs, save_pairs
+from comlrl_lightning.runs.files import load_pairs, save_pairs
 
 SHARD_NAME = "iteration_{:04d}.json"
 

@@ -26,10 +26,10 @@ from comlrl_lightning.comparators.api import ApiComparatorConfig
 from comlrl_lightning.comparators.sources import IndependentRNG, build_comparator
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.replay import select_comparison_pairs
-from comlrl_lightning.data import ranks
 from comlrl_lightning.rollout.centralized import joint_prompt, split_joint
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.preferences import tokenize_pairs
+from comlrl_lightning.runs import ranks
 
 
 @dataclass

@@ -24,9 +24,9 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from comlrl_lightning.data import ranks
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.tree import Rollout
+from comlrl_lightning.runs import ranks
 
 DatasetSource = str | Sequence[Mapping[str, Any]] | Callable[[], Any] | None
 
