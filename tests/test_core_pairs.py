@@ -2,7 +2,6 @@
 
 import json
 import math
-import time
 
 import pytest
 import torch
@@ -82,13 +81,10 @@ def test_validation_errors():
         select_pairs([1.0, math.nan, 0.0], "reward_gap")
 
 
-def test_k80_is_fast_and_keeps_the_largest_gaps():
+def test_k80_keeps_the_largest_gaps():
     generator = torch.Generator().manual_seed(1)
     scores = torch.rand(80, generator=generator, dtype=torch.float64)
-    start = time.perf_counter()
-    for _ in range(20):
-        pairs = select_pairs(scores, "reward_gap", 16)
-    assert (time.perf_counter() - start) / 20 < 0.25  # ~0.1 ms idle; generous for loaded CI machines
+    pairs = select_pairs(scores, "reward_gap", 16)
     assert len(pairs) == 16
     assert pairs[0] == (int(scores.argmax()), int(scores.argmin()))
     gaps = [float(scores[w] - scores[l]) for w, l in pairs]

@@ -288,9 +288,8 @@ def test_disk_quota():
         "                    f.write(bytes(1 << 20))\n                    n += 1 << 20\n"
         "    except OSError:\n        pass\n    return n"
     )
-    t0 = time.monotonic()
     r = run_tests(program, ["assert fill() <= 9 << 20"], disk_mb=8, **FAST)
-    assert r.passed == 1 and time.monotonic() - t0 < 10
+    assert r.passed == 1
     free_after = shutil.disk_usage(os.path.dirname(os.path.realpath(tempfile.gettempdir()))).free
     assert free_before - free_after < 64 << 20
 
@@ -316,9 +315,8 @@ FLOODS = {
 def test_floods_do_not_reach_the_trainer(flood):
     """Output and result-channel floods (100 MB each) cost the sandbox and its evaluator, not the trainer."""
     rss0, peak0 = _rss_kb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.monotonic()
     r = run_tests(FLOODS[flood], ["assert f(1) == 2"], timeout_per_test=10.0, timeout_total=30.0)
-    assert r.passed == 0 and len(r.stdout.encode()) <= 4096 + 3 and time.monotonic() - t0 < 30
+    assert r.passed == 0 and len(r.stdout.encode()) <= 4096 + 3
     assert _rss_kb() - rss0 < 20_000
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak0 < 20_000
 
