@@ -57,8 +57,9 @@ def sandbox_uid_processes() -> list[int]:
         try:
             if SANDBOX_UID_BASE <= os.stat(f"/proc/{pid}").st_uid < SANDBOX_UID_BASE + (1 << 16):
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"_sandbox_worker.py" not in f.read():
-                        out.append(int(pid))
+                    command = f.read()
+                if command and b"_sandbox_worker.py" not in command:  # empty: a zombie, being reaped
+                    out.append(int(pid))
         except OSError:
             pass
     return out

@@ -48,8 +48,8 @@ MAX_RANGE = 1 << 20  # elements of a range the sandbox may return (sorted(range(
 MAX_EXCEPTION_CLASSES = 256  # distinct exception names of the sandbox kept as classes
 MAX_DEPTH = 100  # nesting of containers in one value
 EVALUATOR_MEMORY_MB = 256  # address space a trusted evaluator may add to what it has mapped when it starts
-TEST_MEMORY_MB = 512  # ... and each test's evaluator process on top of that (a test decodes the program's values)
-KILL_GRACE_S = 0.5  # a test's process is killed this long after its timeout (an uninterruptible C call)
+TEST_MEMORY_MB = 512  # ... and for the tests it runs on top of that (a test decodes the program's values)
+KILL_GRACE_S = 0.5  # the trainer kills an evaluator this long after a test's timeout (an uninterruptible C call)
 VIOLATION_FD = 5  # the sandbox's end of the pipe its guard reports each refused operation on
 STDOUT_LIMIT = 4096  # bytes of program/test output kept
 SPAWNER_REPLY_S = 10.0  # the spawner answers at once; this only bounds a broken one
@@ -990,39 +990,14 @@ def spawner_main(sock, cfg, python_dirs):
 
 
 def _kill_all(child):
-    """Kill the sandbox ``child`` and, as PID 1 of the job's PID namespace, every other process of the job:
-    all but this one and the evaluator's runner (forked from outside the namespace, so its parent is 0 here)."""
-    victims = _job_processes() if os.getpid() == 1 else None
-    for pid in victims if victims is not None else [child] if child else []:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
-def _job_processes():
-    """Pids of the job's PID namespace whose parent is in it (None without the namespace's ``/proc``)."""
-    pids = []
+    """Kill the sandbox ``child`` and, as PID 1 of the job's PID namespace, every other process of the job."""
     try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    for name in names:
-        if not name.isdigit() or name == "1":
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid != 0:
-            pids.append(int(name))
-    return pids
+        if os.getpid() == 1:  # everything in the job's PID namespace but this process
+            os.kill(-1, signal.SIGKILL)
+        elif child:
+            os.kill(child, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     while True:
         try:
             os.waitpid(-1, 0)
@@ -1672,13 +1647,10 @@ def _compile(source, name):
 
 class Evaluation:
     """Runs one job: the program in a first sandbox (its load decides the program-level result), then each
-    test against a sandbox of its own, reporting one line per phase.
-
-    The tests run in a *runner*, a process forked from this one with its memory bounded; this process only
-    watches it. A runner that overruns a test's time (even inside a C call that never returns to Python, such as
-    ``sum(itertools.repeat(1, n))``, which the SIGALRM of :class:`Timer` cannot interrupt) is killed, the test
-    is a ``Timeout``, and a new runner goes on with the next test; one that dies in a test costs that test
-    (``Crash``)."""
+    test against a sandbox of its own, reporting one line per phase. Before each test it reports ``begin`` with
+    the test's time: the trainer kills this process when a test overruns it, even inside a C call that never
+    returns to Python (``sum(itertools.repeat(1, n))``), which the SIGALRM of :class:`Timer` cannot interrupt,
+    and goes on with the next test in a new evaluator."""
 
     def __init__(self, cfg, job, isolation, spawner, report):
         self.cfg, self.isolation, self.spawner, self.report = cfg, isolation, spawner, report
@@ -1692,113 +1664,6 @@ class Evaluation:
 
     def remaining(self):
         return self.deadline - time.monotonic()
-
-    # ---------------------------------------------------------------- this process: the runners' watcher
-    def run(self):
-        state = {"next": 0, "timeouts": 0, "program": False}  # what the runners have done so far
-        while not state["program"] or state["next"] < len(self.tests):
-            if not self.watch(state):
-                return
-
-    def watch(self, state):
-        """Fork a runner from ``state`` and follow it to its end; False when the job is over."""
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            try:
-                prctl(PR_SET_DUMPABLE, 0)  # in the sandbox's PID namespace (or uid): never readable by it
-                limit_memory(self.cfg["mapped_mb"] + EVALUATOR_MEMORY_MB + TEST_MEMORY_MB, hard=True)
-                self.runner(write_fd, state["next"], state["timeouts"], first=not state["program"])
-            except BaseException:  # an infrastructure failure: its test is a Crash, the trainer's log says why
-                traceback.print_exc(file=sys.__stderr__)
-            finally:
-                os._exit(0)
-        os.close(write_fd)
-        lines, current, failure = Lines(read_fd), None, None
-        backstop = min(self.cfg["timeout_per_test"] + START_GRACE_S, self.remaining()) + KILL_GRACE_S
-        while True:
-            message = lines.next(time.monotonic() + backstop)
-            if message is None or message == "EOF":
-                failure = "Timeout" if message is None else "Crash"
-                break
-            kind = message[0]
-            if kind == "begin":  # [begin, i, seconds]
-                current, backstop = message[1], message[2] + KILL_GRACE_S
-            elif kind == "program":  # [program, syntax_ok, error, layers, output]
-                state["program"] = True
-                self.layers, self.capture.data[:] = message[3], message[4].encode("latin-1")
-                self.report({"phase": "program", "syntax_ok": message[1], "error": message[2]})
-                if message[2] is not None:
-                    state["next"] = len(self.tests)
-            elif kind == "test":  # [test, i, error, output]
-                self.capture.data[:] = message[3].encode("latin-1")
-                self.report({"phase": "test", "i": message[1], "error": message[2]})
-                state["next"], current = message[1] + 1, None
-                state["timeouts"] += message[2] == "Timeout"
-                backstop = min(self.cfg["timeout_per_test"] + START_GRACE_S, self.remaining()) + KILL_GRACE_S
-        if failure is not None and pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        os.waitpid(pid, 0)
-        os.close(read_fd)
-        if state["next"] >= len(self.tests) and state["program"]:
-            return False
-        self.spawner.reap()  # the dead runner's sandbox
-        if not state["program"]:  # the runner died loading the program
-            self.report({"phase": "program", "syntax_ok": True, "error": failure})
-            return False
-        if current is None:  # died between tests: the next one pays
-            current = state["next"]
-        self.report({"phase": "test", "i": current, "error": failure})
-        state["next"] = current + 1
-        state["timeouts"] += failure == "Timeout"
-        return state["next"] < len(self.tests)
-
-    # ---------------------------------------------------------------- the runner
-    def runner(self, fd, start, timeouts, first):
-        """Run the program's first load (``first``) and the tests from ``start`` on, telling the watcher on
-        ``fd`` what it does: ``begin`` before each test, then its verdict."""
-
-        def tell(message):
-            view = memoryview(dumps(message))
-            while view:
-                view = view[os.write(fd, view) :]
-
-        channel = None
-        if first:
-            channel, error, syntax_ok = self.start(first=True)
-            tell(
-                [
-                    "program",
-                    syntax_ok,
-                    error,
-                    {**self.layers, "tmpfs_workdir": self.isolation.layers["tmpfs_workdir"]},
-                    self.capture.data.decode("latin-1"),
-                ]
-            )
-            if error is not None:
-                self.finish(channel)
-                return
-        for i in range(start, len(self.tests)):
-            code = self.tests[i]
-            if timeouts >= self.cfg["max_timeouts"] or self.remaining() <= 0:
-                error = "Timeout"
-            else:
-                if channel is None:
-                    channel, error, _ = self.start()
-                if error is None:
-                    seconds = min(self.cfg["timeout_per_test"], self.remaining())
-                    tell(["begin", i, seconds])
-                    error = self.run_test(channel, code, seconds)
-                self.finish(channel)
-                channel = None
-            timeouts += error == "Timeout"
-            tell(["test", i, error, self.capture.data.decode("latin-1")])
-        if channel is not None:
-            self.finish(channel)
 
     def start(self, first=False):
         """A new sandbox with the program loaded: ``(channel, error, syntax_ok)``. What the program prints while
@@ -1823,6 +1688,30 @@ class Evaluation:
         self.spawner.reap()
         channel.close()
 
+    def run(self):
+        channel, error, syntax_ok = self.start(first=True)
+        self.report({"phase": "program", "syntax_ok": syntax_ok, "error": error})
+        if error is not None:
+            self.finish(channel)
+            return
+        timeouts = 0
+        for i, code in enumerate(self.tests):
+            if timeouts >= self.cfg["max_timeouts"] or self.remaining() <= 0:
+                error = "Timeout"
+            else:
+                if channel is None:
+                    channel, error, _ = self.start()
+                if error is None:
+                    seconds = min(self.cfg["timeout_per_test"], self.remaining())
+                    self.report({"phase": "begin", "i": i, "seconds": seconds})
+                    error = self.run_test(channel, code, seconds)
+                self.finish(channel)
+                channel = None
+            timeouts += error == "Timeout"
+            self.report({"phase": "test", "i": i, "error": error})
+        if channel is not None:
+            self.finish(channel)
+
     def run_test(self, channel, code, seconds):
         if isinstance(self.setup, str) or isinstance(code, str):
             return self.setup if isinstance(self.setup, str) else code
@@ -1844,31 +1733,6 @@ class Evaluation:
         if channel.count_violations() != before:
             return "SandboxViolation"
         return error
-
-
-class Lines:
-    """JSON lines from a runner's pipe: :meth:`next` gives the next one, ``"EOF"`` when the runner is gone, or
-    None at the deadline."""
-
-    def __init__(self, fd):
-        self.fd, self.buffer = fd, bytearray()
-
-    def next(self, deadline):
-        while b"\n" not in self.buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(self.fd, 1 << 16)
-            if not chunk:
-                return "EOF"
-            self.buffer += chunk
-        end = self.buffer.index(b"\n")
-        line = bytes(self.buffer[:end])
-        del self.buffer[: end + 1]
-        try:
-            return json.loads(line)
-        except ValueError:
-            return "EOF"
 
 
 def mapped_mb():
@@ -1915,7 +1779,7 @@ def evaluator_main(payload_fd, result_fd, stderr_fd):
     cfg["chdir"] = layers["read_only_root"]
     spawner = Spawner(cfg, isolation.python_dirs)  # forked before the tests are read: no sandbox holds them
     import_through(isolation.python_dirs)  # the trusted tests import too
-    limit_memory(cfg["mapped_mb"] + EVALUATOR_MEMORY_MB)  # the soft limit: each test's process sets its own
+    limit_memory(cfg["mapped_mb"] + EVALUATOR_MEMORY_MB + TEST_MEMORY_MB)  # the sandboxes set their own (forked)
     job = read_part(payload_fd)
     os.close(payload_fd)
     random.seed()  # the launcher's state is shared by every fork
@@ -1926,7 +1790,7 @@ def evaluator_main(payload_fd, result_fd, stderr_fd):
     finally:
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         spawner.close()
-    layers.update(evaluation.layers, proc=spawner.proc)
+    layers.update(evaluation.layers, proc=spawner.proc, tmpfs_workdir=isolation.layers["tmpfs_workdir"])
     report({"phase": "done", "stdout": evaluation.capture.text(), "layers": layers})
 
 

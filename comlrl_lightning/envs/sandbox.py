@@ -32,8 +32,8 @@ list/dict/set/bytearray/deque argument changed in place by a call is copied back
 list/dict/set read from an attribute of the program's object (``obj.menu``, nested ones too) is a local copy
 whose changes (``obj.menu.append(x)``, ``obj.d["k"] = v``) are made on the program's object as well. A test may
 hand the program standard-library functions and classes (by name: the program gets its own copy) but no other
-trusted callable (a mock, a lambda); the test that tries fails with ``TypeError``. Each test runs in a process of
-its own forked from the evaluator, with a memory limit, killed when it overruns its time even inside a C call.
+trusted callable (a mock, a lambda); the test that tries fails with ``TypeError``. The trainer kills an evaluator
+whose test overruns its time even inside a C call, and goes on with the next test in a new evaluator.
 
 Each test gets a new sandbox with the program loaded afresh and a new empty working directory, so no test's
 side effects (memory, files, a hung or killed process) reach another test. A job's first sandbox also decides
@@ -77,8 +77,8 @@ without all of :data:`KERNEL_LAYERS` and an unprivileged uid.
 6. **Resource limits** in the sandbox: ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MB),
    ``RLIMIT_NOFILE`` (64), ``RLIMIT_NPROC`` (0: no new process or thread), ``RLIMIT_CORE`` (0); wall-clock
    limits enforced by the evaluator (``timeout_per_test`` for each test and for each program load,
-   ``timeout_total`` for the job, ``max_timeouts``) and, as a backstop, by the trainer. The evaluator and each
-   test's process are bounded too (docs/sandbox.md#the-evaluators-bounds).
+   ``timeout_total`` for the job, ``max_timeouts``) and, as a backstop, by the trainer (per test and per job).
+   The evaluator's memory is bounded too (docs/sandbox.md#the-evaluators-bounds).
 7. **Python audit hook** (``audit_hook``, the last layer): refuses process control, signals, sockets,
    ``ctypes``, ``_posixshmem``, writes outside the working directory and any path through another process's
    ``/proc`` entry (checked before its magic links are followed); each refusal is one byte on a pipe the
@@ -124,7 +124,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from comlrl_lightning.envs._sandbox_worker import KERNEL_LAYERS, force_remove
+from comlrl_lightning.envs._sandbox_worker import KERNEL_LAYERS, KILL_GRACE_S, force_remove
 
 __all__ = ["ExecutionResult", "Job", "run_tests", "run_many", "isolation_layers", "KERNEL_LAYERS", "SandboxUnavailable"]
 
@@ -322,7 +322,62 @@ def run_tests(
 
 
 def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionResult, dict[str, Any]]:
-    total = len(job.tests)
+    """Run ``job`` in an evaluator; the trainer watches each test's time. A test that overruns its timeout by
+    :data:`KILL_GRACE_S` (a C call in the test that never returns to Python: SIGALRM cannot end it) has its
+    evaluator killed and is a ``Timeout``; one whose evaluator dies in it is a ``Crash``; a new evaluator goes on
+    with the tests after it."""
+    total, start = len(job.tests), time.monotonic()
+    errors_out: list[str | None] = []  # per finished test: None (passed) or its error, in test order
+    outcomes: list[_Outcome] = []
+    while True:
+        remaining = limits["timeout_total"] - (time.monotonic() - start)
+        part = Job(job.program, job.tests[len(errors_out) :], job.setup, job.names())
+        outcome = _run_once(part, {**limits, "timeout_total": max(remaining, 0.0)}, isolation)
+        outcomes.append(outcome)
+        program = outcome.program
+        if len(outcomes) == 1:  # the first load decides the program-level result
+            stdout = outcome.stdout
+            if program is None:
+                fill = "Timeout" if outcome.killed_for_time else "Crash"
+                return ExecutionResult(0, total, total if fill == "Timeout" else 0, [fill] * total, True, stdout), {}
+            if not program.get("syntax_ok", True):
+                return ExecutionResult(0, total, 0, ["SyntaxError"] * total, False, stdout), outcome.layers
+            if program.get("error") is not None:
+                errors = [str(program["error"])[:100]] * total
+                return ExecutionResult(0, total, errors.count("Timeout"), errors, True, stdout), outcome.layers
+        elif program is None or program.get("error") is not None:  # a later evaluator could not load it again
+            errors_out += ["Crash" if program is None else str(program["error"])[:100]] * (total - len(errors_out))
+            break
+        errors_out += outcome.tests
+        if outcome.ended_in is None:  # finished, or ended between tests or out of the job's time: the rest is filled
+            errors_out += ["Timeout" if outcome.killed_for_time else "Crash"] * (total - len(errors_out))
+            break
+        timeouts = errors_out.count("Timeout")
+        if len(errors_out) >= total or timeouts >= limits["max_timeouts"] or time.monotonic() - start >= limits[
+            "timeout_total"
+        ]:
+            errors_out += ["Timeout"] * (total - len(errors_out))
+            break
+    failed = [e for e in errors_out if e is not None]
+    layers = next((o.layers for o in reversed(outcomes) if o.layers), {})
+    return ExecutionResult(total - len(failed), total, failed.count("Timeout"), failed, True, stdout), layers
+
+
+@dataclass
+class _Outcome:
+    """What one evaluator reported: the program's load, the tests it finished (their errors), ``ended_in``: the
+    test under way when it ended early (killed for that test's time, or dead: None when it was not), and its
+    output and layers."""
+
+    program: dict[str, Any] | None = None
+    tests: list[str | None] = field(default_factory=list)
+    ended_in: int | None = None
+    killed_for_time: bool = False
+    stdout: str = ""
+    layers: dict[str, Any] = field(default_factory=dict)
+
+
+def _run_once(job: Job, limits: dict[str, Any], isolation: str) -> _Outcome:
     workdir = tempfile.mkdtemp(prefix="sandbox-")
     uid, gid = _sandbox_ids()
     if os.geteuid() == 0:
@@ -337,10 +392,7 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
         namespaces=os.environ.get(NO_NAMESPACES_ENV, "") != "1",
     )
     rest = {"tests": list(job.tests), "setup": job.setup, "entry_points": list(job.names())}
-    program_info: dict[str, Any] | None = None
-    test_errors: list[str | None] = []
-    done: dict[str, Any] | None = None
-    killed_for_time = False
+    out, done = _Outcome(), None
     try:
         with tempfile.TemporaryFile() as errors:
             # The job travels through a pipe, read by the evaluator before any sandbox exists: no file of the
@@ -357,30 +409,11 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
                 os.close(payload_r)
             try:
                 _send_payload(payload_w, (cfg, rest))
-                deadline = time.monotonic() + limits["timeout_total"] + _STARTUP_S
-                for msg in _reports(rfd, deadline):
-                    phase = msg.get("phase")
-                    if phase == "unavailable":
-                        raise SandboxUnavailable(_UNAVAILABLE)
-                    if phase == "refused":
-                        raise RuntimeError(
-                            f"sandbox refused to run with isolation='strict': missing "
-                            f"{', '.join(map(str, msg.get('missing', [])))}"
-                        )
-                    if phase == "program" and program_info is None:
-                        program_info = msg
-                    elif phase == "test" and program_info is not None and msg.get("i") == len(test_errors):
-                        err = msg.get("error")
-                        test_errors.append(None if err is None else str(err)[:100])
-                    elif phase == "done":
-                        done = msg
-                        break
-                else:
-                    killed_for_time = time.monotonic() >= deadline
+                done = _follow(rfd, limits, out)
             finally:
                 os.close(rfd)
                 _kill(pidfd)
-            if done is None and not killed_for_time:
+            if done is None and not out.killed_for_time and out.ended_in is None:
                 errors.seek(0)
                 tail = errors.read(4096).decode("utf-8", "replace").strip()
                 if tail:
@@ -389,20 +422,42 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
         _rmtree(workdir)
         if os.geteuid() == 0 and not ((done or {}).get("layers") or {}).get("read_only_root"):
             _remove_leftovers(uid)
+    out.stdout = str((done or {}).get("stdout", ""))[:STDOUT_LIMIT]
+    out.layers = (done or {}).get("layers") or {}
+    return out
 
-    stdout = str((done or {}).get("stdout", ""))[:STDOUT_LIMIT]
-    layers = (done or {}).get("layers") or {}
-    fill = "Timeout" if killed_for_time else "Crash"
-    if program_info is None:
-        return ExecutionResult(0, total, total if fill == "Timeout" else 0, [fill] * total, True, stdout), layers
-    if not program_info.get("syntax_ok", True):
-        return ExecutionResult(0, total, 0, ["SyntaxError"] * total, False, stdout), layers
-    if program_info.get("error") is not None:
-        errors_out = [str(program_info["error"])[:100]] * total
+
+def _follow(fd: int, limits: dict[str, Any], out: _Outcome) -> dict[str, Any] | None:
+    """Read the evaluator's reports into ``out`` until its ``done`` report (returned), its end, the job's deadline
+    or a test's own (each ``begin`` report starts one)."""
+    job_deadline = time.monotonic() + limits["timeout_total"] + _STARTUP_S
+    test = {"i": None, "deadline": job_deadline}  # the test under way and when it must have ended
+    for msg in _reports(fd, lambda: min(job_deadline, test["deadline"])):
+        phase = msg.get("phase")
+        if phase == "unavailable":
+            raise SandboxUnavailable(_UNAVAILABLE)
+        if phase == "refused":
+            missing = ", ".join(map(str, msg.get("missing", [])))
+            raise RuntimeError(f"sandbox refused to run with isolation='strict': missing {missing}")
+        if phase == "program" and out.program is None:
+            out.program = msg
+        elif phase == "begin" and msg.get("i") == len(out.tests) and isinstance(msg.get("seconds"), (int, float)):
+            test.update(i=msg["i"], deadline=time.monotonic() + float(msg["seconds"]) + KILL_GRACE_S)
+        elif phase == "test" and out.program is not None and msg.get("i") == len(out.tests):
+            err = msg.get("error")
+            out.tests.append(None if err is None else str(err)[:100])
+            test.update(i=None, deadline=job_deadline)
+        elif phase == "done":
+            return msg
+    overran = time.monotonic() >= test["deadline"]
+    if test["i"] is not None and (overran or time.monotonic() < job_deadline):
+        # Killed for this test's time, or dead in it (a test that ends the process): the test pays, and the
+        # next evaluator goes on after it.
+        out.tests.append("Timeout" if overran else "Crash")
+        out.ended_in = test["i"]
     else:
-        errors_out = [e for e in test_errors if e is not None] + [fill] * (total - len(test_errors))
-    passed = sum(e is None for e in test_errors)
-    return ExecutionResult(passed, total, errors_out.count("Timeout"), errors_out, True, stdout), layers
+        out.killed_for_time = time.monotonic() >= job_deadline
+    return None
 
 
 _UNAVAILABLE = (
@@ -455,11 +510,11 @@ def _remove_leftovers(uid: int) -> None:
                 pass
 
 
-def _reports(fd: int, deadline: float):
-    """The evaluator's report lines (dicts) until EOF or ``deadline``."""
+def _reports(fd: int, deadline: Any):
+    """The evaluator's report lines (dicts) until EOF or ``deadline()`` (asked again after every read)."""
     buf = bytearray()
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = deadline() - time.monotonic()
         if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
             return
         chunk = os.read(fd, 65536)
