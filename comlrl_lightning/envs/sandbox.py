@@ -353,9 +353,11 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
             errors_out += ["Timeout" if outcome.killed_for_time else "Crash"] * (total - len(errors_out))
             break
         timeouts = errors_out.count("Timeout")
-        if len(errors_out) >= total or timeouts >= limits["max_timeouts"] or time.monotonic() - start >= limits[
-            "timeout_total"
-        ]:
+        if (
+            len(errors_out) >= total
+            or timeouts >= limits["max_timeouts"]
+            or time.monotonic() - start >= limits["timeout_total"]
+        ):
             errors_out += ["Timeout"] * (total - len(errors_out))
             break
     failed = [e for e in errors_out if e is not None]
