@@ -48,7 +48,6 @@ from comlrl_lightning.rollout.sampling import (
     collate_rows,
     micro_batches,
     select_rows,
-    shares_prompts,
     take,
     token_logprobs,
     trim_prompt_padding,
@@ -430,32 +429,20 @@ class IAC(CriticFields, OnPolicyModule):
         rows, N, turn = len(samples), self.num_agents, samples[0].turn + 1
         inputs = [self.sample_inputs(i, samples) for i in range(N)]
         weights = [token_loss_weights(x.completion_mask, self.loss_aggregation, self.max_new_tokens) for x in inputs]
-        plans = [
-            micro_batches(x, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i)))
-            for i, x in enumerate(inputs)
-        ]
-        self.check_update_fits(
-            [(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], r))) for i in range(N) for r in plans[i]]
-        )
         value_terms = 1 if self.centralized_critic else N
-        for i in range(N):
-            for part_rows in plans[i]:
-                part = take(samples, part_rows)
-                logp = token_logprobs(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], part_rows)))
-                advantages = torch.stack([s.node.advantages[i, s.k] for s in part]).to(logp.device)
-                loss, _ = policy_gradient_loss(logp, advantages, weights[i][part_rows].to(logp.device))
-                assert_finite("policy loss", loss, step=self.global_step, agent=i)
-                diagnostics = {f"agent_{i}/policy_loss": loss.detach(), f"turn_{turn}/policy_loss": loss.detach() / N}
-                if not self.centralized_critic:
-                    vloss = self._value_loss(i, part, rows)
-                    diagnostics.update(
-                        {
-                            f"agent_{i}/value_loss": vloss.detach(),
-                            f"turn_{turn}/value_loss": vloss.detach() / value_terms,
-                        }
-                    )
-                    loss = loss + self.value_loss_coef * vloss.to(loss.device)
-                yield loss, {**diagnostics, "loss": loss.detach()}
+        for i, _, _, part_rows in self.agent_micro_batches(inputs):
+            part = take(samples, part_rows)
+            logp = token_logprobs(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], part_rows)))
+            advantages = torch.stack([s.node.advantages[i, s.k] for s in part]).to(logp.device)
+            loss, _ = policy_gradient_loss(logp, advantages, weights[i][part_rows].to(logp.device))
+            assert_finite("policy loss", loss, step=self.global_step, agent=i)
+            diagnostics = {f"agent_{i}/policy_loss": loss.detach(), f"turn_{turn}/policy_loss": loss.detach() / N}
+            if not self.centralized_critic:
+                vloss = self._value_loss(i, part, rows)
+                diagnostics[f"agent_{i}/value_loss"] = vloss.detach()
+                diagnostics[f"turn_{turn}/value_loss"] = vloss.detach() / value_terms
+                loss = loss + self.value_loss_coef * vloss.to(loss.device)
+            yield loss, {**diagnostics, "loss": loss.detach()}
         if self.centralized_critic:  # the shared critic: on the team target, over the whole joint mini-batch
             for part_rows in micro_batches(
                 inputs[0], self.micro_batch_size, self.micro_batch_tokens, share_prompts=False

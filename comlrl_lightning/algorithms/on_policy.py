@@ -24,7 +24,14 @@ from comlrl_lightning.algorithms.fields import ReferenceKLFields, RolloutFields,
 from comlrl_lightning.core.losses import kl_estimate
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
 from comlrl_lightning.rollout.policy import TeamPolicy
-from comlrl_lightning.rollout.sampling import ScoringInputs, collate_rows
+from comlrl_lightning.rollout.sampling import (
+    ScoringInputs,
+    collate_rows,
+    micro_batches,
+    select_rows,
+    shares_prompts,
+    trim_prompt_padding,
+)
 from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
 from comlrl_lightning.runs import ranks
 
@@ -239,6 +246,27 @@ class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
             else:
                 for s, rows in zip(samples, ref.split(sizes)):
                     s.ref_logprobs = rows[:, : s.completion_ids.shape[1]]
+
+    # ------------------------------------------------------------------ the per-agent x micro-batch loop
+    def agent_micro_batches(self, inputs: Sequence[ScoringInputs]) -> Iterator[tuple[int, int, int, Any]]:
+        """The one loop of an update's forwards: agent by agent, micro-batch by micro-batch (``micro_batch_size``,
+        ``micro_batch_tokens``; a prompt shared by K rows counted once), after the memory pre-check of every
+        forward. Yields ``(agent, index, count, rows)``: the micro-batch's rows of ``inputs[agent]``, its index and
+        the agent's number of micro-batches."""
+        plans = [
+            micro_batches(x, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i)))
+            for i, x in enumerate(inputs)
+        ]
+        self.check_update_fits(
+            [
+                (self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], r)))
+                for i, p in enumerate(plans)
+                for r in p
+            ]
+        )
+        for agent, plan in enumerate(plans):
+            for index, rows in enumerate(plan):
+                yield agent, index, len(plan), rows
 
     # ------------------------------------------------------------------ metrics
     def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:

@@ -37,9 +37,7 @@ from comlrl_lightning.core.losses import (
 )
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
-    micro_batches,
     select_rows,
-    shares_prompts,
     token_logprobs,
     trim_prompt_padding,
 )
@@ -108,38 +106,23 @@ class MAGRPO(OnPolicyModule):
     # ------------------------------------------------------------------ the update
     def losses(self, nodes: list[Node]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Agent by agent, micro-batch by micro-batch: the policy loss of each forward."""
-        batches = [self.policy_batch(nodes, i) for i in range(self.num_agents)]
-        plans = [
-            micro_batches(
-                batch.inputs, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i))
-            )
-            for i, batch in enumerate(batches)
-        ]
-        chunks = [[batch.rows(rows) for rows in plan] for batch, plan in zip(batches, plans)]
-        self.check_update_fits([(self.policy_model(i), c.inputs) for i, agent in enumerate(chunks) for c in agent])
-        for i, agent in enumerate(chunks):
-            gap = EngineGap()
-            for c, chunk in enumerate(agent):
-                if self.needs_token_entropy:
-                    logp, chunk.entropy = token_logprobs(self.policy_model(i), chunk.inputs, entropy=True)
-                else:
-                    logp = token_logprobs(self.policy_model(i), chunk.inputs)
-                loss, diagnostics = self.policy_loss(i, logp, chunk)
-                assert_finite("policy loss", loss, step=self.global_step, agent=i)
-                if c == 0:  # once per agent and update: what its advantages were
-                    diagnostics = {**advantage_metrics(batches[i].advantages), **diagnostics}
-                shared = {"loss": loss.detach()}
-                gap.add(logp, chunk)
-                if c == len(agent) - 1 and gap.tokens:  # the mean over the agents, once per agent and update
-                    shared["rollout/engine_logprob_gap"] = gap.mean() / self.num_agents
-                yield (
-                    loss,
-                    {
-                        f"agent_{i}/loss": loss.detach(),
-                        **shared,
-                        **{f"agent_{i}/{name}": value for name, value in diagnostics.items()},
-                    },
-                )
+        batches, gap = [self.policy_batch(nodes, i) for i in range(self.num_agents)], EngineGap()
+        for i, c, count, rows in self.agent_micro_batches([batch.inputs for batch in batches]):
+            chunk, gap = batches[i].rows(rows), EngineGap() if c == 0 else gap  # the gap: one agent's forwards
+            if self.needs_token_entropy:
+                logp, chunk.entropy = token_logprobs(self.policy_model(i), chunk.inputs, entropy=True)
+            else:
+                logp = token_logprobs(self.policy_model(i), chunk.inputs)
+            loss, diagnostics = self.policy_loss(i, logp, chunk)
+            assert_finite("policy loss", loss, step=self.global_step, agent=i)
+            if c == 0:  # once per agent and update: what its advantages were
+                diagnostics = {**advantage_metrics(batches[i].advantages), **diagnostics}
+            shared = {"loss": loss.detach()}
+            gap.add(logp, chunk)
+            if c == count - 1 and gap.tokens:  # the mean over the agents, once per agent and update
+                shared["rollout/engine_logprob_gap"] = gap.mean() / self.num_agents
+            diagnostics = {f"agent_{i}/{name}": value for name, value in diagnostics.items()}
+            yield loss, {f"agent_{i}/loss": loss.detach(), **shared, **diagnostics}
 
     def policy_loss(self, agent: int, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """Agent ``agent``'s loss on one micro-batch from its token log-probs ``logp`` [B, T] (with grad) and the
