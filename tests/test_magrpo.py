@@ -300,9 +300,9 @@ def test_a_token_budget_and_one_agent_at_a_time_give_the_same_gradient(tmp_path,
 
 
 def test_an_update_that_cannot_fit_says_which_fields_to_change(tmp_path, monkeypatch):
-    import comlrl_lightning.algorithms.base as base
+    import comlrl_lightning.agents.memory as memory
 
-    monkeypatch.setattr(base, "available_bytes", lambda device: 1024)  # 1 KB left on the device
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1024)  # 1 KB left on the device
     module = make_module()
     backward = []
     module.manual_backward = backward.append

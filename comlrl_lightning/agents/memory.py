@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -110,3 +110,35 @@ def keep_freed_memory() -> bool:
     if not hasattr(libc, "gnu_get_libc_version"):
         return False
     return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def check_update_memory(
+    forwards: Sequence[tuple[Any, int, int, Sequence[int]]],
+    device: torch.device,
+    trainable: list[torch.nn.Parameter],
+    optimizer: Any,
+    levers: str,
+) -> None:
+    """Raise a clear ``MemoryError`` when an update's largest forward (models are trained one after another) plus
+    the optimizer state not allocated yet clearly exceeds the memory left on ``device``. ``forwards``: per forward,
+    (model, tokens it runs, positions it scores, input shape); ``levers``: the fields that lower it, as text."""
+    cost: dict[int, int] = {}
+    for model, tokens, scored, _ in forwards:
+        need = activation_bytes(model, tokens, scored)
+        if need is None:
+            return
+        cost[id(model)] = max(cost.get(id(model), 0), need)
+    available = available_bytes(device) if cost else None
+    if available is None:
+        return
+    state = missing_state_bytes(trainable, optimizer)
+    peak = max(cost.values()) + state
+    if peak <= available:
+        return
+    rows, width = max((tuple(shape) for *_, shape in forwards), key=lambda rw: rw[0] * rw[1])
+    gib = 2**30
+    raise MemoryError(
+        f"This update needs about {peak / gib:.1f} GB on {device} (its largest forward, {rows} rows × {width} "
+        f"tokens: {max(cost.values()) / gib:.1f} GB kept for the backward; gradients and AdamW state not yet "
+        f"allocated: {state / gib:.1f} GB) but about {available / gib:.1f} GB are available. Lower it with {levers}."
+    )

@@ -36,11 +36,9 @@ from comlrl_lightning.agents import CausalLMWithValueHead, load_agents, resolve_
 from comlrl_lightning.agents.loading import validate_agent_sources
 from comlrl_lightning.agents.lora import LoRATeam
 from comlrl_lightning.agents.memory import (
-    activation_bytes,
-    available_bytes,
+    check_update_memory,
     enable_checkpointing,
     keep_freed_memory,
-    missing_state_bytes,
 )
 from comlrl_lightning.agents.sharding import (
     full_state_dicts,
@@ -465,39 +463,25 @@ class MultiAgentModule(
         return [([f"agent_{i}" for i in ids], self.agents[ids[0]]) for ids in self.agent_groups()]
 
     def check_update_fits(self, forwards: Sequence[tuple[nn.Module, ScoringInputs]]) -> None:
-        """Raise a clear ``MemoryError`` before the backward when the update's largest forward (models are trained
-        one after another) plus the optimizer state not allocated yet clearly exceeds the memory left on the
-        device (``agents/memory.py`` says how it is estimated)."""
-        if not forwards:
-            return
-        cost: dict[int, int] = {}
-        for model, inputs in forwards:
-            rows = inputs.input_ids.shape[0]
-            need = activation_bytes(model, forward_tokens(model, inputs), rows * (inputs.completion_ids.shape[1] + 1))
-            if need is None:
-                return
-            cost[id(model)] = max(cost.get(id(model), 0), need)
-        device = self.agent_device(0)
-        available = available_bytes(device)
-        if available is None:
-            return
-        trainable = [p for p in self.parameters() if p.requires_grad]
-        state = missing_state_bytes(trainable, self.optimizers() if self._trainer is not None else None)
-        peak = max(cost.values()) + state
-        if peak <= available:
-            return
-        rows, width = max(
-            ((i.input_ids.shape[0], i.input_ids.shape[1]) for _, i in forwards), key=lambda rw: rw[0] * rw[1]
-        )
-        gib = 2**30
-        raise MemoryError(
-            f"This update needs about {peak / gib:.1f} GB on {device} (its largest forward, {rows} rows × {width} "
-            f"tokens: {max(cost.values()) / gib:.1f} GB kept for the backward; gradients and AdamW state not yet "
-            f"allocated: {state / gib:.1f} GB) but about {available / gib:.1f} GB are available. Lower it with "
+        """Raise a clear ``MemoryError`` before the backward when the update's largest forward plus the optimizer
+        state not allocated yet clearly exceeds the memory left on the device (``agents/memory.py``)."""
+        check_update_memory(
+            [
+                (
+                    model,
+                    forward_tokens(model, x),
+                    x.input_ids.shape[0] * (x.completion_ids.shape[1] + 1),
+                    x.input_ids.shape,
+                )
+                for model, x in forwards
+            ],
+            self.agent_device(0),
+            [p for p in self.parameters() if p.requires_grad],
+            self.optimizers() if self._trainer is not None else None,
             f"micro_batch_tokens (tokens per forward, now {self.micro_batch_tokens}), micro_batch_size (rows per "
             f"forward, now {self.micro_batch_size}), model_config.gradient_checkpointing (now "
             f"{self.gradient_checkpointing}; ~2.5x less), or shorter sequences (max_new_tokens, now "
-            f"{self.max_new_tokens})."
+            f"{self.max_new_tokens})",
         )
 
     @contextlib.contextmanager
