@@ -220,7 +220,7 @@ class IAC(CriticFields, OnPolicyModule):
                 if self.critic_devices is not None
                 else None
             )
-        else:  # as CoMLRL: actors and critics on ONE device, the first of agent_devices, else of critic_devices
+        else:  # actors and critics on ONE device, the first of agent_devices, else of critic_devices
             if self.agent_devices is None:
                 self.agent_devices = team_placement(self.critic_devices, self.num_agents, "critic_devices")
             self.critic_device_list = None if self.agent_devices is None else [self.agent_devices[0]] * count

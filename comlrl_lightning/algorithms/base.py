@@ -176,7 +176,7 @@ class MultiAgentModule(
             self.parallel_training != "mp" or devices is not None,
             "parallel_training='mp' requires explicit agent_devices.",
         )
-        # mp: each agent on its own device. Otherwise, as CoMLRL: the whole team on ONE device, the first named
+        # mp: each agent on its own device. Otherwise the whole team on ONE device, the first named
         # (none named, or auto: where the trainer puts the module). None: the trainer places the team.
         self.agent_devices = (
             resolve_devices(devices, self.num_agents, kind="agent_devices")
@@ -279,7 +279,7 @@ class MultiAgentModule(
                 models[0], self.num_agents, adapters=lora["adapters"], base_name=lora["base"], **lora["settings"]
             )
             models, tokenizers = team.views, tokenizers * self.num_agents
-        self._modules["agents"] = nn.ModuleList(models).train()  # from_pretrained gives eval mode; CoMLRL trains
+        self._modules["agents"] = nn.ModuleList(models).train()  # from_pretrained gives eval mode
         self._tokenizers = tokenizers
         self.build_models()
 
@@ -569,7 +569,7 @@ class MultiAgentModule(
             self.check_items(self.trainer.datamodule, stage)  # before any model loads (configure_model is next)
         run_root(self.trainer)  # read on every rank now; later only rank 0 writes there
         if stage == "fit":
-            # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback), not in Lightning's validation
+            # During fit, evaluation runs in EvaluationCallback, not in Lightning's validation
             # loop: switch the loop off for this fit (restored in teardown, so a later trainer.validate works).
             self._limit_val_batches = self.trainer.limit_val_batches
             self.trainer.limit_val_batches = 0
@@ -604,7 +604,7 @@ class MultiAgentModule(
             (folder / RESUMED_FROM).write_text(str(Path(self.trainer.ckpt_path).resolve()) + "\n", encoding="utf-8")
         if self.keep_freed_cpu_memory and self.device.type == "cpu":
             keep_freed_memory()  # no page fault per fresh page, step after step (agents/memory.py)
-        for logger in self.loggers:  # W&B charts against env_step (CoMLRL's x-axis) instead of global_step
+        for logger in self.loggers:  # W&B charts against env_step instead of global_step
             if type(logger).__name__ == "WandbLogger":
                 logger.experiment.define_metric("env_step")
                 logger.experiment.define_metric("*", step_metric="env_step")

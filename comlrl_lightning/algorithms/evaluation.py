@@ -33,7 +33,7 @@ def record_of(rollout: Any, items: Sequence[Mapping[str, Any]], num_agents: int,
         for node in episode(root):
             for i, agent in enumerate(node.agents):
                 completions[i][b].append(agent.texts[0])
-    # What the eval logger gets as ``prompts``: each item's own ``prompt`` field, as CoMLRL passes it.
+    # What the eval logger gets as ``prompts``: each item's own ``prompt`` field.
     return {
         "rewards": turn_table(rollout, len(items), num_turns, lambda node: node.rewards[0]),
         "completions": completions,

@@ -33,7 +33,7 @@ from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check
 from comlrl_lightning.rollout.generation import GenerationBackendName
 from comlrl_lightning.rollout.tree import JOINT_MODE
 
-ParallelTraining = PARALLEL_TRAINING.Literal  # null: CoMLRL's alias of none (stored as none)
+ParallelTraining = PARALLEL_TRAINING.Literal  # null: an alias of none (stored as none)
 CollaborationMode = Literal["decentralized", "centralized"]
 LrDecay = Literal["constant", "linear", "cosine"]
 AdamWImplementation = Literal["auto", "fused", "foreach", "for-loop"]
@@ -45,7 +45,7 @@ CriticType = Literal["v", "q"]
 GenerationDtype = Literal["model", "bfloat16", "float16"]
 PairSelection = Literal["reward_gap", "random", "all"]
 IterativePairSelection = Literal["reward_gap", "random", "all", "comparator_reward"]  # the iterative variants'
-# CoMLRL's wording of a choice error, where it has its own (the field, the value and the choices are still named).
+# Choice errors with their own wording (the field, the value and the choices are still named).
 CHOICE_MESSAGES = {
     "collaboration_mode": "collaboration_mode must be decentralized or centralized (got {value!r}).",
     "joint_mode": JOINT_MODE.message.replace("{aliases}", ""),
@@ -523,7 +523,7 @@ class PreferenceFields(JointActionFields):
         super().__init__(**kwargs)
 
 
-# Iterative preference training. Choices list the canonical names first, then CoMLRL's aliases (any case from
+# Iterative preference training. Choices list the canonical names first, then their aliases (any case from
 # Python; the CLI takes the spellings listed): each declared once, where its values are used.
 ReplayMode = REPLAY_MODE.Literal
 ComparatorPolicy = COMPARATOR_POLICY.Literal

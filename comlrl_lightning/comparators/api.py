@@ -112,7 +112,7 @@ class ApiComparatorConfig:
     extra_body: Optional[Dict[str, Any]] = None
     response_field: str = "completions"
     max_n_per_request: Optional[int] = None
-    # Robustness knobs (not in CoMLRL).
+    # Robustness knobs: retries, waits, concurrency.
     max_retries: int = 3
     backoff_s: float = 1.0
     max_concurrency: int = 4

@@ -55,7 +55,7 @@ COMPARATOR_POLICY = Choice(
         "api": ("http", "endpoint"),
     },
     message="{field} must be one of: {allowed}. (got {value!r})",
-)  # CoMLRL's wording
+)
 COMPARATOR_GENERATION_MODE = Choice(
     "comparator_generation_mode",
     {

@@ -36,7 +36,7 @@ from torch import Tensor
 from comlrl_lightning.choices import Choice
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS
 
-# The modes and CoMLRL's other spellings of them (any case; docs/iterative.md).
+# The modes and their aliases (any case; docs/iterative.md).
 REPLAY_MODE = Choice(
     "preference_replay_mode",
     {

@@ -187,7 +187,7 @@ class RoundCollector:
         spec = self.plan.comparator
         joint = [joint_prompt(spec.adapter, item, [prompts[i][m] for i in range(N)]) for m, item in enumerate(items)]
         texts = self.comparator.sample([spec.centralized_index], [joint], K, items)[0]
-        # An unparsable joint answer becomes empty role outputs (CoMLRL aborts training here); counted in iter/*.
+        # An unparsable joint answer becomes empty role outputs; counted in iter/comparator_parse_failures.
         roles = [
             split_joint(spec.adapter, text, items[r // K], N, on_parse_error="empty") for r, text in enumerate(texts)
         ]

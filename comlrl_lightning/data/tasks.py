@@ -409,7 +409,7 @@ class TaskDataModule(LightningDataModule):
         self.saved_world_size = int(state_dict.get("world_size", 1))
 
     def val_dataloader(self):
-        # During fit, evaluation runs on CoMLRL's schedule (EvaluationCallback); the `validate` subcommand
+        # During fit, evaluation runs in EvaluationCallback; the `validate` subcommand
         # evaluates the whole eval set through this loader.
         if self.eval_items_ is None or (self.trainer is not None and self.trainer.state.fn != "validate"):
             return []

@@ -27,7 +27,7 @@ from comlrl_lightning.rollout.generation import GenerationBackend, make_backend
 from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, validate_generation_kwargs
 
-# align/aligned and cross/crossed: one semantics per name pair, unlike CoMLRL; its wording of the error.
+# align/aligned and cross/crossed: one semantics per name pair.
 JOINT_MODE = Choice(
     "joint_mode",
     {"aligned": ("align",), "cross": ("crossed",)},
@@ -332,7 +332,7 @@ class RolloutEngine:
     def _children(self, node: Node, pending: _Pending) -> list[_Pending]:
         N = self.num_agents
         children = []
-        # CoMLRL records the external prompt itself (not its formatted form) from turn 2 on.
+        # From turn 2 on, histories record the external prompt itself (not its formatted form).
         used = pending.external_prompts or [a.prompt for a in node.agents]
         prompt_history = [h + [p] for h, p in zip(pending.prompt_history, used)]
         raw_prompt = str(node.item.get("prompt", ""))
