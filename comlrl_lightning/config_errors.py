@@ -24,6 +24,15 @@ _NOISE = (
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]\.?\s*Got value:\s*(.*)$")
 _OPTIONAL_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")  # a Literal | None field: value given apart
 _GIVEN = re.compile(r"^\s*Given value:\s*(.*)$")
+# CoMLRL config names that are not module fields here, and where the setting lives (docs/compat.md).
+COMLRL_RUN_SETTINGS = {
+    "num_train_epochs": "trainer.max_epochs (MADPOIter: model.init_args.dpo_epochs_per_round, DPO passes per round; "
+    "MARLHFIter: model.init_args.rl_epochs_per_round, RL epochs per round)",
+    "logging_steps": "trainer.log_every_n_steps (every update is one metrics row anyway)",
+    "output_dir": "trainer.default_root_dir",
+    "save_steps": "--checkpoint_every_n_updates",
+}
+_NOT_ACCEPTED = re.compile(r"Option '([A-Za-z_][A-Za-z0-9_]*)' is not accepted")
 # Exceptions that, raised while the config's classes are built, mean "this configuration is wrong".
 CONFIG_ERRORS = (ValueError, TypeError, OSError, ImportError, LookupError, MemoryError)
 
@@ -71,6 +80,9 @@ def tidy(message: str) -> str:
     if classes:
         head = f"{head} ({classes[-1]})" if head else classes[-1]
     body = " ".join(rest)
+    unknown = _NOT_ACCEPTED.search(body)
+    if unknown and unknown.group(1) in COMLRL_RUN_SETTINGS:  # a CoMLRL config name: say where it lives here
+        body += f"; CoMLRL's {unknown.group(1)} is {COMLRL_RUN_SETTINGS[unknown.group(1)]} here"
     return f"{head}: {body}" if head and body else head or body
 
 

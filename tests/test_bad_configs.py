@@ -208,7 +208,9 @@ CASES = [
     ("marlhf", [M + "num_generations=1"], "num_generations must be >= 2 for MAGRPO-family MARLHF backends"),
     # ------------------------------------------------------------------ iterative variants
     ("madpo_iter", [M + "num_iterations=0"], "num_iterations must be >= 1"),
-    ("madpo_iter", [M + "num_train_epochs=0"], "num_train_epochs must be >= 1"),
+    ("madpo_iter", [M + "dpo_epochs_per_round=0"], "dpo_epochs_per_round must be >= 1"),
+    # CoMLRL's one name for two settings: the message says where each lives here
+    ("madpo_iter", [M + "num_train_epochs=2"], "model.init_args.dpo_epochs_per_round, DPO passes per round"),
     ("madpo_iter", [M + "preference_replay_mode=forever"], "preference_replay_mode"),
     (
         "madpo_iter",

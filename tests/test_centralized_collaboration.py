@@ -406,7 +406,7 @@ def test_marlhf_iter_centralized_reward_model_reads_joint_text(tmp_path):
     module = build(
         MARLHFIter,
         num_iterations=2,
-        num_train_epochs=1,
+        rl_epochs_per_round=1,
         reward_num_train_epochs=1,
         preference_replay_dir=str(tmp_path / "replay"),
         eval_logger=eval_logger,

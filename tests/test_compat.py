@@ -278,16 +278,22 @@ def test_configs_are_dataclasses_with_comlrl_defaults():
         "comparator_reward",
     )
     assert (compat.MARLHFIterConfig().num_train_epochs, compat.MARLHFIterConfig().reward_num_train_epochs) == (2, 2)
+    # CoMLRL's one name for two things becomes the module field of each: DPO passes or RL epochs per round.
+    assert compat.MADPOIterConfig(num_train_epochs=3).module_values()["dpo_epochs_per_round"] == 3
+    assert compat.MARLHFIterConfig(num_train_epochs=4).module_values()["rl_epochs_per_round"] == 4
+    assert "num_train_epochs" not in compat.MARLHFIterConfig().module_values()
+    assert "rl_epochs_per_round" not in {f.name for f in dataclasses.fields(compat.MARLHFIterConfig)}
 
 
 @pytest.mark.parametrize("config", configs.CONFIGS, ids=lambda c: c.__name__)
 def test_config_fields_are_the_modules_fields_plus_the_run_settings(config):
-    names = {f.name for f in dataclasses.fields(config)}
+    fields = {f.name for f in dataclasses.fields(config)}
+    names = {config.comlrl_names.get(name, name) for name in fields}  # under the module's names
     module = set(module_parameters(config.module_class)) - set(OBJECT_FIELDS)
     excluded = (
         {"use_separate_critic", "value_clip_range", "value_head_hidden_dim"} if config is compat.MAACConfig else set()
     )
-    assert module - excluded <= names and set(RUN_FIELDS) <= names
+    assert module - excluded <= names and set(RUN_FIELDS) <= fields
 
 
 @pytest.mark.parametrize(

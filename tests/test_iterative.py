@@ -41,7 +41,7 @@ BASE = dict(
     num_iterations=2,
 )
 MARLHF_EXTRA = dict(
-    num_train_epochs=1,
+    rl_epochs_per_round=1,
     num_generations=2,
     reward_train_batch_size=2,
     reward_num_train_epochs=1,
@@ -854,7 +854,7 @@ def test_centralized_comparator_generation_splits_joint_answers(monkeypatch):
 
 
 def test_each_pair_pass_is_a_permutation_of_its_own():
-    """num_train_epochs / reward_num_train_epochs passes in one epoch: every pass visits each pair once, in a
+    """dpo_epochs_per_round / reward_num_train_epochs passes in one epoch: every pass visits each pair once, in a
     fresh order (not the passes' copies shuffled together, where a pair could sit twice in one batch)."""
     from comlrl_lightning.data.tasks import EpochSampler
 

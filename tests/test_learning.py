@@ -145,7 +145,7 @@ def test_marlhf_iter_team_learns_the_letter_task(tmp_path):
         rollout_buffer_size=4,
         max_new_tokens=8,
         agent_learning_rate=1e-2,
-        num_train_epochs=4,
+        rl_epochs_per_round=4,
         num_iterations=3,
     )
     before = held_out_reward(module)

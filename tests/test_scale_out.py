@@ -319,7 +319,7 @@ def test_madpo_iter_writes_each_replay_shard_once_and_every_rank_reads_it(tmp_pa
         "0",
         "--model.init_args.preference_num_candidates",
         "2",
-        "--model.init_args.num_train_epochs",
+        "--model.init_args.dpo_epochs_per_round",
         "1",
         "--model.init_args.log_reward_distribution",
         "true",
@@ -485,7 +485,7 @@ def test_madpo_iter_with_sharded_agents_collects_trains_and_writes_policy_checkp
         "2",
         "--model.init_args.preference_num_candidates",
         "2",
-        "--model.init_args.num_train_epochs",
+        "--model.init_args.dpo_epochs_per_round",
         "1",
         fsdp=True,
     )

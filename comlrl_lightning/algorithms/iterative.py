@@ -9,8 +9,8 @@
    other, either side can win, ties are dropped, ``pair_selection`` and ``preference_pairs_per_sample`` choose.
 2. **Shard**: ``<preference_replay_dir>/iteration_{ν+1:04d}.json``, written atomically, also for empty rounds.
 3. **Replay**: the round's training pairs by ``preference_replay_mode``.
-4. **Train** (this module): MADPO: ``num_train_epochs`` passes over them; MARLHF: a fresh reward model on them,
-   then ``num_train_epochs`` RL epochs on the task set with it.
+4. **Train** (this module): MADPO: ``dpo_epochs_per_round`` passes over them; MARLHF: a fresh reward model on
+   them, then ``rl_epochs_per_round`` RL epochs on the task set with it.
 5. **Checkpoint** the policy (``PolicyCheckpoints``) when ``policy_checkpoint_dir`` is set or the comparator is
    ``history``; ``RoundMetrics`` logs ``iter/*`` (and reward distributions) when a round's pairs are ready.
 

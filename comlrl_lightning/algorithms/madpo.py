@@ -211,12 +211,13 @@ class MADPO(PreferenceModule):
 
 class MADPOIter(IterativePreference, MADPO):
     """Iterative MADPO: ``num_iterations`` rounds of collect (current agents vs a comparator) → replay shard →
-    ``num_train_epochs`` DPO passes over the round's replayed pairs. One round is one Lightning epoch
+    ``dpo_epochs_per_round`` DPO passes over the round's replayed pairs. One round is one Lightning epoch
     (``trainer.max_epochs`` is set to ``num_iterations``). The round machinery, comparators and replay are in
     ``algorithms/iterative.py`` (docs/iterative.md); the DPO update is MADPO's.
 
     Args:
-        num_train_epochs: DPO passes over each round's pairs.
+        dpo_epochs_per_round: DPO passes over each round's pairs (CoMLRL's MADPOIterConfig calls it
+            ``num_train_epochs``).
         preference_num_candidates: completions each agent samples per task (MADPOIter's default: 20).
         preference_pairs_per_sample: pairs kept per task (MADPOIter's default: 4).
         pair_selection: how comparisons become pairs (MADPOIter's default: ``comparator_reward``).
@@ -228,14 +229,14 @@ class MADPOIter(IterativePreference, MADPO):
 
     def __init__(
         self,
-        num_train_epochs: int = 1,
+        dpo_epochs_per_round: int = 1,
         preference_num_candidates: int = 20,
         preference_pairs_per_sample: int | None = 4,
         pair_selection: IterativePairSelection = "comparator_reward",
         **kwargs: Any,
     ):
-        self._store(MADPOIter.__init__, {"num_train_epochs": num_train_epochs})
-        require(num_train_epochs >= 1, "num_train_epochs must be >= 1.")
+        require(dpo_epochs_per_round >= 1, "dpo_epochs_per_round must be >= 1.")
+        self._store(MADPOIter.__init__, {"dpo_epochs_per_round": dpo_epochs_per_round})
         super().__init__(
             preference_num_candidates=preference_num_candidates,
             preference_pairs_per_sample=preference_pairs_per_sample,
@@ -246,4 +247,4 @@ class MADPOIter(IterativePreference, MADPO):
     @property
     def pair_passes(self) -> int:
         """DPO passes over the round's pairs, served in one epoch."""
-        return self.num_train_epochs
+        return self.dpo_epochs_per_round

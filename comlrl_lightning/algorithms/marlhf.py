@@ -360,13 +360,14 @@ SCORING_REWARDS = {
 
 class MARLHFIter(IterativePreference, MARLHF):
     """Iterative MARLHF: ``num_iterations`` rounds of collect (current agents vs a comparator) → replay shard → a
-    *fresh* reward model trained on the round's replayed pairs → ``num_train_epochs`` RL epochs over the task set on
-    it. A round is ``1 + num_train_epochs`` Lightning epochs (the first trains the reward model);
-    ``trainer.max_epochs`` is set to ``num_iterations × (1 + num_train_epochs)``. Evaluation always uses the task
+    *fresh* reward model trained on the round's replayed pairs → ``rl_epochs_per_round`` RL epochs over the task set
+    on it. A round is ``1 + rl_epochs_per_round`` Lightning epochs (the first trains the reward model);
+    ``trainer.max_epochs`` is set to ``num_iterations × (1 + rl_epochs_per_round)``. Evaluation always uses the task
     reward.
 
     Args:
-        num_train_epochs: RL epochs per round.
+        rl_epochs_per_round: RL epochs per round over the task set (CoMLRL's MARLHFIterConfig calls it
+            ``num_train_epochs``).
         reward_num_train_epochs: passes over a round's pairs for its reward model (MARLHFIter's default: 2).
         preference_scoring_reward: what scores comparisons: ``task`` (aliases oracle, environment, env) or
             ``reward_model`` (model, learned: the previous round's reward model; the task reward in round 1).
@@ -381,7 +382,7 @@ class MARLHFIter(IterativePreference, MARLHF):
 
     def __init__(
         self,
-        num_train_epochs: int = 2,
+        rl_epochs_per_round: int = 2,
         reward_num_train_epochs: int = 2,
         preference_scoring_reward: ScoringReward = "task",
         preference_num_candidates: int = 20,
@@ -394,12 +395,12 @@ class MARLHFIter(IterativePreference, MARLHF):
             scoring in SCORING_REWARDS,
             f"preference_scoring_reward must be one of: task, reward_model. (got {preference_scoring_reward!r})",
         )
-        require(num_train_epochs >= 1, "num_train_epochs must be >= 1.")
+        require(rl_epochs_per_round >= 1, "rl_epochs_per_round must be >= 1.")
         self._store(
             MARLHFIter.__init__,
-            {"num_train_epochs": num_train_epochs, "preference_scoring_reward": SCORING_REWARDS[scoring]},
+            {"rl_epochs_per_round": rl_epochs_per_round, "preference_scoring_reward": SCORING_REWARDS[scoring]},
         )
-        self.epochs_per_iteration = 1 + num_train_epochs
+        self.epochs_per_iteration = 1 + rl_epochs_per_round
         super().__init__(
             preference_num_candidates=preference_num_candidates,
             preference_pairs_per_sample=preference_pairs_per_sample,

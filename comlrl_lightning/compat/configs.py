@@ -100,6 +100,12 @@ COMLRL_DEFAULTS = {
     },
     "MADPOConfig": {"num_agents": 2},
 }
+# CoMLRL's names of module fields that are ours under another name (its num_train_epochs means DPO passes per round
+# in MADPOIterConfig and RL epochs per round in MARLHFIterConfig; each has a name of its own here).
+COMLRL_NAMES = {
+    "MADPOIterConfig": {"num_train_epochs": "dpo_epochs_per_round"},
+    "MARLHFIterConfig": {"num_train_epochs": "rl_epochs_per_round"},
+}
 # CoMLRL's MADPOConfig keeps the MAGRPO fields it shares a base with; MADPO itself never reads them.
 MADPO_UNUSED = (
     "discount",
@@ -144,6 +150,7 @@ class CoMLRLConfig:
 
     module_class: ClassVar[type]
     comlrl_defaults: ClassVar[dict[str, Any]] = {}
+    comlrl_names: ClassVar[dict[str, str]] = {}  # CoMLRL's name of a field -> the module's (COMLRL_NAMES)
 
     def __post_init__(self) -> None:
         for name in ("num_train_epochs", "logging_steps"):  # eval_batch_size, prompts_per_step: the data module's
@@ -158,9 +165,10 @@ class CoMLRLConfig:
         self.check(self.module_class)
 
     def module_values(self, module_class: type | None = None) -> dict[str, Any]:
-        """The values of the fields ``module_class`` (default: this config's) accepts."""
+        """The values of the fields ``module_class`` (default: this config's) accepts, under its names."""
         accepted = module_parameters(module_class or self.module_class)
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in accepted}
+        ours = {f.name: self.comlrl_names.get(f.name, f.name) for f in dataclasses.fields(self)}
+        return {ours[name]: getattr(self, name) for name in ours if ours[name] in accepted}
 
     def unused_values(self, module_class: type) -> dict[str, Any]:
         """Fields ``module_class`` does not read (neither its own nor a run setting) that differ from the default."""
@@ -168,7 +176,9 @@ class CoMLRLConfig:
         return {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in accepted and f.name not in RUN_FIELDS and getattr(self, f.name) != f.default
+            if self.comlrl_names.get(f.name, f.name) not in accepted
+            and f.name not in RUN_FIELDS
+            and getattr(self, f.name) != f.default
         }
 
     def check(self, module_class: type) -> None:
@@ -214,9 +224,12 @@ def make_config(
     params = dict(module_parameters(module_class))
     if borrowed is not None:
         params.update({k: p for k, p in module_parameters(borrowed[0]).items() if k in borrowed[1]})
+    names = COMLRL_NAMES.get(name, {})
+    theirs = {ours: comlrl for comlrl, ours in names.items()}
     for field, param in params.items():
         if field in OBJECT_FIELDS or field in excluded:
             continue
+        field = theirs.get(field, field)
         specs.append((field, param.annotation, _field(defaults.get(field, param.default))))
     doc = (
         f"CoMLRL's ``{name}``: the fields of :class:`comlrl_lightning.{module_class.__name__}` with CoMLRL's "
@@ -226,7 +239,13 @@ def make_config(
         name,
         specs,
         bases=(parent or CoMLRLConfig,),
-        namespace={"module_class": module_class, "comlrl_defaults": defaults, "__doc__": doc, "__module__": __name__},
+        namespace={
+            "module_class": module_class,
+            "comlrl_defaults": defaults,
+            "comlrl_names": names,
+            "__doc__": doc,
+            "__module__": __name__,
+        },
     )
     cls.__init__ = _keyword_init(cls)
     return cls
