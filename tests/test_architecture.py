@@ -95,3 +95,26 @@ def test_a_choice_is_declared_once():
         assert all(choice(spelling.upper()) == value for spelling, value in choice.aliases.items())
     for path in PACKAGE.rglob("*.py"):
         assert "_ALIASES = {" not in path.read_text(), f"{path.relative_to(REPO)} writes an alias table by hand"
+
+
+def test_an_algorithm_is_a_short_chain_of_classes_over_composed_field_groups():
+    """Fields come in as composed dataclass groups, not as base classes: an algorithm's own MRO is its family
+    (at most the iterative mix-in, the algorithm, its family and the base), and no algorithm writes ``__init__``."""
+    import dataclasses
+
+    import comlrl_lightning
+    from comlrl_lightning.algorithms.fields import FieldGroup
+
+    for name in comlrl_lightning.algorithms.__all__:
+        cls = getattr(comlrl_lightning, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, comlrl_lightning.MultiAgentModule)):
+            continue
+        own = [k for k in cls.__mro__ if k.__module__.startswith("comlrl_lightning")]
+        assert len(own) <= 5, f"{name}: {[k.__name__ for k in own]}"
+        assert not any(issubclass(k, FieldGroup) for k in own), name
+        assert all(dataclasses.is_dataclass(g) and issubclass(g, FieldGroup) for g in cls.field_groups), name
+    with pytest.raises(ValueError, match="writes __init__: declare its fields in a group"):
+
+        class Handwritten(comlrl_lightning.MAGRPO):
+            def __init__(self, knob: int = 1, **kwargs):
+                super().__init__(**kwargs)

@@ -1,19 +1,19 @@
 """Every field a user can set has a description where the CLI shows fields: ``--model.help`` and ``--print_config``.
 
-The fields are taken from the ``__init__`` signatures along each algorithm's MRO (the ``**kwargs`` chain the CLI
-follows), never from the help text, so a field that lost its ``Args:`` line fails here. Nothing is fitted and no
+The fields are taken from the ``__init__`` signatures along each class's MRO (an algorithm's is generated from its
+field groups; a data module's is its own), never from the help text, so a field that lost its ``Args:`` line fails here. Nothing is fitted and no
 model is loaded (every model factory and the loader are booby-trapped): building the parser and printing a config
 only read signatures and docstrings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import re
 import sys
 from pathlib import Path
-from typing import Any
 from unittest import mock
 
 import pytest
@@ -22,6 +22,7 @@ import yaml
 import comlrl_lightning
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
+from comlrl_lightning.algorithms.fields import FieldGroup
 
 REPO = Path(__file__).resolve().parents[1]
 ALGORITHMS = [
@@ -41,11 +42,17 @@ ALGORITHMS = [
 CONFIGS = ["magrpo", "iac", "madpo", "marlhf", "madpo_iter"]
 
 
+@dataclasses.dataclass
+class MysteryFields(FieldGroup):
+    """A group whose field has no ``Args:`` line."""
+
+    mystery_knob: int = 3
+
+
 class Undocumented(MAGRPO):
     """A MAGRPO whose extra field has no ``Args:`` line: the checker below must report it (and only it)."""
 
-    def __init__(self, mystery_knob: int = 3, **kwargs: Any):
-        super().__init__(**kwargs)
+    field_groups = (*MAGRPO.field_groups, MysteryFields)
 
 
 def init_fields(cls: type) -> list[str]:
@@ -183,7 +190,7 @@ def test_data_help_describes_every_field(name, capsys):
 def test_the_checker_reports_a_field_without_a_description(capsys, no_models):
     """The checker itself: a subclass field with no ``Args:`` line is reported, the documented ones are not."""
     fields = init_fields(Undocumented)
-    assert fields[0] == "mystery_knob"
+    assert fields[-1] == "mystery_knob"
     descriptions = help_descriptions(model_help(f"{__name__}.Undocumented", capsys))
     assert "mystery_knob" in descriptions
     assert missing_in(descriptions, fields) == ["mystery_knob"]

@@ -139,7 +139,7 @@ class AgentStep:
     normalized_advantage = property(lambda self: self._table("advantages"))
 
 
-class IAC(CriticFields, OnPolicyModule):
+class IAC(OnPolicyModule):
     """Independent actor-critic: one critic per agent (separate critic LM or a value head on the actor).
 
     ``rollout_buffer_size`` / ``train_batch_size`` count joint samples (one completion per agent each). Critics
@@ -153,24 +153,10 @@ class IAC(CriticFields, OnPolicyModule):
     """
 
     algorithm_name = "IAC"
+    field_groups = (*OnPolicyModule.field_groups, CriticFields)
+    field_defaults = {"num_generations": 1, "discount": 0.9, "top_k": None, "rollout_buffer_size": 8}
     centralized_critic = False
     reward_per_node = True
-
-    def __init__(
-        self,
-        num_generations: int = 1,
-        discount: float = 0.9,
-        top_k: int | None = None,
-        rollout_buffer_size: int = 8,
-        **kwargs: Any,
-    ):
-        super().__init__(
-            num_generations=num_generations,
-            discount=discount,
-            top_k=top_k,
-            rollout_buffer_size=rollout_buffer_size,
-            **kwargs,
-        )
 
     def check_config(self) -> None:
         super().check_config()

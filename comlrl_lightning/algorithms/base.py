@@ -26,7 +26,7 @@ import contextlib
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from lightning.pytorch import LightningModule
@@ -52,16 +52,20 @@ from comlrl_lightning.algorithms import evaluation
 from comlrl_lightning.algorithms.fields import (
     AgentFields,
     EvaluationFields,
+    FieldGroup,
     OptimizationFields,
     SamplingFields,
     TaskFields,
+    args_docstring,
+    build_groups,
     require,
+    signature_of,
 )
 from comlrl_lightning.algorithms.optimization import LearningRateSchedule, UpdateScheduler, adamw_kernel
 from comlrl_lightning.algorithms.team import check_strategy, lora_plan, team_for, team_placement, trainable_parameters
 from comlrl_lightning.algorithms.user_state import load_user_states, save_user_states
 from comlrl_lightning.callbacks.checkpoints import wandb_identity
-from comlrl_lightning.config_errors import ConfigurationError
+from comlrl_lightning.config_errors import SECRET_FIELDS, ConfigurationError
 from comlrl_lightning.rollout import generation, weights
 from comlrl_lightning.rollout.generation import backend_problem, make_backend
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
@@ -81,27 +85,47 @@ MODEL_CONFIG_KEYS = (
 )
 
 
-class MultiAgentModule(
-    AgentFields,
-    TaskFields,
-    SamplingFields,
-    OptimizationFields,
-    EvaluationFields,
-    LightningModule,
-    metaclass=abc.ABCMeta,
-):
+class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
     """Base of every algorithm family: the team, the task, sampling, the optimizer, evaluation, checkpoints.
 
-    A family adds its field groups and overrides the small hooks it needs: :meth:`check_config` (rules across
-    fields), :meth:`build_models` (critics, reward models), :meth:`losses` (what one update backpropagates) and
-    :meth:`batch_metrics`.
+    A family lists its field groups (:attr:`field_groups`, ``algorithms/fields.py``), may change their defaults
+    (:attr:`field_defaults`), and overrides the small hooks it needs: :meth:`check_config` (rules across fields),
+    :meth:`init_state` (its own run state), :meth:`build_models` (critics, reward models), :meth:`losses` (what
+    one update backpropagates) and :meth:`batch_metrics`. Its keyword-only ``__init__`` is generated from the
+    groups (``fields.signature_of``); a family never writes one.
     """
 
     algorithm_name = "MultiAgentModule"
+    field_groups: ClassVar[tuple[type[FieldGroup], ...]] = (
+        AgentFields,
+        TaskFields,
+        SamplingFields,
+        OptimizationFields,
+        EvaluationFields,
+    )
+    field_defaults: ClassVar[dict[str, Any]] = {}  # a family's own defaults, by field name
 
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        require(
+            "__init__" not in vars(cls),
+            f"{cls.__name__} writes __init__: declare its fields in a group (a FieldGroup dataclass added to "
+            "field_groups) and its run state in init_state(); its __init__ is generated (docs/new_algorithm.md).",
+        )
+        install_init(cls)
+
+    def initialize(self, values: dict[str, Any]) -> None:
+        """What the generated ``__init__`` runs: build and check the field groups, store every field as an
+        attribute (the objects themselves), the cross-field checks, the saved hyper-parameters, the run state."""
+        LightningModule.__init__(self)
         self.automatic_optimization = False
+        self.groups = build_groups(type(self), self.prepare_fields(dict(values)))
+        self.field_values: dict[str, Any] = {}
+        for group in self.groups:
+            for name, value in group.values().items():
+                object.__setattr__(self, group.attribute_names.get(name, name), value)
+                if name not in SECRET_FIELDS:  # a credential is never a hyper-parameter
+                    self.field_values[name] = value
         self.check_config()
         self.save_hyperparameters(plain_hparams(self.effective_values()))
         self.sampling = SamplingConfig(
@@ -116,6 +140,14 @@ class MultiAgentModule(
         self.phase_seconds: dict[str, float] = defaultdict(float)  # logged by the PhaseTimer callback
         self._sampled_since_update: list[dict[str, float]] = []  # rollout metrics waiting for the next update row
         self._eval_records: list[dict[str, Any]] = []
+        self.init_state()
+
+    def prepare_fields(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The keyword values before the groups are built from them (MARLHF fills its backend's defaults)."""
+        return values
+
+    def init_state(self) -> None:
+        """A family's run state, set once every field is stored and checked. Families extend it."""
 
     # ------------------------------------------------------------------ configuration
     def check_config(self) -> None:
@@ -786,6 +818,22 @@ class MultiAgentModule(
         if rng:
             set_rng_state(rng)
             self._rng_to_restore = None
+
+
+def install_init(cls: type[MultiAgentModule]) -> None:
+    """Give ``cls`` the keyword-only ``__init__`` of its fields: the signature and ``Args:`` the CLI reads."""
+
+    def __init__(self, **values: Any) -> None:
+        MultiAgentModule.initialize(self, values)
+
+    __init__.__signature__ = signature_of(cls)
+    __init__.__doc__ = args_docstring(cls)
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__module__ = cls.__module__
+    cls.__init__ = __init__
+
+
+install_init(MultiAgentModule)
 
 
 def _add(total: Any, value: Any) -> Any:

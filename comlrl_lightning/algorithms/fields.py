@@ -1,35 +1,33 @@
 """Every configuration field, declared once, typed and described.
 
-Each group below is a small class whose ``__init__`` takes its fields, checks each one on its own (the allowed
-values of a ``Literal`` field, ranges), stores them as attributes and passes the rest on with
-``super().__init__(**kwargs)``. An algorithm is the groups it uses plus :class:`MultiAgentModule`
-(``algorithms/base.py``)::
-
-    class MAGRPO(RolloutFields, ReferenceKLFields, OnPolicyModule): ...
-
-so a field has one declaration, one default and one description wherever it appears, the YAML names stay flat
-(``model.init_args.num_generations``) and ``--help`` / ``--print_config`` show every field's description (the
-CLI reads the ``Args:`` sections below and follows the ``**kwargs`` chain). A subclass changes a default by
-re-declaring only that parameter and passing it on (``IAC`` samples one completion per prompt by default).
-Checks that involve several groups (the reward against the team size, devices against placement) run in
-``MultiAgentModule.check_config`` once every group is stored, still before any model is loaded.
+Each group below is a dataclass: one line per field (name, type, default), its description in the group's
+``Args:``, and :meth:`FieldGroup.check` for the rules of its own fields (``Literal`` choices are put in their
+canonical spelling first, any case). An algorithm lists the groups it uses (``MultiAgentModule.field_groups``)
+and may change a default (``field_defaults``); its keyword-only ``__init__`` signature, which the CLI, ``--help``,
+``--print_config`` and Python's keyword passing read, is generated from them (:func:`signature_of`), so the YAML
+names stay flat (``model.init_args.num_generations``). Checks that involve several groups (the reward against the
+team size, devices against placement) run in ``MultiAgentModule.check_config`` once every group is built, still
+before any model is loaded. ``compat``'s CoMLRL configs are made from the same declarations
+(:func:`declared_fields`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import inspect
+import re
 import typing
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence, get_args, get_origin
+from typing import Any, Callable, ClassVar, Literal, Sequence, get_args, get_origin
 
-from comlrl_lightning.agents import check_model_sources, normalize_parallel_training
+from comlrl_lightning.agents import normalize_parallel_training
 from comlrl_lightning.agents.devices import PARALLEL_TRAINING
 from comlrl_lightning.comparators.api import API_FORMAT, ApiComparatorConfig
 from comlrl_lightning.comparators.sources import COMPARATOR_GENERATION_MODE, COMPARATOR_POLICY
 from comlrl_lightning.core.losses import ImportanceSamplingMode
 from comlrl_lightning.core.replay import REPLAY_MODE
-from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.generation import GenerationBackendName
 from comlrl_lightning.rollout.tree import JOINT_MODE
 
@@ -49,6 +47,7 @@ IterativePairSelection = Literal["reward_gap", "random", "all", "comparator_rewa
 CHOICE_MESSAGES = {
     "collaboration_mode": "collaboration_mode must be decentralized or centralized (got {value!r}).",
     "joint_mode": JOINT_MODE.message.replace("{aliases}", ""),
+    "preference_scoring_reward": "preference_scoring_reward must be one of: task, reward_model. (got {value!r})",
 }
 
 
@@ -63,35 +62,18 @@ def choices_of(annotation: Any) -> tuple[str, ...] | None:
     return None
 
 
-def check_choices(function: Callable, values: dict[str, Any], owner: type | None = None) -> dict[str, Any]:
-    """``values`` with every ``Literal`` field's choice in its canonical spelling (CoMLRL accepts any case from
+def check_choice(name: str, annotation: Any, value: Any) -> Any:
+    """``value`` in its canonical spelling when ``annotation`` is a ``Literal`` (CoMLRL accepts any case from
     Python); a value outside the choices is rejected: ``<field> must be one of: a, b, c (got 'x').`` (CoMLRL's own
-    wording where it has one, :data:`CHOICE_MESSAGES`). The same rule the CLI applies to YAML. ``owner``: the class
-    being built; a field it re-declares (``MADPOIter``'s ``pair_selection``) is checked against that declaration,
-    as the CLI does."""
-    hints = typing.get_type_hints(function)
-    checked = dict(values)
-    for name, value in values.items():
-        allowed = choices_of(declared_annotation(owner, name) if owner is not None else hints.get(name))
-        if allowed is None or value is None:
-            continue
-        spelled = str(value).strip().lower() if isinstance(value, str) else value
-        if spelled not in allowed:
-            template = CHOICE_MESSAGES.get(name, "{name} must be one of: {allowed} (got {value!r}).")
-            raise ValueError(template.format(name=name, value=value, allowed=", ".join(map(str, allowed))))
-        checked[name] = spelled
-    return checked
-
-
-@functools.lru_cache(maxsize=None)
-def declared_annotation(owner: type, name: str) -> Any:
-    """The annotation of parameter ``name`` in the first ``__init__`` of ``owner``'s MRO that declares it (the
-    declaration Python's keyword passing, the CLI and ``--help`` use)."""
-    for klass in owner.__mro__:
-        init = vars(klass).get("__init__")
-        if init is not None and name in inspect.signature(init).parameters:
-            return typing.get_type_hints(init).get(name)
-    return None
+    wording where it has one, :data:`CHOICE_MESSAGES`). The same rule the CLI applies to YAML."""
+    allowed = choices_of(annotation)
+    if allowed is None or value is None:
+        return value
+    spelled = str(value).strip().lower() if isinstance(value, str) else value
+    if spelled not in allowed:
+        template = CHOICE_MESSAGES.get(name, "{name} must be one of: {allowed} (got {value!r}).")
+        raise ValueError(template.format(name=name, value=value, allowed=", ".join(map(str, allowed))))
+    return spelled
 
 
 def require(ok: bool, message: str) -> None:
@@ -99,22 +81,141 @@ def require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _fields(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if k not in ("self", "kwargs", "__class__")}
-
-
 class FieldGroup:
-    """Base of the groups: checks the ``Literal`` fields of the caller's ``__init__``, stores every field (also
-    in ``self.field_values``, which the hyper-parameters are saved from) and continues the chain."""
+    """Base of the groups. A group is a dataclass: one line per field (name, type, default), its description in
+    the class docstring's ``Args:``; ``__post_init__`` puts every ``Literal`` choice in its canonical spelling, then
+    :meth:`check` runs the group's own rules and derives what the group derives."""
 
-    def _store(self, function: Callable, values: dict[str, Any], rename: dict[str, str] | None = None) -> None:
-        """``rename``: fields kept under another attribute (``agents`` is the name of the loaded team)."""
-        fields = check_choices(function, _fields(values), type(self))
-        self.__dict__.setdefault("field_values", {}).update(fields)
-        for name, value in fields.items():  # plain attributes, set before nn.Module.__init__ runs
-            object.__setattr__(self, (rename or {}).get(name, name), value)
+    # Fields kept under another module attribute (``agents`` is the name of the loaded team).
+    attribute_names: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        self.normalize()
+        hints = type_hints(type(self))
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, check_choice(field.name, hints[field.name], getattr(self, field.name)))
+        self.check()
+
+    def normalize(self) -> None:
+        """Spellings of a field that are not choices of its ``Literal`` (run before the choices are checked)."""
+
+    def check(self) -> None:
+        """The rules of this group's fields (the ones across groups are the module's ``check_config``)."""
+
+    def values(self) -> dict[str, Any]:
+        """``{field: value}`` (the objects themselves, not copies)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
+@functools.lru_cache(maxsize=None)
+def type_hints(group: type) -> dict[str, Any]:
+    return typing.get_type_hints(group)
+
+
+_ARG = re.compile(r"^(\s*)([A-Za-z_][A-Za-z0-9_]*):\s?(.*)$")
+
+
+def described(klass: type) -> dict[str, str]:
+    """``{name: description}`` of the ``Args:`` section of ``klass``'s own docstring (Google style: one
+    ``name: text`` line per field, continuation lines indented deeper)."""
+    doc = inspect.cleandoc(vars(klass).get("__doc__") or "")
+    found: dict[str, list[str]] = {}
+    section, indent, current = False, None, None
+    for line in doc.splitlines():
+        if line.strip() == "Args:":
+            section, indent, current = True, None, None
+            continue
+        if not section or not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        match = _ARG.match(line)
+        if match and (indent is None or depth == indent):
+            indent, current = depth, match.group(2)
+            found[current] = [match.group(3).strip()]
+        elif current is not None and depth > indent:
+            found[current].append(line.strip())
+        else:  # the section ends at the first line that is neither
+            section = False
+    return {name: " ".join(lines) for name, lines in found.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """One field of a module: its group, type, default (the module's, where it sets its own) and description."""
+
+    name: str
+    group: type
+    annotation: Any
+    default: Any
+    description: str
+
+
+def declared_fields(module_class: type) -> dict[str, Declared]:
+    """Every field of ``module_class``, in the order of its ``field_groups``: the groups' declarations, with the
+    defaults of ``field_defaults`` and the descriptions of ``Args:`` sections along the module's MRO (nearest
+    first) taking precedence over the group's own."""
+    defaults: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    for klass in reversed(module_class.__mro__):
+        defaults.update(vars(klass).get("field_defaults", {}))
+        notes.update(described(klass))
+    declared: dict[str, Declared] = {}
+    for group in module_class.field_groups:
+        hints = type_hints(group)
+        docs: dict[str, str] = {}
+        for klass in reversed(group.__mro__):
+            docs.update(described(klass))
+        for field in dataclasses.fields(group):
+            if field.name in declared:
+                raise TypeError(f"{module_class.__name__}: field {field.name!r} is declared by two groups")
+            declared[field.name] = Declared(
+                field.name,
+                group,
+                hints[field.name],
+                defaults.get(field.name, field.default),
+                notes.get(field.name, docs.get(field.name, "")),
+            )
+    unknown = sorted(set(defaults) - set(declared))
+    if unknown:
+        raise TypeError(f"{module_class.__name__}.field_defaults names no field: {unknown}")
+    return declared
+
+
+def signature_of(module_class: type) -> inspect.Signature:
+    """The keyword-only signature the CLI, ``--help`` and Python's keyword passing read."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f in declared_fields(module_class).values():
+        params.append(
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.annotation)
+        )
+    return inspect.Signature(params)
+
+
+def args_docstring(module_class: type) -> str:
+    """The ``Args:`` section of every field, for the generated ``__init__``."""
+    lines = [f"Build a {module_class.__name__} from its fields (``algorithms/fields.py``).", "", "Args:"]
+    lines += [f"    {f.name}: {f.description}" for f in declared_fields(module_class).values()]
+    return "\n".join(lines)
+
+
+def build_groups(module_class: type, values: dict[str, Any]) -> list[FieldGroup]:
+    """The groups of ``module_class`` from keyword ``values`` (the module's defaults for the rest); an unknown
+    keyword is named, with the closest fields."""
+    declared = declared_fields(module_class)
+    unknown = sorted(set(values) - set(declared))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(declared), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise TypeError(f"{module_class.__name__} got an unexpected keyword argument {unknown[0]!r}.{hint}")
+    return [
+        group(
+            **{field.name: values.get(field.name, declared[field.name].default) for field in dataclasses.fields(group)}
+        )
+        for group in module_class.field_groups
+    ]
+
+
+@dataclasses.dataclass
 class AgentFields(FieldGroup):
     """The team and where it runs.
 
@@ -138,31 +239,33 @@ class AgentFields(FieldGroup):
             (e.g. ``[q_proj, v_proj]``).
     """
 
-    def __init__(
-        self,
-        agents: str | Sequence[Any] = "tiny",
-        num_agents: int | None = None,
-        tokenizers: Any = None,
-        model_config: dict[str, Any] | None = None,
-        parallel_training: ParallelTraining | None = "none",
-        agent_devices: str | list[str] | None = None,
-        lora_rank: int | None = None,
-        lora_alpha: float = 16.0,
-        lora_dropout: float = 0.0,
-        lora_target_modules: str | list[str] = "all-linear",
-        **kwargs: Any,
-    ):
-        parallel_training = normalize_parallel_training(parallel_training)  # null/None -> none; ddp: where to go
-        self._store(AgentFields.__init__, locals(), {"agents": "agent_sources", "tokenizers": "tokenizer_sources"})
+    attribute_names: ClassVar[dict[str, str]] = {"agents": "agent_sources", "tokenizers": "tokenizer_sources"}
+
+    agents: str | Sequence[Any] = "tiny"
+    num_agents: int | None = None
+    tokenizers: Any = None
+    model_config: dict[str, Any] | None = None
+    parallel_training: ParallelTraining | None = "none"
+    agent_devices: str | list[str] | None = None
+    lora_rank: int | None = None
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: str | list[str] = "all-linear"
+
+    def normalize(self) -> None:
+        self.parallel_training = normalize_parallel_training(self.parallel_training)  # null -> none; ddp: where
+
+    def check(self) -> None:
+        lora_rank = self.lora_rank
         require(
             lora_rank is None or (isinstance(lora_rank, int) and lora_rank >= 1),
             f"lora_rank must be an integer >= 1 or null (got {lora_rank!r}).",
         )
-        require(lora_alpha > 0, f"lora_alpha must be > 0 (got {lora_alpha!r}).")
-        require(0 <= lora_dropout < 1, f"lora_dropout must be in [0, 1) (got {lora_dropout!r}).")
-        super().__init__(**kwargs)
+        require(self.lora_alpha > 0, f"lora_alpha must be > 0 (got {self.lora_alpha!r}).")
+        require(0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1) (got {self.lora_dropout!r}).")
 
 
+@dataclasses.dataclass
 class TaskFields(FieldGroup):
     """What the agents are asked and how the team is scored.
 
@@ -179,28 +282,27 @@ class TaskFields(FieldGroup):
         centralized_adapter: builds the joint prompt and splits the joint answer (default: ``<agent_i>`` tags).
     """
 
-    def __init__(
-        self,
-        reward_func: Callable[..., Any] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        reward_timeout: float | None = None,
-        formatters: list[Callable[..., str]] | None = None,
-        use_chat_template: bool = False,
-        collaboration_mode: CollaborationMode = "decentralized",
-        centralized_adapter: Any = None,
-        **kwargs: Any,
-    ):
-        self._store(TaskFields.__init__, locals())
+    reward_func: Callable[..., Any] | None = None
+    reward_processor: Callable[[float], float] | None = None
+    reward_timeout: float | None = None
+    formatters: list[Callable[..., str]] | None = None
+    use_chat_template: bool = False
+    collaboration_mode: CollaborationMode = "decentralized"
+    centralized_adapter: Any = None
+
+    def check(self) -> None:
         require(
-            reward_func is not None and callable(reward_func),
+            self.reward_func is not None and callable(self.reward_func),
             "reward_func must be a callable (give its import path in YAML, e.g. "
             "reward_func: comlrl_lightning.envs.toy.story_reward).",
         )
-        require(reward_processor is None or callable(reward_processor), "reward_processor must be a callable.")
-        require(reward_timeout is None or reward_timeout > 0, "reward_timeout must be > 0 seconds or null.")
-        super().__init__(**kwargs)
+        require(
+            self.reward_processor is None or callable(self.reward_processor), "reward_processor must be a callable."
+        )
+        require(self.reward_timeout is None or self.reward_timeout > 0, "reward_timeout must be > 0 seconds or null.")
 
 
+@dataclasses.dataclass
 class SamplingFields(FieldGroup):
     """How completions are sampled (always sampling), and by which engine.
 
@@ -226,29 +328,27 @@ class SamplingFields(FieldGroup):
         vllm_max_model_len: ``vllm``: prompt + completion tokens an engine is sized for (null: the model's maximum).
     """
 
-    def __init__(
-        self,
-        max_new_tokens: int = 256,
-        temperature: float = 0.6,
-        top_p: float = 0.6,
-        top_k: int | None = 50,
-        generation_backend: GenerationBackendName = "hf",
-        generation_kwargs: dict[str, Any] | None = None,
-        generation_batch_size: int | None = None,
-        generation_dtype: GenerationDtype = "model",
-        vllm_gpu_memory_utilization: float = 0.3,
-        vllm_enable_sleep_mode: bool = False,
-        vllm_max_model_len: int | None = None,
-        **kwargs: Any,
-    ):
-        self._store(SamplingFields.__init__, locals())
+    max_new_tokens: int = 256
+    temperature: float = 0.6
+    top_p: float = 0.6
+    top_k: int | None = 50
+    generation_backend: GenerationBackendName = "hf"
+    generation_kwargs: dict[str, Any] | None = None
+    generation_batch_size: int | None = None
+    generation_dtype: GenerationDtype = "model"
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_enable_sleep_mode: bool = False
+    vllm_max_model_len: int | None = None
+
+    def check(self) -> None:
+        max_new_tokens, top_k = self.max_new_tokens, self.top_k
         require(max_new_tokens >= 1, f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
-        require(temperature > 0, f"temperature must be > 0 (got {temperature}).")
-        require(0 < top_p <= 1, f"top_p must be in (0, 1] (got {top_p}).")
+        require(self.temperature > 0, f"temperature must be > 0 (got {self.temperature}).")
+        require(0 < self.top_p <= 1, f"top_p must be in (0, 1] (got {self.top_p}).")
         require(top_k is None or top_k >= 1, f"top_k must be >= 1 or null (got {top_k}).")
         reserved = sorted(
             {"do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "num_return_sequences", "num_beams"}
-            & set(generation_kwargs or {})
+            & set(self.generation_kwargs or {})
         )
         require(
             not reserved,
@@ -256,20 +356,21 @@ class SamplingFields(FieldGroup):
             "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations).",
         )
         require(
-            generation_batch_size is None or generation_batch_size >= 1, "generation_batch_size must be >= 1 or null."
+            self.generation_batch_size is None or self.generation_batch_size >= 1,
+            "generation_batch_size must be >= 1 or null.",
         )
         require(
-            0 < vllm_gpu_memory_utilization <= 1,
-            f"vllm_gpu_memory_utilization must be in (0, 1] (got {vllm_gpu_memory_utilization}).",
+            0 < self.vllm_gpu_memory_utilization <= 1,
+            f"vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization}).",
         )
         require(
-            vllm_max_model_len is None or vllm_max_model_len > max_new_tokens,
+            self.vllm_max_model_len is None or self.vllm_max_model_len > max_new_tokens,
             f"vllm_max_model_len must be null or more than max_new_tokens ({max_new_tokens}), got "
-            f"{vllm_max_model_len}.",
+            f"{self.vllm_max_model_len}.",
         )
-        super().__init__(**kwargs)
 
 
+@dataclasses.dataclass
 class OptimizationFields(FieldGroup):
     """The optimizer (one AdamW, a parameter group per distinct model), its schedule and the update's forwards.
 
@@ -292,37 +393,39 @@ class OptimizationFields(FieldGroup):
             process stays at its peak memory; opt-in).
     """
 
-    def __init__(
-        self,
-        agent_learning_rate: float | list[float] = 5e-6,
-        weight_decay: float = 0.01,
-        adamw_implementation: AdamWImplementation = "auto",
-        max_grad_norm: float | None = None,
-        lr_warmup_steps: int = 0,
-        lr_decay: LrDecay = "constant",
-        lr_decay_steps: int | None = None,
-        lr_min_ratio: float = 0.0,
-        micro_batch_size: int | None = None,
-        micro_batch_tokens: int | None = None,
-        keep_freed_cpu_memory: bool = False,
-        **kwargs: Any,
-    ):
-        self._store(OptimizationFields.__init__, locals())
-        rates = agent_learning_rate if isinstance(agent_learning_rate, (list, tuple)) else [agent_learning_rate]
+    agent_learning_rate: float | list[float] = 5e-6
+    weight_decay: float = 0.01
+    adamw_implementation: AdamWImplementation = "auto"
+    max_grad_norm: float | None = None
+    lr_warmup_steps: int = 0
+    lr_decay: LrDecay = "constant"
+    lr_decay_steps: int | None = None
+    lr_min_ratio: float = 0.0
+    micro_batch_size: int | None = None
+    micro_batch_tokens: int | None = None
+    keep_freed_cpu_memory: bool = False
+
+    def check(self) -> None:
+        rate = self.agent_learning_rate
+        rates = rate if isinstance(rate, (list, tuple)) else [rate]
         require(all(r > 0 for r in rates), f"agent_learning_rate must be > 0 (got {list(rates)}).")
-        require(weight_decay >= 0, f"weight_decay must be >= 0 (got {weight_decay}).")
-        require(max_grad_norm is None or max_grad_norm > 0, f"max_grad_norm must be > 0 or null (got {max_grad_norm}).")
-        require(lr_warmup_steps >= 0, f"lr_warmup_steps must be >= 0 (got {lr_warmup_steps}).")
+        require(self.weight_decay >= 0, f"weight_decay must be >= 0 (got {self.weight_decay}).")
+        clip = self.max_grad_norm
+        require(clip is None or clip > 0, f"max_grad_norm must be > 0 or null (got {clip}).")
+        require(self.lr_warmup_steps >= 0, f"lr_warmup_steps must be >= 0 (got {self.lr_warmup_steps}).")
         require(
-            lr_decay_steps is None or lr_decay_steps >= 1,
-            f"lr_decay_steps must be >= 1 or null (got {lr_decay_steps}).",
+            self.lr_decay_steps is None or self.lr_decay_steps >= 1,
+            f"lr_decay_steps must be >= 1 or null (got {self.lr_decay_steps}).",
         )
-        require(0.0 <= lr_min_ratio <= 1.0, f"lr_min_ratio must be in [0, 1] (got {lr_min_ratio}).")
-        require(micro_batch_size is None or micro_batch_size >= 1, "micro_batch_size must be >= 1 or null.")
-        require(micro_batch_tokens is None or micro_batch_tokens >= 1, "micro_batch_tokens must be >= 1 or null.")
-        super().__init__(**kwargs)
+        require(0.0 <= self.lr_min_ratio <= 1.0, f"lr_min_ratio must be in [0, 1] (got {self.lr_min_ratio}).")
+        require(self.micro_batch_size is None or self.micro_batch_size >= 1, "micro_batch_size must be >= 1 or null.")
+        require(
+            self.micro_batch_tokens is None or self.micro_batch_tokens >= 1,
+            "micro_batch_tokens must be >= 1 or null.",
+        )
 
 
+@dataclasses.dataclass
 class EvaluationFields(FieldGroup):
     """Evaluation during training and what is logged.
 
@@ -337,26 +440,23 @@ class EvaluationFields(FieldGroup):
             or evaluation is off).
     """
 
-    def __init__(
-        self,
-        eval_interval: int = 16,
-        eval_num_samples: int = 4,
-        eval_logger: Callable[..., Any] | None = None,
-        eval_aggregator: Callable[..., Any] | None = None,
-        log_completions: bool = True,
-        eval_at_end: bool = True,
-        **kwargs: Any,
-    ):
-        self._store(EvaluationFields.__init__, locals())
-        require(eval_interval >= 0, "eval_interval must be >= 0.")
-        require(eval_num_samples >= 0, "eval_num_samples must be >= 0.")
+    eval_interval: int = 16
+    eval_num_samples: int = 4
+    eval_logger: Callable[..., Any] | None = None
+    eval_aggregator: Callable[..., Any] | None = None
+    log_completions: bool = True
+    eval_at_end: bool = True
+
+    def check(self) -> None:
+        require(self.eval_interval >= 0, "eval_interval must be >= 0.")
+        require(self.eval_num_samples >= 0, "eval_num_samples must be >= 0.")
         require(
-            (eval_logger is None) == (eval_aggregator is None),
+            (self.eval_logger is None) == (self.eval_aggregator is None),
             "eval_logger and eval_aggregator must be given together (one without the other would be ignored).",
         )
-        super().__init__(**kwargs)
 
 
+@dataclasses.dataclass
 class JointActionFields(FieldGroup):
     """Turns and joint actions.
 
@@ -366,14 +466,16 @@ class JointActionFields(FieldGroup):
             combination); ``align``/``crossed`` are aliases.
     """
 
-    def __init__(self, num_turns: int = 1, joint_mode: JointMode = "aligned", **kwargs: Any):
-        self._store(JointActionFields.__init__, locals())
-        require(num_turns >= 1, "num_turns must be >= 1.")
-        self.joint_mode = self.field_values["joint_mode"] = JOINT_MODE(self.joint_mode)
-        super().__init__(**kwargs)
+    num_turns: int = 1
+    joint_mode: JointMode = "aligned"
+
+    def check(self) -> None:
+        require(self.num_turns >= 1, "num_turns must be >= 1.")
+        self.joint_mode = JOINT_MODE(self.joint_mode)  # after the Literal check: CoMLRL's message for a typo
 
 
-class RolloutFields(JointActionFields):
+@dataclasses.dataclass
+class RolloutFields(FieldGroup):
     """The rollout tree and the update schedule of the on-policy families.
 
     Args:
@@ -395,36 +497,33 @@ class RolloutFields(JointActionFields):
         vllm_importance_sampling_cap: the ratio's cap C.
     """
 
-    def __init__(
-        self,
-        num_generations: int = 4,
-        discount: float = 1.0,
-        early_termination_threshold: float | None = None,
-        external_transition: Callable[..., Any] | None = None,
-        external_prompt_passthrough: bool = False,
-        rollout_buffer_size: int = 2,
-        train_batch_size: int | None = None,
-        advantage_normalization: bool = True,
-        loss_aggregation: LossAggregation = "seq_sum",
-        vllm_importance_sampling_correction: bool = False,
-        vllm_importance_sampling_mode: ImportanceSamplingMode = "token_truncate",
-        vllm_importance_sampling_cap: float = 2.0,
-        **kwargs: Any,
-    ):
-        self._store(RolloutFields.__init__, locals())
+    num_generations: int = 4
+    discount: float = 1.0
+    early_termination_threshold: float | None = None
+    external_transition: Callable[..., Any] | None = None
+    external_prompt_passthrough: bool = False
+    rollout_buffer_size: int = 2
+    train_batch_size: int | None = None
+    advantage_normalization: bool = True
+    loss_aggregation: LossAggregation = "seq_sum"
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: ImportanceSamplingMode = "token_truncate"
+    vllm_importance_sampling_cap: float = 2.0
+
+    def check(self) -> None:
         require(
-            vllm_importance_sampling_cap > 0,
-            f"vllm_importance_sampling_cap must be > 0 (got {vllm_importance_sampling_cap}).",
+            self.vllm_importance_sampling_cap > 0,
+            f"vllm_importance_sampling_cap must be > 0 (got {self.vllm_importance_sampling_cap}).",
         )
-        require(num_generations >= 1, "num_generations must be >= 1.")
-        require(0.0 <= discount <= 1.0, "discount must be in [0, 1].")
-        require(rollout_buffer_size >= 1, "rollout_buffer_size must be >= 1.")
-        self.train_batch_size = rollout_buffer_size if train_batch_size is None else train_batch_size
-        self.field_values["train_batch_size"] = train_batch_size
+        require(self.num_generations >= 1, "num_generations must be >= 1.")
+        require(0.0 <= self.discount <= 1.0, "discount must be in [0, 1].")
+        require(self.rollout_buffer_size >= 1, "rollout_buffer_size must be >= 1.")
+        if self.train_batch_size is None:  # derived: what the run uses is what the hyper-parameters record
+            self.train_batch_size = self.rollout_buffer_size
         require(self.train_batch_size >= 1, "train_batch_size must be >= 1.")
-        super().__init__(**kwargs)
 
 
+@dataclasses.dataclass
 class ReferenceKLFields(FieldGroup):
     """The KL penalty towards the initial agents (frozen copies held by a callback, never loaded when off).
 
@@ -436,20 +535,17 @@ class ReferenceKLFields(FieldGroup):
         reference_devices: where the reference copies live (default: each agent's device).
     """
 
-    def __init__(
-        self,
-        reference_kl_enabled: bool = False,
-        reference_kl_coef: float = 0.1,
-        reference_kl_estimator: KlEstimator = "k3",
-        reference_kl_placement: KlPlacement = "reward",
-        reference_devices: str | list[str] | None = None,
-        **kwargs: Any,
-    ):
-        self._store(ReferenceKLFields.__init__, locals())
-        require(reference_kl_coef >= 0, "reference_kl_coef must be >= 0.")
-        super().__init__(**kwargs)
+    reference_kl_enabled: bool = False
+    reference_kl_coef: float = 0.1
+    reference_kl_estimator: KlEstimator = "k3"
+    reference_kl_placement: KlPlacement = "reward"
+    reference_devices: str | list[str] | None = None
+
+    def check(self) -> None:
+        require(self.reference_kl_coef >= 0, "reference_kl_coef must be >= 0.")
 
 
+@dataclasses.dataclass
 class CriticFields(FieldGroup):
     """The critics of the actor-critic family (IAC: one per agent; MAAC: one over the joint text).
 
@@ -468,31 +564,33 @@ class CriticFields(FieldGroup):
         metrics_callback: ``rollouts -> dict``, averaged into the log as ``turn_t/<key>``.
     """
 
-    def __init__(
-        self,
-        use_separate_critic: bool = True,
-        critic_model: str | None = None,
-        critics: Sequence[Any] | None = None,
-        critic_type: CriticType = "v",
-        critic_learning_rate: float | None = 5e-6,
-        critic_value_head_hidden_dim: int | None = None,
-        value_head_hidden_dim: int | None = None,
-        value_clip_range: float | None = 0.2,
-        value_loss_coef: float = 0.6,
-        critic_devices: str | list[str] | None = None,
-        metrics_callback: Callable[..., Any] | None = None,
-        **kwargs: Any,
-    ):
-        self._store(CriticFields.__init__, locals(), {"critics": "critic_sources"})
-        require(value_loss_coef > 0, "value_loss_coef must be > 0.")
-        require(value_clip_range is None or value_clip_range > 0, "value_clip_range must be > 0 or null.")
-        require(critic_learning_rate is None or critic_learning_rate > 0, "critic_learning_rate must be > 0 or null.")
+    attribute_names: ClassVar[dict[str, str]] = {"critics": "critic_sources"}
+
+    use_separate_critic: bool = True
+    critic_model: str | None = None
+    critics: Sequence[Any] | None = None
+    critic_type: CriticType = "v"
+    critic_learning_rate: float | None = 5e-6
+    critic_value_head_hidden_dim: int | None = None
+    value_head_hidden_dim: int | None = None
+    value_clip_range: float | None = 0.2
+    value_loss_coef: float = 0.6
+    critic_devices: str | list[str] | None = None
+    metrics_callback: Callable[..., Any] | None = None
+
+    def check(self) -> None:
+        require(self.value_loss_coef > 0, "value_loss_coef must be > 0.")
+        require(self.value_clip_range is None or self.value_clip_range > 0, "value_clip_range must be > 0 or null.")
+        require(
+            self.critic_learning_rate is None or self.critic_learning_rate > 0,
+            "critic_learning_rate must be > 0 or null.",
+        )
         for name in ("critic_value_head_hidden_dim", "value_head_hidden_dim"):
-            require(locals()[name] is None or locals()[name] >= 0, f"{name} must be >= 0 or null.")
-        super().__init__(**kwargs)
+            require(getattr(self, name) is None or getattr(self, name) >= 0, f"{name} must be >= 0 or null.")
 
 
-class PreferenceFields(JointActionFields):
+@dataclasses.dataclass
+class PreferenceFields(FieldGroup):
     """How the preference algorithms turn sampled candidates into pairs (the task reward is the oracle).
 
     Args:
@@ -503,24 +601,20 @@ class PreferenceFields(JointActionFields):
             ``comparator_reward``.
     """
 
-    def __init__(
-        self,
-        preference_num_candidates: int = 80,
-        preference_pairs_per_sample: int | None = 16,
-        pair_selection: PairSelection = "reward_gap",
-        **kwargs: Any,
-    ):
-        self._store(PreferenceFields.__init__, locals())
-        require(preference_num_candidates >= 2, "preference_num_candidates must be >= 2.")
+    preference_num_candidates: int = 80
+    preference_pairs_per_sample: int | None = 16
+    pair_selection: PairSelection = "reward_gap"
+
+    def check(self) -> None:
+        require(self.preference_num_candidates >= 2, "preference_num_candidates must be >= 2.")
         require(
-            preference_pairs_per_sample is None or preference_pairs_per_sample >= 1,
+            self.preference_pairs_per_sample is None or self.preference_pairs_per_sample >= 1,
             "preference_pairs_per_sample must be >= 1 or null.",
         )
         require(
-            self.pair_selection != "all" or preference_pairs_per_sample is None,
+            self.pair_selection != "all" or self.preference_pairs_per_sample is None,
             "preference_pairs_per_sample must be null when pair_selection='all'.",
         )
-        super().__init__(**kwargs)
 
 
 # Iterative preference training. Choices list the canonical names first, then their aliases (any case from
@@ -531,6 +625,7 @@ GenerationMode = COMPARATOR_GENERATION_MODE.Literal
 ApiFormat = API_FORMAT.Literal
 
 
+@dataclasses.dataclass
 class ReplayFields(FieldGroup):
     """The rounds of iterative preference training and what each round trains on.
 
@@ -546,22 +641,22 @@ class ReplayFields(FieldGroup):
         policy_checkpoint_dir: save the agents every round here (null: only when the comparator is ``history``).
     """
 
-    def __init__(
-        self,
-        num_iterations: int = 6,
-        preference_replay_mode: ReplayMode = "current",
-        preference_replay_k: int | None = None,
-        preference_replay_lambda: float | None = None,
-        preference_replay_sample_size: int | None = None,
-        preference_replay_dir: str | None = None,
-        log_reward_distribution: bool = False,
-        policy_checkpoint_dir: str | None = None,
-        **kwargs: Any,
-    ):
-        require(isinstance(num_iterations, int) and num_iterations >= 1, "num_iterations must be >= 1.")
-        preference_replay_mode = REPLAY_MODE(preference_replay_mode)
-        self._store(ReplayFields.__init__, locals())
-        mode, k, lam = preference_replay_mode, preference_replay_k, preference_replay_lambda
+    num_iterations: int = 6
+    preference_replay_mode: ReplayMode = "current"
+    preference_replay_k: int | None = None
+    preference_replay_lambda: float | None = None
+    preference_replay_sample_size: int | None = None
+    preference_replay_dir: str | None = None
+    log_reward_distribution: bool = False
+    policy_checkpoint_dir: str | None = None
+
+    def normalize(self) -> None:
+        self.preference_replay_mode = REPLAY_MODE(self.preference_replay_mode)
+
+    def check(self) -> None:
+        require(isinstance(self.num_iterations, int) and self.num_iterations >= 1, "num_iterations must be >= 1.")
+        mode = self.preference_replay_mode
+        k, lam = self.preference_replay_k, self.preference_replay_lambda
         historical = (
             "preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', "
             "'all_history', or 'lambda_decay'."
@@ -570,7 +665,7 @@ class ReplayFields(FieldGroup):
             mode != "current" or k in (None, 1),
             "preference_replay_k is only valid when preference_replay_mode='nearest_k'.",
         )
-        require(mode != "current" or preference_replay_sample_size is None, historical)
+        require(mode != "current" or self.preference_replay_sample_size is None, historical)
         require(
             mode != "nearest_k" or k is not None,
             "preference_replay_k is required when preference_replay_mode='nearest_k'.",
@@ -592,18 +687,16 @@ class ReplayFields(FieldGroup):
             mode == "lambda_decay" or lam is None,
             "preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'.",
         )
-        require_positive_or_none(preference_replay_sample_size, "preference_replay_sample_size")
-        for name, given in (
-            ("preference_replay_dir", preference_replay_dir),
-            ("policy_checkpoint_dir", policy_checkpoint_dir),
-        ):
+        require_positive_or_none(self.preference_replay_sample_size, "preference_replay_sample_size")
+        for name in ("preference_replay_dir", "policy_checkpoint_dir"):
+            given = getattr(self, name)
             require(
                 given is None or not Path(given).expanduser().exists() or Path(given).expanduser().is_dir(),
                 f"{name} must be a directory; {given!r} is a file.",
             )
-        super().__init__(**kwargs)
 
 
+@dataclasses.dataclass
 class ComparatorFields(FieldGroup):
     """The other side of each comparison in iterative preference training.
 
@@ -638,108 +731,49 @@ class ComparatorFields(FieldGroup):
         comparator_api_deadline_s: the total time one request may take with its retries (null: no limit).
     """
 
-    def __init__(
-        self,
-        comparator_policy: ComparatorPolicy = "current",
-        comparator_generation_mode: GenerationMode = "decentralized",
-        comparator_centralized_agent_index: int = 0,
-        comparator_model_name: str | None = None,
-        comparator_agents: list[Any] | None = None,
-        comparator_tokenizers: Any = None,
-        comparator_devices: str | list[str] | None = None,
-        comparator_num_candidates: int | None = None,
-        comparator_history_k: int | None = None,
-        centralized_comparator_adapter: Any = None,
-        comparator_api_url: str | None = None,
-        comparator_api_format: ApiFormat = "generic",
-        comparator_api_model: str | None = None,
-        comparator_api_max_n_per_request: int | None = None,
-        comparator_api_timeout: float = 120.0,
-        comparator_api_headers: dict[str, str] | None = None,
-        comparator_api_key: str | None = None,
-        comparator_api_key_env: str | None = None,
-        comparator_api_key_header: str = "Authorization",
-        comparator_api_key_prefix: str | None = "Bearer",
-        comparator_api_response_field: str = "completions",
-        comparator_api_extra_body: dict[str, Any] | None = None,
-        comparator_api_max_retries: int = 3,
-        comparator_api_backoff_s: float = 1.0,
-        comparator_api_max_concurrency: int = 4,
-        comparator_api_max_retry_after_s: float = 60.0,
-        comparator_api_deadline_s: float | None = None,
-        **kwargs: Any,
-    ):
-        comparator_policy = COMPARATOR_POLICY(comparator_policy)
-        comparator_generation_mode = COMPARATOR_GENERATION_MODE(comparator_generation_mode)
-        comparator_api_format = API_FORMAT(comparator_api_format)
-        fields = {k: v for k, v in locals().items() if k != "comparator_api_key"}  # never a hyper-parameter
-        self._store(ComparatorFields.__init__, fields)
-        require_positive_or_none(comparator_num_candidates, "comparator_num_candidates")
-        require_positive_or_none(comparator_api_max_n_per_request, "comparator_api_max_n_per_request")
-        object.__setattr__(self, "api_config", None)  # set before nn.Module's __init__ runs
-        if comparator_policy == "api":  # every comparator_api_* check, now rather than at round 1
-            require(bool(comparator_api_url), "comparator_api_url is required when comparator_policy='api'.")
-            object.__setattr__(
-                self,
-                "api_config",
-                ApiComparatorConfig(
-                    key=comparator_api_key,
-                    **{
-                        name[len("comparator_api_") :]: value
-                        for name, value in fields.items()
-                        if name.startswith("comparator_api_")
-                    },
-                ),
-            )
-        super().__init__(**kwargs)
+    comparator_policy: ComparatorPolicy = "current"
+    comparator_generation_mode: GenerationMode = "decentralized"
+    comparator_centralized_agent_index: int = 0
+    comparator_model_name: str | None = None
+    comparator_agents: list[Any] | None = None
+    comparator_tokenizers: Any = None
+    comparator_devices: str | list[str] | None = None
+    comparator_num_candidates: int | None = None
+    comparator_history_k: int | None = None
+    centralized_comparator_adapter: Any = None
+    comparator_api_url: str | None = None
+    comparator_api_format: ApiFormat = "generic"
+    comparator_api_model: str | None = None
+    comparator_api_max_n_per_request: int | None = None
+    comparator_api_timeout: float = 120.0
+    comparator_api_headers: dict[str, str] | None = None
+    comparator_api_key: str | None = None
+    comparator_api_key_env: str | None = None
+    comparator_api_key_header: str = "Authorization"
+    comparator_api_key_prefix: str | None = "Bearer"
+    comparator_api_response_field: str = "completions"
+    comparator_api_extra_body: dict[str, Any] | None = None
+    comparator_api_max_retries: int = 3
+    comparator_api_backoff_s: float = 1.0
+    comparator_api_max_concurrency: int = 4
+    comparator_api_max_retry_after_s: float = 60.0
+    comparator_api_deadline_s: float | None = None
 
-    def check_comparator(self, roles: int, centralized_team: bool) -> None:
-        """The rules that involve the team: ``roles`` comparator roles; a centralized team (one joint actor)."""
-        index = self.comparator_centralized_agent_index
-        if self.comparator_generation_mode == "centralized":
-            require(index >= 0, "comparator_centralized_agent_index must be >= 0.")
-            require(index < roles, "comparator_centralized_agent_index must be smaller than num_agents.")
-        if centralized_team:  # one joint actor: its comparator answers the same joint prompt, keeping joint text
-            require(index == 0, "Centralized collaboration has only actor index 0.")
-            self.comparator_generation_mode = "centralized"
-        named_model = self.comparator_model_name is not None or self.comparator_agents is not None
-        if self.comparator_policy == "model":
-            require(
-                named_model, "comparator_model_name or comparator_agents is required when comparator_policy='model'."
+    def normalize(self) -> None:
+        self.comparator_policy = COMPARATOR_POLICY(self.comparator_policy)
+        self.comparator_generation_mode = COMPARATOR_GENERATION_MODE(self.comparator_generation_mode)
+        self.comparator_api_format = API_FORMAT(self.comparator_api_format)
+
+    def check(self) -> None:
+        require_positive_or_none(self.comparator_num_candidates, "comparator_num_candidates")
+        require_positive_or_none(self.comparator_api_max_n_per_request, "comparator_api_max_n_per_request")
+        self.api_config = None  # the api comparator's client settings, checked now rather than at round 1
+        if self.comparator_policy == "api":
+            require(bool(self.comparator_api_url), "comparator_api_url is required when comparator_policy='api'.")
+            prefix = "comparator_api_"
+            self.api_config = ApiComparatorConfig(
+                **{name[len(prefix) :]: value for name, value in self.values().items() if name.startswith(prefix)}
             )
-            agents = self.comparator_agents
-            require(
-                agents is None or (isinstance(agents, (list, tuple)) and len(agents) in (1, roles)),
-                f"comparator_agents must list 1 or num_agents ({roles}) models.",
-            )
-            check_model_sources(agents, "comparator_agents")
-            check_model_sources(self.comparator_model_name, "comparator_model_name")
-            tokenizers = self.comparator_tokenizers
-            require(
-                not isinstance(tokenizers, (list, tuple)) or len(tokenizers) in (1, roles),
-                f"comparator_tokenizers must list 1 or num_agents ({roles}) tokenizers "
-                f"(got {len(tokenizers) if isinstance(tokenizers, (list, tuple)) else 0}).",
-            )
-        else:
-            require(
-                not named_model,
-                "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
-            )
-            require(
-                self.comparator_tokenizers is None,
-                "comparator_tokenizers is only valid when comparator_policy='model'.",
-            )
-        if self.comparator_policy == "history":
-            self.comparator_history_k = 1 if self.comparator_history_k is None else self.comparator_history_k
-            require(self.comparator_history_k >= 1, "comparator_history_k must be >= 1.")
-        else:
-            require(
-                self.comparator_history_k is None,
-                "comparator_history_k is only valid when comparator_policy='history'.",
-            )
-        self.centralized_comparator_adapter = check_adapter(
-            self.centralized_comparator_adapter or TaggedCentralizedAdapter(), "centralized_comparator_adapter"
-        )
 
 
 def require_positive_or_none(value: Any, name: str) -> None:

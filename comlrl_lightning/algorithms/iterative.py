@@ -23,33 +23,70 @@ the policy checkpoints' directory in the module's, so ``ckpt_path`` resume conti
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from comlrl_lightning.algorithms.fields import ComparatorFields, ReplayFields
+from comlrl_lightning.agents import check_model_sources
+from comlrl_lightning.algorithms.fields import (
+    ComparatorFields,
+    FieldGroup,
+    IterativePairSelection,
+    PreferenceFields,
+    ReplayFields,
+    require,
+)
 from comlrl_lightning.core.distributions import reward_range_of
 from comlrl_lightning.data.preferences import PairPlan
 from comlrl_lightning.data.rounds import ComparatorSpec, RoundPlan
+from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.runs.files import RunDirectories
 
 log = logging.getLogger(__name__)
 
 
-class IterativePreference(ReplayFields, ComparatorFields):
+@dataclass
+class IterativePreferenceFields(PreferenceFields):
+    """The iterative variants' candidates and pairs: fewer candidates, and pairs against the comparator.
+
+    Args:
+        preference_num_candidates: completions each agent samples per task (the iterative variants' default: 20).
+        preference_pairs_per_sample: pairs kept per task (the iterative variants' default: 4).
+        pair_selection: how comparisons become pairs: ``comparator_reward`` (current vs comparator, either side
+            can win; the iterative variants' default), ``reward_gap``, ``random`` or ``all``.
+    """
+
+    preference_num_candidates: int = 20
+    preference_pairs_per_sample: int | None = 4
+    pair_selection: IterativePairSelection = "comparator_reward"
+
+
+def iterative_groups(groups: tuple[type[FieldGroup], ...]) -> tuple[type[FieldGroup], ...]:
+    """A preference module's field groups for its iterative variant: the iterative pairs, rounds and comparator."""
+    swapped = tuple(IterativePreferenceFields if g is PreferenceFields else g for g in groups)
+    return (*swapped, ReplayFields, ComparatorFields)
+
+
+class IterativePreference:
     """Rounds of collect → shard → replay → train, mixed in front of MADPO / MARLHF (module docstring).
 
-    ``MADPOIter(IterativePreference, MADPO)``: the iterative fields are the ``ReplayFields`` and
-    ``ComparatorFields`` groups (``algorithms/fields.py``); the host (a ``PreferenceModule``) provides
-    ``pair_plan`` (extended here with the rounds) and ``epochs_per_iteration``. Choices accept CoMLRL's aliases,
-    any case.
+    ``MADPOIter(IterativePreference, MADPO)`` with ``field_groups = iterative_groups(MADPO.field_groups) + ...``:
+    the iterative fields are the ``ReplayFields`` and ``ComparatorFields`` groups (``algorithms/fields.py``); the
+    host (a ``PreferenceModule``) provides ``pair_plan`` (extended here with the rounds) and
+    ``epochs_per_iteration``. Choices accept CoMLRL's aliases, any case.
     """
 
     iterative = True
     keep_comparator_loaded = True  # MARLHFIter frees 'model' comparators after each collection (RL needs memory)
 
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)  # every field is checked (check_config below) before any model loads
+    def init_state(self) -> None:
+        super().init_state()
         self.run_dirs = RunDirectories()  # the policy checkpoints' directory, kept in checkpoints
+
+    @property
+    def api_config(self):
+        """The ``api`` comparator's client settings (``ComparatorFields``), None for the other comparators."""
+        return next(g for g in self.groups if isinstance(g, ComparatorFields)).api_config
 
     def check_config(self) -> None:
         super().check_config()
@@ -57,6 +94,54 @@ class IterativePreference(ReplayFields, ComparatorFields):
         self.check_comparator(roles, centralized_team=self.collaboration is not None)
         if self.log_reward_distribution:
             reward_range_of(self.reward_func)  # the histograms' range: fails now, not at the end of round 1
+
+    def check_comparator(self, roles: int, centralized_team: bool) -> None:
+        """The rules that involve the team: ``roles`` comparator roles; a centralized team (one joint actor)."""
+        index = self.comparator_centralized_agent_index
+        if self.comparator_generation_mode == "centralized":
+            require(index >= 0, "comparator_centralized_agent_index must be >= 0.")
+            require(index < roles, "comparator_centralized_agent_index must be smaller than num_agents.")
+        if centralized_team:  # one joint actor: its comparator answers the same joint prompt, keeping joint text
+            require(index == 0, "Centralized collaboration has only actor index 0.")
+            self.comparator_generation_mode = "centralized"
+        named_model = self.comparator_model_name is not None or self.comparator_agents is not None
+        if self.comparator_policy == "model":
+            require(
+                named_model, "comparator_model_name or comparator_agents is required when comparator_policy='model'."
+            )
+            agents = self.comparator_agents
+            require(
+                agents is None or (isinstance(agents, (list, tuple)) and len(agents) in (1, roles)),
+                f"comparator_agents must list 1 or num_agents ({roles}) models.",
+            )
+            check_model_sources(agents, "comparator_agents")
+            check_model_sources(self.comparator_model_name, "comparator_model_name")
+            tokenizers = self.comparator_tokenizers
+            require(
+                not isinstance(tokenizers, (list, tuple)) or len(tokenizers) in (1, roles),
+                f"comparator_tokenizers must list 1 or num_agents ({roles}) tokenizers "
+                f"(got {len(tokenizers) if isinstance(tokenizers, (list, tuple)) else 0}).",
+            )
+        else:
+            require(
+                not named_model,
+                "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
+            )
+            require(
+                self.comparator_tokenizers is None,
+                "comparator_tokenizers is only valid when comparator_policy='model'.",
+            )
+        if self.comparator_policy == "history":
+            self.comparator_history_k = 1 if self.comparator_history_k is None else self.comparator_history_k
+            require(self.comparator_history_k >= 1, "comparator_history_k must be >= 1.")
+        else:
+            require(
+                self.comparator_history_k is None,
+                "comparator_history_k is only valid when comparator_policy='history'.",
+            )
+        self.centralized_comparator_adapter = check_adapter(
+            self.centralized_comparator_adapter or TaggedCentralizedAdapter(), "centralized_comparator_adapter"
+        )
 
     # ------------------------------------------------------------------ rounds and directories
     @property

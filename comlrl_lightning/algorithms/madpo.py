@@ -18,14 +18,15 @@ each Lightning epoch is one pass over the pairs in batches of ``train_batch_size
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from comlrl_lightning.algorithms.base import MultiAgentModule
-from comlrl_lightning.algorithms.fields import IterativePairSelection, PreferenceFields, require
-from comlrl_lightning.algorithms.iterative import IterativePreference
+from comlrl_lightning.algorithms.fields import FieldGroup, JointActionFields, PreferenceFields, require
+from comlrl_lightning.algorithms.iterative import IterativePreference, iterative_groups
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
@@ -35,13 +36,14 @@ from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs
 from comlrl_lightning.rollout.tree import RolloutEngine
 
 
-class PreferenceModule(PreferenceFields, MultiAgentModule):
+class PreferenceModule(MultiAgentModule):
     """What MADPO and MARLHF share: sampling candidates and turning their task-reward scores into pairs."""
 
+    field_groups = (*MultiAgentModule.field_groups, JointActionFields, PreferenceFields)
     pair_selections = PAIR_SELECTIONS
 
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
+    def init_state(self) -> None:
+        super().init_state()
         self.last_pair_batch: list[PreferencePair] = []
 
     def build_engine(self, **options: Any) -> RolloutEngine:
@@ -124,12 +126,9 @@ class PreferenceModule(PreferenceFields, MultiAgentModule):
         ]
 
 
-class MADPO(PreferenceModule):
-    """Multi-agent DPO on preference pairs collected from the agents and scored by the task reward.
-
-    Training metrics: ``loss``, ``dpo/accuracy`` (share of pairs with Δ > 0), ``dpo/joint_margin_mean``,
-    ``dpo/reward_gap_mean``, ``dpo/num_pairs``, ``turn_1/reward_mean`` (mean candidate reward at collection,
-    CoMLRL's metric) — and the task reward of the current agents under ``eval/``.
+@dataclass
+class DPOFields(FieldGroup):
+    """MADPO's update.
 
     Args:
         dpo_beta: eta, the inverse temperature of the joint-margin loss.
@@ -138,21 +137,30 @@ class MADPO(PreferenceModule):
         train_batch_size: pairs per update.
     """
 
-    algorithm_name = "MADPO"
+    dpo_beta: float = 0.1
+    use_environment_step: bool = True
+    environment_steps_per_pair: int = 2
+    train_batch_size: int = 2
 
-    def __init__(
-        self,
-        dpo_beta: float = 0.1,
-        use_environment_step: bool = True,
-        environment_steps_per_pair: int = 2,
-        train_batch_size: int = 2,
-        **kwargs: Any,
-    ):
-        self._store(MADPO.__init__, locals())
-        require(dpo_beta > 0, "dpo_beta must be > 0.")
-        require(environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1.")
-        require(train_batch_size >= 1, "train_batch_size must be >= 1.")
-        super().__init__(**kwargs)
+    def check(self) -> None:
+        require(self.dpo_beta > 0, "dpo_beta must be > 0.")
+        require(self.environment_steps_per_pair >= 1, "environment_steps_per_pair must be >= 1.")
+        require(self.train_batch_size >= 1, "train_batch_size must be >= 1.")
+
+
+class MADPO(PreferenceModule):
+    """Multi-agent DPO on preference pairs collected from the agents and scored by the task reward.
+
+    Training metrics: ``loss``, ``dpo/accuracy`` (share of pairs with Δ > 0), ``dpo/joint_margin_mean``,
+    ``dpo/reward_gap_mean``, ``dpo/num_pairs``, ``turn_1/reward_mean`` (mean candidate reward at collection,
+    CoMLRL's metric) — and the task reward of the current agents under ``eval/``.
+    """
+
+    algorithm_name = "MADPO"
+    field_groups = (*PreferenceModule.field_groups, DPOFields)
+
+    def init_state(self) -> None:
+        super().init_state()
         self._margins: list[Tensor] = []
 
     def training_step(self, batch: list[PreferencePair], batch_idx: int):
@@ -209,40 +217,32 @@ class MADPO(PreferenceModule):
         return self.pair_records(max_nodes)
 
 
+@dataclass
+class MADPOIterFields(FieldGroup):
+    """MADPOIter's rounds.
+
+    Args:
+        dpo_epochs_per_round: DPO passes over each round's pairs (CoMLRL's MADPOIterConfig calls it
+            ``num_train_epochs``).
+    """
+
+    dpo_epochs_per_round: int = 1
+
+    def check(self) -> None:
+        require(self.dpo_epochs_per_round >= 1, "dpo_epochs_per_round must be >= 1.")
+
+
 class MADPOIter(IterativePreference, MADPO):
     """Iterative MADPO: ``num_iterations`` rounds of collect (current agents vs a comparator) → replay shard →
     ``dpo_epochs_per_round`` DPO passes over the round's replayed pairs. One round is one Lightning epoch
     (``trainer.max_epochs`` is set to ``num_iterations``). The round machinery, comparators and replay are in
     ``algorithms/iterative.py`` (docs/iterative.md); the DPO update is MADPO's.
-
-    Args:
-        dpo_epochs_per_round: DPO passes over each round's pairs (CoMLRL's MADPOIterConfig calls it
-            ``num_train_epochs``).
-        preference_num_candidates: completions each agent samples per task (MADPOIter's default: 20).
-        preference_pairs_per_sample: pairs kept per task (MADPOIter's default: 4).
-        pair_selection: how comparisons become pairs (MADPOIter's default: ``comparator_reward``).
     """
 
     algorithm_name = "MADPOIter"
+    field_groups = (*iterative_groups(MADPO.field_groups), MADPOIterFields)
     pair_selections = ITERATIVE_PAIR_SELECTIONS
     epochs_per_iteration = 1
-
-    def __init__(
-        self,
-        dpo_epochs_per_round: int = 1,
-        preference_num_candidates: int = 20,
-        preference_pairs_per_sample: int | None = 4,
-        pair_selection: IterativePairSelection = "comparator_reward",
-        **kwargs: Any,
-    ):
-        require(dpo_epochs_per_round >= 1, "dpo_epochs_per_round must be >= 1.")
-        self._store(MADPOIter.__init__, {"dpo_epochs_per_round": dpo_epochs_per_round})
-        super().__init__(
-            preference_num_candidates=preference_num_candidates,
-            preference_pairs_per_sample=preference_pairs_per_sample,
-            pair_selection=pair_selection,
-            **kwargs,
-        )
 
     @property
     def pair_passes(self) -> int:

@@ -21,7 +21,7 @@ model, the optimizer, the collected pairs and the stage (the epoch).
 
 from __future__ import annotations
 
-import inspect
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -34,12 +34,14 @@ from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import (
     CriticFields,
     FieldGroup,
-    IterativePairSelection,
     ReferenceKLFields,
     RolloutFields,
+    check_choice,
+    declared_fields,
     require,
+    type_hints,
 )
-from comlrl_lightning.algorithms.iterative import IterativePreference
+from comlrl_lightning.algorithms.iterative import IterativePreference, iterative_groups
 from comlrl_lightning.algorithms.madpo import PreferenceModule
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
@@ -62,6 +64,7 @@ RlAlgorithm = Literal["magrpo", "mareinforce", "maremax", "marloo", "maac", "iac
 BACKEND_DEFAULTED = ("num_generations", "discount", "rollout_buffer_size")  # null here: the backend's default
 
 
+@dataclass
 class RewardModelFields(FieldGroup):
     """MARLHF's joint reward model.
 
@@ -75,58 +78,80 @@ class RewardModelFields(FieldGroup):
         reward_freeze_backbone: train the scalar head only.
     """
 
-    def __init__(
-        self,
-        reward_model_name: str | None = None,
-        reward_model_device: str | None = None,
-        reward_learning_rate: float = 1e-5,
-        reward_num_train_epochs: int = 1,
-        reward_train_batch_size: int = 1,
-        reward_max_length: int | None = None,
-        reward_freeze_backbone: bool = False,
-        **kwargs: Any,
-    ):
-        self._store(RewardModelFields.__init__, locals())
-        require(reward_learning_rate > 0, "reward_learning_rate must be > 0.")
-        require(reward_num_train_epochs >= 1, "reward_num_train_epochs must be >= 1.")
-        require(reward_train_batch_size >= 1, "reward_train_batch_size must be >= 1.")
-        require(reward_max_length is None or reward_max_length >= 1, "reward_max_length must be >= 1 or null.")
-        super().__init__(**kwargs)
+    reward_model_name: str | None = None
+    reward_model_device: str | None = None
+    reward_learning_rate: float = 1e-5
+    reward_num_train_epochs: int = 1
+    reward_train_batch_size: int = 1
+    reward_max_length: int | None = None
+    reward_freeze_backbone: bool = False
+
+    def check(self) -> None:
+        require(self.reward_learning_rate > 0, "reward_learning_rate must be > 0.")
+        require(self.reward_num_train_epochs >= 1, "reward_num_train_epochs must be >= 1.")
+        require(self.reward_train_batch_size >= 1, "reward_train_batch_size must be >= 1.")
+        require(
+            self.reward_max_length is None or self.reward_max_length >= 1, "reward_max_length must be >= 1 or null."
+        )
 
 
-class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, PreferenceModule):
-    """A learned joint reward model (epoch 0), then ``rl_algorithm`` on its scores (module docstring).
+@dataclass
+class RLStageFields(RolloutFields):
+    """The RL stage's rollouts: the backend's rollout fields, three of which default to the backend's own.
+
+    Args:
+        num_generations: samples per agent per prompt in the RL stage (null: the backend's default).
+        discount: the RL stage's discount (null: the backend's default).
+        rollout_buffer_size: the RL stage's buffer (null: the backend's default).
+    """
+
+    num_generations: int | None = None
+    discount: float | None = None
+    rollout_buffer_size: int | None = None
+
+
+@dataclass
+class MARLHFFields(FieldGroup):
+    """The RL backend of MARLHF.
 
     Args:
         rl_algorithm: the RL backend: ``magrpo``, ``mareinforce`` (alias ``mareforce``), ``marloo``, ``maremax``,
             ``iac`` or ``maac``.
         critic_model_name: the critics' source for ``iac``/``maac`` (CoMLRL's name for ``critic_model``; null: the
             agents' name).
-        num_generations: samples per agent per prompt in the RL stage (null: the backend's default).
-        discount: the RL stage's discount (null: the backend's default).
-        rollout_buffer_size: the RL stage's buffer (null: the backend's default).
     """
 
-    algorithm_name = "MARLHF"
+    rl_algorithm: RlAlgorithm = "magrpo"
+    critic_model_name: str | None = None
 
-    def __init__(
-        self,
-        rl_algorithm: RlAlgorithm = "magrpo",
-        critic_model_name: str | None = None,
-        num_generations: int | None = None,
-        discount: float | None = None,
-        rollout_buffer_size: int | None = None,
-        **kwargs: Any,
-    ):
-        self._store(MARLHF.__init__, {"rl_algorithm": rl_algorithm, "critic_model_name": critic_model_name})
-        backend = BACKENDS[self.rl_algorithm]
-        given = {"num_generations": num_generations, "discount": discount, "rollout_buffer_size": rollout_buffer_size}
-        super().__init__(
-            **{name: value if value is not None else field_default(backend, name) for name, value in given.items()},
-            **kwargs,
-        )
-        self.backend_fields = {k: v for k, v in given.items() if v is not None}
-        self.rl = backend(**self.rl_fields(backend))
+
+class MARLHF(PreferenceModule):
+    """A learned joint reward model (epoch 0), then ``rl_algorithm`` on its scores (module docstring)."""
+
+    algorithm_name = "MARLHF"
+    field_groups = (
+        *PreferenceModule.field_groups,
+        RewardModelFields,
+        CriticFields,
+        RLStageFields,
+        ReferenceKLFields,
+        MARLHFFields,
+    )
+
+    def prepare_fields(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The RL stage's rollout fields left null take the backend's defaults (and only the given ones reach it)."""
+        given = values.get("rl_algorithm", MARLHFFields.rl_algorithm)
+        backend = BACKENDS[check_choice("rl_algorithm", type_hints(MARLHFFields)["rl_algorithm"], given)]
+        self.backend_fields = {k: values[k] for k in BACKEND_DEFAULTED if values.get(k) is not None}
+        defaults = declared_fields(backend)
+        return {
+            **values,
+            **{k: values.get(k) if values.get(k) is not None else defaults[k].default for k in BACKEND_DEFAULTED},
+        }
+
+    def init_state(self) -> None:
+        super().init_state()
+        self.rl = BACKENDS[self.rl_algorithm](**self.rl_fields(BACKENDS[self.rl_algorithm]))
         self._learned_reward: RewardCaller | None = None
 
     def check_config(self) -> None:
@@ -162,13 +187,7 @@ class MARLHF(RewardModelFields, CriticFields, RolloutFields, ReferenceKLFields, 
 
     def rl_fields(self, backend: type[MultiAgentModule]) -> dict[str, Any]:
         """The backend's fields: this module's values for every field it accepts (its defaults for the rest)."""
-        accepted = {
-            name
-            for klass in backend.__mro__
-            if "__init__" in vars(klass)
-            for name in inspect.signature(klass.__init__).parameters
-            if name not in ("self", "kwargs")
-        }
+        accepted = declared_fields(backend)
         values = {k: v for k, v in self.field_values.items() if k in accepted and k not in BACKEND_DEFAULTED}
         values.update(self.backend_fields)
         if self.rl_algorithm in ("iac", "maac"):
@@ -358,6 +377,25 @@ SCORING_REWARDS = {
 }
 
 
+@dataclass
+class MARLHFIterFields(FieldGroup):
+    """MARLHFIter's rounds.
+
+    Args:
+        rl_epochs_per_round: RL epochs per round over the task set (CoMLRL's MARLHFIterConfig calls it
+            ``num_train_epochs``).
+        preference_scoring_reward: what scores comparisons: ``task`` (aliases oracle, environment, env) or
+            ``reward_model`` (model, learned: the previous round's reward model; the task reward in round 1).
+    """
+
+    rl_epochs_per_round: int = 2
+    preference_scoring_reward: ScoringReward = "task"
+
+    def check(self) -> None:
+        require(self.rl_epochs_per_round >= 1, "rl_epochs_per_round must be >= 1.")
+        self.preference_scoring_reward = SCORING_REWARDS[self.preference_scoring_reward]
+
+
 class MARLHFIter(IterativePreference, MARLHF):
     """Iterative MARLHF: ``num_iterations`` rounds of collect (current agents vs a comparator) → replay shard → a
     *fresh* reward model trained on the round's replayed pairs → ``rl_epochs_per_round`` RL epochs over the task set
@@ -366,48 +404,21 @@ class MARLHFIter(IterativePreference, MARLHF):
     reward.
 
     Args:
-        rl_epochs_per_round: RL epochs per round over the task set (CoMLRL's MARLHFIterConfig calls it
-            ``num_train_epochs``).
         reward_num_train_epochs: passes over a round's pairs for its reward model (MARLHFIter's default: 2).
-        preference_scoring_reward: what scores comparisons: ``task`` (aliases oracle, environment, env) or
-            ``reward_model`` (model, learned: the previous round's reward model; the task reward in round 1).
-        preference_num_candidates: completions each agent samples per task (MARLHFIter's default: 20).
-        preference_pairs_per_sample: pairs kept per task (MARLHFIter's default: 4).
-        pair_selection: how comparisons become pairs (MARLHFIter's default: ``comparator_reward``).
     """
 
     algorithm_name = "MARLHFIter"
+    field_groups = (*iterative_groups(MARLHF.field_groups), MARLHFIterFields)
+    field_defaults = {"reward_num_train_epochs": 2}
     pair_selections = ITERATIVE_PAIR_SELECTIONS
     keep_comparator_loaded = False  # free 'model' comparators after each collection: the RL stage needs the memory
 
-    def __init__(
-        self,
-        rl_epochs_per_round: int = 2,
-        reward_num_train_epochs: int = 2,
-        preference_scoring_reward: ScoringReward = "task",
-        preference_num_candidates: int = 20,
-        preference_pairs_per_sample: int | None = 4,
-        pair_selection: IterativePairSelection = "comparator_reward",
-        **kwargs: Any,
-    ):
-        scoring = str(preference_scoring_reward).strip().lower()
-        require(
-            scoring in SCORING_REWARDS,
-            f"preference_scoring_reward must be one of: task, reward_model. (got {preference_scoring_reward!r})",
-        )
-        require(rl_epochs_per_round >= 1, "rl_epochs_per_round must be >= 1.")
-        self._store(
-            MARLHFIter.__init__,
-            {"rl_epochs_per_round": rl_epochs_per_round, "preference_scoring_reward": SCORING_REWARDS[scoring]},
-        )
-        self.epochs_per_iteration = 1 + rl_epochs_per_round
-        super().__init__(
-            preference_num_candidates=preference_num_candidates,
-            preference_pairs_per_sample=preference_pairs_per_sample,
-            pair_selection=pair_selection,
-            reward_num_train_epochs=reward_num_train_epochs,
-            **kwargs,
-        )
+    @property
+    def epochs_per_iteration(self) -> int:
+        return 1 + self.rl_epochs_per_round
+
+    def init_state(self) -> None:
+        super().init_state()
         self._initial_reward_state: dict[str, Tensor] | None = None
         self._reward_model_round = -1  # the round whose pairs trained the current reward model
 
@@ -458,16 +469,6 @@ class MARLHFIter(IterativePreference, MARLHF):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         self._reward_model_round = int(checkpoint.get("comlrl_lightning", {}).get("reward_model_round", -1))
-
-
-def field_default(cls: type, name: str) -> Any:
-    """The default a class's ``__init__`` chain gives field ``name`` (the first declaration in the MRO)."""
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass):
-            param = inspect.signature(klass.__init__).parameters.get(name)
-            if param is not None and param.default is not inspect.Parameter.empty:
-                return param.default
-    raise KeyError(name)
 
 
 def backbone_source(agents: Any) -> str | None:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
 from comlrl_lightning.algorithms.base import MultiAgentModule
-from comlrl_lightning.algorithms.fields import ReferenceKLFields, RolloutFields, require
+from comlrl_lightning.algorithms.fields import JointActionFields, ReferenceKLFields, RolloutFields, require
 from comlrl_lightning.core.losses import kl_estimate
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
 from comlrl_lightning.rollout.policy import TeamPolicy
@@ -36,13 +36,14 @@ from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
 from comlrl_lightning.runs import ranks
 
 
-class OnPolicyModule(RolloutFields, ReferenceKLFields, MultiAgentModule):
+class OnPolicyModule(MultiAgentModule):
     """Sample with the current weights, buffer, train on the buffer in mini-batches (module docstring)."""
 
+    field_groups = (*MultiAgentModule.field_groups, JointActionFields, RolloutFields, ReferenceKLFields)
     reward_per_node = False  # actor-critic: one reward call per node, 1/J/N values
 
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
+    def init_state(self) -> None:
+        super().init_state()
         self.buffer: list[Any] = []
         self.last_rollout: Rollout | None = None
         self.reference = None  # set by the ReferenceModels callback when the reference-KL penalty is on

@@ -20,12 +20,12 @@ the advantage computation is :meth:`advantages`, the per-agent loss :meth:`polic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from torch import Tensor
 
-from comlrl_lightning.algorithms.fields import require
+from comlrl_lightning.algorithms.fields import FieldGroup, require
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.core.advantages import BASELINES, compute_advantages
 from comlrl_lightning.core.losses import (
@@ -74,24 +74,28 @@ class PolicyBatch:
         )
 
 
-class MAGRPO(OnPolicyModule):
-    """Multi-Agent Group Relative Policy Optimization; the baseline is ``advantage_mode`` (default ``mean``).
+@dataclass
+class AdvantageFields(FieldGroup):
+    """The group baseline of the MAGRPO family.
 
     Args:
         advantage_mode: the group baseline, a name registered in ``core.advantages.BASELINES`` (``mean``,
             ``rloo``, ``max``, ``raw``, or one you register); null: the class's own (MAGRPO ``mean``).
     """
 
+    advantage_mode: str | None = None
+
+
+class MAGRPO(OnPolicyModule):
+    """Multi-Agent Group Relative Policy Optimization; the baseline is ``advantage_mode`` (default ``mean``)."""
+
+    field_groups = (*OnPolicyModule.field_groups, AdvantageFields)
     needs_token_entropy = False  # True: scoring also gives the policy's per-token entropy (PolicyBatch.entropy)
     algorithm_name = "MAGRPO"
     default_advantage_mode = "mean"
 
-    def __init__(self, advantage_mode: str | None = None, **kwargs: Any):
-        self._store(MAGRPO.__init__, locals())
-        self.advantage_mode = advantage_mode or self.default_advantage_mode
-        super().__init__(**kwargs)
-
     def check_config(self) -> None:
+        self.advantage_mode = self.advantage_mode or self.default_advantage_mode
         super().check_config()
         require(
             self.advantage_mode in BASELINES,
@@ -268,10 +272,11 @@ class CentralizedMAGRPO(MAGRPO):
     """
 
     algorithm_name = "CentralizedMAGRPO"
+    field_defaults = {"collaboration_mode": "centralized"}
 
-    def __init__(self, collaboration_mode: str = "centralized", **kwargs: Any):
+    def check_config(self) -> None:
         require(
-            str(collaboration_mode).strip().lower() == "centralized",
+            self.collaboration_mode == "centralized",
             "CentralizedMAGRPO requires centralized collaboration (collaboration_mode='centralized').",
         )
-        super().__init__(collaboration_mode="centralized", **kwargs)
+        super().check_config()

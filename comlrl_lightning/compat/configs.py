@@ -39,7 +39,7 @@ from comlrl_lightning.algorithms import (
     MAReMax,
     MARLHFIter,
 )
-from comlrl_lightning.algorithms.fields import FieldGroup, require
+from comlrl_lightning.algorithms.fields import require
 from comlrl_lightning.data import TaskDataModule
 
 # What a run setting of CoMLRL's configs becomes here: (default, type, where it goes).
@@ -121,15 +121,9 @@ MADPO_UNUSED = (
 
 
 def module_parameters(module_class: type) -> dict[str, inspect.Parameter]:
-    """Every field of a module: the parameters of its field groups' ``__init__`` chain (the first declaration in
-    the MRO gives the default, as Python's keyword passing does)."""
-    found: dict[str, inspect.Parameter] = {}
-    for klass in module_class.__mro__:
-        if issubclass(klass, FieldGroup) and "__init__" in vars(klass):
-            for name, param in inspect.signature(klass.__init__).parameters.items():
-                if name != "self" and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
-                    found.setdefault(name, param)
-    return found
+    """Every field of a module, as its generated ``__init__`` declares it (``fields.declared_fields``: the field
+    groups with the module's own defaults)."""
+    return {name: p for name, p in inspect.signature(module_class).parameters.items()}
 
 
 def _dry_reward(*agent_completions, **_):

@@ -3,32 +3,39 @@ policy's token log-probs stored with every sample, PPO's clipped surrogate objec
 arXiv:1707.06347) and ``ppo_epochs`` shuffled passes over every drained buffer. The stored log-probs travel with
 the buffered samples, so a checkpoint taken while samples wait for their update keeps them."""
 
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 from torch import Tensor
 
 from comlrl_lightning.algorithms import MAGRPO
-from comlrl_lightning.algorithms.fields import require
+from comlrl_lightning.algorithms.fields import FieldGroup, require
 from comlrl_lightning.algorithms.reinforce import PolicyBatch
 
 
-class MAPPOClip(MAGRPO):
-    """MAGRPO with the clipped importance ratio against the rollout's own log-probs.
+@dataclass
+class ClipFields(FieldGroup):
+    """PPO's clipped surrogate.
 
     Args:
         clip_range: ε: the ratio π/π_old is clipped to [1 − ε, 1 + ε].
         ppo_epochs: passes over one drained buffer (each reshuffles its mini-batches).
     """
 
+    clip_range: float = 0.2
+    ppo_epochs: int = 2
+
+    def check(self) -> None:
+        require(self.clip_range > 0, f"clip_range must be > 0 (got {self.clip_range}).")
+        require(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1 (got {self.ppo_epochs}).")
+
+
+class MAPPOClip(MAGRPO):
+    """MAGRPO with the clipped importance ratio against the rollout's own log-probs."""
+
     algorithm_name = "MAPPOClip"
-
-    def __init__(self, clip_range: float = 0.2, ppo_epochs: int = 2, **kwargs: Any):
-        self._store(MAPPOClip.__init__, locals())
-        require(clip_range > 0, f"clip_range must be > 0 (got {clip_range}).")
-        require(ppo_epochs >= 1, f"ppo_epochs must be >= 1 (got {ppo_epochs}).")
-        super().__init__(**kwargs)
-
+    field_groups = (*MAGRPO.field_groups, ClipFields)
     needs_sampling_logprobs = True  # π_old: kept while sampling, no scoring forward
 
     def after_rollout(self, rollout) -> None:
