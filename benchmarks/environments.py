@@ -623,6 +623,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
                 break
         ax.set_title(f"{row['env']}  {fmt_range(row['reward_range'])}", fontsize=10)
         ax.set_xlabel("update")
+        ax.ticklabel_format(axis="y", useOffset=False)  # a flat curve reads as its value, not as an offset
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="best")
     for ax in axes[:, 0]:
@@ -845,6 +846,7 @@ def write(rows, out: Path, json_path: Path, command: str, seeds, args, total: fl
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {threads} torch thread(s)"
     model = "random `tiny` models (a smoke run, not a result)" if args.tiny else f"two `{EMBEDDED}` agents"
     text = table(rows)
+    runs_seconds = sum(r.get("seconds", 0.0) for row in rows for r in row.get("runs", []))  # reused runs too
     header = (
         f"`{command}`\n\nMAGRPO, each env's shipped config as it is, {model}, {args.updates} updates "
         f"(trainer.max_steps), seeds "
@@ -854,7 +856,8 @@ def write(rows, out: Path, json_path: Path, command: str, seeds, args, total: fl
         f"the first and after the last update; for two-turn envs the reward of turn 2. Mean ± std over seeds; "
         f"Δ = after − before. wall s / run includes loading the models and the evaluations; s / update "
         f"excludes both. "
-        f"{'Total' if final else 'So far'} {time.perf_counter() - total:.0f} s on {machine}. "
+        f"{'Total' if final else 'So far'}: {runs_seconds:.0f} s of runs ({time.perf_counter() - total:.0f} s in "
+        f"this invocation; --resume reuses earlier runs) on {machine}. "
         f"Curves: environments.png; every number: {json_path.name}.\n\n"
     )
     reading = "\n".join(f"- **{r['env']}** (`{r['config']}`): {ENVS[r['env']].reading}" for r in rows)
@@ -880,6 +883,7 @@ def write(rows, out: Path, json_path: Path, command: str, seeds, args, total: fl
                 "eval_seed": EVAL_SEED,
                 "machine": machine,
                 "total_seconds": time.perf_counter() - total,
+                "runs_seconds": runs_seconds,
                 "complete": final,
                 "rows": rows,
             },
