@@ -623,7 +623,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
                 break
         ax.set_title(f"{row['env']}  {fmt_range(row['reward_range'])}", fontsize=10)
         ax.set_xlabel("update")
-        ax.ticklabel_format(axis="y", useOffset=False)  # a flat curve reads as its value, not as an offset
+        low, high = ax.get_ylim()
+        if high - low < 1e-3:  # flat curves: show their value on a readable scale, not float noise
+            ax.set_ylim(low - 0.05, high + 0.05)
+        ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="best")
     for ax in axes[:, 0]:
