@@ -69,7 +69,7 @@ from comlrl_lightning.config_errors import SECRET_FIELDS, ConfigurationError
 from comlrl_lightning.rollout import generation, weights
 from comlrl_lightning.rollout.generation import backend_problem, make_backend
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters, check_reward_signature
-from comlrl_lightning.rollout.sampling import SamplingConfig, ScoringInputs, forward_tokens, select_rows, token_logprobs
+from comlrl_lightning.rollout.sampling import ScoringInputs, forward_tokens, select_rows, token_logprobs
 from comlrl_lightning.rollout.seeding import rng_state, set_rng_state
 from comlrl_lightning.rollout.tree import RolloutEngine
 from comlrl_lightning.runs import ranks
@@ -128,9 +128,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
                     self.field_values[name] = value
         self.check_config()
         self.save_hyperparameters(plain_hparams(self.effective_values()))
-        self.sampling = SamplingConfig(
-            self.max_new_tokens, self.temperature, self.top_p, self.top_k, dtype=self.generation_dtype
-        )
+        self.sampling = self.group(SamplingFields).sampling
         self.task_reward = RewardCaller(
             self.team.reward_func, self.reward_processor, self.reward_timeout, where=self.describe_step
         )
@@ -141,6 +139,10 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         self._sampled_since_update: list[dict[str, float]] = []  # rollout metrics waiting for the next update row
         self._eval_records: list[dict[str, Any]] = []
         self.init_state()
+
+    def group(self, kind: type[FieldGroup]) -> FieldGroup:
+        """This module's field group of type ``kind``."""
+        return next(g for g in self.groups if isinstance(g, kind))
 
     def prepare_fields(self, values: dict[str, Any]) -> dict[str, Any]:
         """The keyword values before the groups are built from them (MARLHF fills its backend's defaults)."""

@@ -29,6 +29,7 @@ from comlrl_lightning.comparators.sources import COMPARATOR_GENERATION_MODE, COM
 from comlrl_lightning.core.losses import ImportanceSamplingMode
 from comlrl_lightning.core.replay import REPLAY_MODE
 from comlrl_lightning.rollout.generation import GenerationBackendName
+from comlrl_lightning.rollout.sampling import SamplingConfig, validate_generation_kwargs
 from comlrl_lightning.rollout.tree import JOINT_MODE
 
 ParallelTraining = PARALLEL_TRAINING.Literal  # null: an alias of none (stored as none)
@@ -341,20 +342,12 @@ class SamplingFields(FieldGroup):
     vllm_max_model_len: int | None = None
 
     def check(self) -> None:
-        max_new_tokens, top_k = self.max_new_tokens, self.top_k
-        require(max_new_tokens >= 1, f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
-        require(self.temperature > 0, f"temperature must be > 0 (got {self.temperature}).")
-        require(0 < self.top_p <= 1, f"top_p must be in (0, 1] (got {self.top_p}).")
-        require(top_k is None or top_k >= 1, f"top_k must be >= 1 or null (got {top_k}).")
-        reserved = sorted(
-            {"do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "num_return_sequences", "num_beams"}
-            & set(self.generation_kwargs or {})
+        max_new_tokens = self.max_new_tokens
+        # The sampler's own settings (it checks their ranges), built once: the module samples with this object.
+        self.sampling = SamplingConfig(
+            max_new_tokens, self.temperature, self.top_p, self.top_k, dtype=self.generation_dtype
         )
-        require(
-            not reserved,
-            f"generation_kwargs must not set {reserved}: sampling is always on and these have "
-            "their own fields (temperature, top_p, top_k, max_new_tokens, num_generations).",
-        )
+        validate_generation_kwargs(self.generation_kwargs)
         require(
             self.generation_batch_size is None or self.generation_batch_size >= 1,
             "generation_batch_size must be >= 1 or null.",

@@ -86,7 +86,7 @@ class IterativePreference:
     @property
     def api_config(self):
         """The ``api`` comparator's client settings (``ComparatorFields``), None for the other comparators."""
-        return next(g for g in self.groups if isinstance(g, ComparatorFields)).api_config
+        return self.group(ComparatorFields).api_config
 
     def check_config(self) -> None:
         super().check_config()
