@@ -128,3 +128,52 @@ def test_the_saved_hyper_parameters_are_what_the_run_uses(name, extra):
         elif isinstance(used, PLAIN):
             assert saved == used, (key, saved, used)
     assert module.hparams["num_agents"] == module.num_agents
+
+
+def test_a_credential_stays_in_its_group_never_an_attribute_a_hyper_parameter_or_a_repr():
+    from comlrl_lightning import MADPOIter
+    from comlrl_lightning.envs.toy import story_reward
+
+    secret = "sk-do-not-print-1234"
+    module = MADPOIter(
+        agents="tiny",
+        reward_func=story_reward,
+        comparator_policy="api",
+        comparator_api_url="http://127.0.0.1:9",
+        comparator_api_key=secret,
+    )
+    assert module.api_config.key == secret  # what the client uses
+    assert not hasattr(module, "comparator_api_key")
+    assert "comparator_api_key" not in module.hparams and "comparator_api_key" not in module.field_values
+    assert secret not in repr(module.groups)
+
+
+def test_a_field_group_may_declare_a_required_field_and_a_default_factory():
+    """A user's group: a field without a default is a required keyword; a ``default_factory`` gives each module its
+    own object (and ``--help`` shows its value)."""
+    import dataclasses
+
+    from comlrl_lightning import MAGRPO
+    from comlrl_lightning.algorithms.fields import FieldGroup
+    from comlrl_lightning.envs.toy import story_reward
+
+    @dataclasses.dataclass
+    class Extra(FieldGroup):
+        """Args:
+        tags: labels.
+        level: required."""
+
+        level: int
+        tags: list = dataclasses.field(default_factory=list)
+
+    class Tagged(MAGRPO):
+        field_groups = (*MAGRPO.field_groups, Extra)
+
+    params = inspect.signature(Tagged).parameters
+    assert params["level"].default is inspect.Parameter.empty and params["tags"].default == []
+    with pytest.raises(TypeError, match="level"):
+        Tagged(agents="tiny", reward_func=story_reward)
+    a = Tagged(agents="tiny", reward_func=story_reward, level=1)
+    b = Tagged(agents="tiny", reward_func=story_reward, level=2)
+    a.tags.append("x")
+    assert b.tags == [] and (a.level, b.level) == (1, 2)

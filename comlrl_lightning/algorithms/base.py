@@ -123,9 +123,10 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         self.field_values: dict[str, Any] = {}
         for group in self.groups:
             for name, value in group.values().items():
+                if name in SECRET_FIELDS:  # a credential stays in its group: never an attribute or hyper-parameter
+                    continue
                 object.__setattr__(self, group.attribute_names.get(name, name), value)
-                if name not in SECRET_FIELDS:  # a credential is never a hyper-parameter
-                    self.field_values[name] = value
+                self.field_values[name] = value
         self.check_config()
         self.save_hyperparameters(plain_hparams(self.effective_values()))
         self.sampling = self.group(SamplingFields).sampling

@@ -142,24 +142,42 @@ def described(klass: type) -> dict[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class Declared:
-    """One field of a module: its group, type, default (the module's, where it sets its own) and description."""
+    """One field of a module: its type, default (the module's, where it sets its own; ``inspect.Parameter.empty``
+    for a required field) and description."""
 
     name: str
-    group: type
     annotation: Any
     default: Any
     description: str
 
 
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()  # what --help shows; each group instance still gets its own
+    return inspect.Parameter.empty
+
+
+def field_defaults(module_class: type) -> dict[str, Any]:
+    """The defaults ``module_class`` sets for its groups' fields (``field_defaults`` along its MRO, nearest last)."""
+    defaults: dict[str, Any] = {}
+    for klass in reversed(module_class.__mro__):
+        if hasattr(klass, "field_groups"):  # the modules' own classes, not Lightning's or torch's
+            defaults.update(vars(klass).get("field_defaults", {}))
+    return defaults
+
+
+@functools.lru_cache(maxsize=None)
 def declared_fields(module_class: type) -> dict[str, Declared]:
     """Every field of ``module_class``, in the order of its ``field_groups``: the groups' declarations, with the
     defaults of ``field_defaults`` and the descriptions of ``Args:`` sections along the module's MRO (nearest
-    first) taking precedence over the group's own."""
-    defaults: dict[str, Any] = {}
+    first) taking precedence over the group's own. Computed once per class (do not mutate the result)."""
+    defaults = field_defaults(module_class)
     notes: dict[str, str] = {}
     for klass in reversed(module_class.__mro__):
-        defaults.update(vars(klass).get("field_defaults", {}))
-        notes.update(described(klass))
+        if hasattr(klass, "field_groups"):
+            notes.update(described(klass))
     declared: dict[str, Declared] = {}
     for group in module_class.field_groups:
         hints = type_hints(group)
@@ -171,9 +189,8 @@ def declared_fields(module_class: type) -> dict[str, Declared]:
                 raise TypeError(f"{module_class.__name__}: field {field.name!r} is declared by two groups")
             declared[field.name] = Declared(
                 field.name,
-                group,
                 hints[field.name],
-                defaults.get(field.name, field.default),
+                defaults[field.name] if field.name in defaults else _default(field),
                 notes.get(field.name, docs.get(field.name, "")),
             )
     unknown = sorted(set(defaults) - set(declared))
@@ -200,18 +217,17 @@ def args_docstring(module_class: type) -> str:
 
 
 def build_groups(module_class: type, values: dict[str, Any]) -> list[FieldGroup]:
-    """The groups of ``module_class`` from keyword ``values`` (the module's defaults for the rest); an unknown
-    keyword is named, with the closest fields."""
+    """The groups of ``module_class`` from keyword ``values`` (the module's ``field_defaults``, else the group's own
+    defaults, for the rest); an unknown keyword is named, with the closest fields."""
     declared = declared_fields(module_class)
     unknown = sorted(set(values) - set(declared))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(declared), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise TypeError(f"{module_class.__name__} got an unexpected keyword argument {unknown[0]!r}.{hint}")
+    chosen = {**field_defaults(module_class), **values}
     return [
-        group(
-            **{field.name: values.get(field.name, declared[field.name].default) for field in dataclasses.fields(group)}
-        )
+        group(**{field.name: chosen[field.name] for field in dataclasses.fields(group) if field.name in chosen})
         for group in module_class.field_groups
     ]
 
@@ -740,7 +756,7 @@ class ComparatorFields(FieldGroup):
     comparator_api_max_n_per_request: int | None = None
     comparator_api_timeout: float = 120.0
     comparator_api_headers: dict[str, str] | None = None
-    comparator_api_key: str | None = None
+    comparator_api_key: str | None = dataclasses.field(default=None, repr=False)  # a credential: never printed
     comparator_api_key_env: str | None = None
     comparator_api_key_header: str = "Authorization"
     comparator_api_key_prefix: str | None = "Bearer"
