@@ -70,6 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # roofline.py
 
 from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF, PreferenceDataModule  # noqa: E402
 from comlrl_lightning.agents.memory import keep_freed_memory  # noqa: E402
+from comlrl_lightning.algorithms.optimization import clip_and_measure, trained_parameters  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
@@ -254,7 +255,7 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
                 logp = token_logprobs(model, batch.inputs)
                 loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
             loss.backward()
-        module.clip_and_measure_gradients()
+        clip_and_measure(trained_parameters(module.trained_models(), optimizer), module.max_grad_norm)
         optimizer.step()
         weights_changed()  # what MultiAgentModule.update tells the generation copies
 
@@ -349,7 +350,7 @@ class ActorCritic:
 
     def once(self) -> dict[str, tuple[float, float | None]]:
         device = self.args.device
-        self.module.phase_seconds.clear()
+        self.module.record.phase_seconds.clear()
         with Phase(device) as rollout_phase:
             rollout = self.module.collect_rollout(self.items)
         assert_forced([a.completion_mask for n in rollout.nodes for a in n.agents], self.args, self.num_agents)
@@ -357,7 +358,7 @@ class ActorCritic:
         with warnings.catch_warnings(), Phase(device) as update:
             warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
             self.module.update(batch)
-        t = self.module.phase_seconds
+        t = self.module.record.phase_seconds
         return {
             "generate": (t["generate"], rollout_phase.peak_mib),
             "reward": (t["reward"], None),
@@ -519,7 +520,7 @@ class PerSampleBaseline:
         self.models, self.tokenizers = list(module.agents), module.tokenizers
         self.k, self.tokens, self.device = args.k, args.tokens, args.device
         self.optimizers = [
-            torch.optim.AdamW(m.parameters(), lr=module.agent_learning_rates[i], weight_decay=module.weight_decay)
+            torch.optim.AdamW(m.parameters(), lr=module.team.learning_rates[i], weight_decay=module.weight_decay)
             for i, m in enumerate(self.models)
         ]
 

@@ -284,7 +284,7 @@ def throughput(args, lora, dtype, report, backend="hf", generation_kwargs=None, 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if args.accelerator == "gpu":
                 torch.cuda.synchronize()
-            self.marks.append((time.perf_counter(), pl_module.env_step, dict(pl_module.phase_seconds)))
+            self.marks.append((time.perf_counter(), pl_module.env_step, dict(pl_module.record.phase_seconds)))
 
     clock = Clock()
     mod = module(

@@ -36,6 +36,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from comlrl_lightning.agents.loading import ModelLoadError
 from comlrl_lightning.algorithms import MultiAgentModule
+from comlrl_lightning.algorithms.team import check_first_items
 from comlrl_lightning.callbacks.checkpoints import CHECKPOINT_EVERY, RunCheckpoints
 from comlrl_lightning.callbacks.progress import progress_bar
 from comlrl_lightning.config_errors import CONFIG_ERRORS, SECRET_FIELDS, ConfigurationError, describe, redact, tidy
@@ -191,7 +192,9 @@ class ComlrlCLI(LightningCLI):
         try:
             super().instantiate_classes()
             if isinstance(self.model, MultiAgentModule) and self.datamodule is not None:
-                self.model.check_items(self.datamodule, self.subcommand)  # formatters on each split's first item
+                check_first_items(
+                    self.datamodule, self.subcommand, self.model.prompt_formatters
+                )  # each split's first item
         except (*CONFIG_ERRORS, MisconfigurationException) as err:
             if os.environ.get("COMLRL_DEBUG"):
                 raise

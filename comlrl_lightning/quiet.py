@@ -24,7 +24,7 @@ class _DropTips(logging.Filter):
 def quiet_known_noise() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization and every_n_train_steps")
-    # Each update is one row whatever log_every_n_steps says (MultiAgentModule.log_step): the advice does not apply.
+    # Each update is one row whatever log_every_n_steps says (runs/record.py): the advice does not apply.
     warnings.filterwarnings(
         "ignore",
         message=r"The number of training batches \(\d+\) is smaller than the logging "

@@ -664,7 +664,7 @@ def test_devices_without_mp_place_the_whole_team_on_the_first_one_as_comlrl(cls,
 
     module = make_ac(cls, **overrides)
     cpu = torch.device("cpu")
-    assert module.agent_devices == [cpu, cpu] and module.critic_device_list == [cpu] * len(module.critics)
+    assert module.team.devices == [cpu, cpu] and module.critic_device_list == [cpu] * len(module.critics)
     moved = []
     for model in [*module.agents, *module.critics]:
         model.to = lambda device, original=model.to: (moved.append(str(device)), original(device))[1]

@@ -245,7 +245,7 @@ class WeightDecayOnly(MultiAgentModule):
     algorithm_name = "WeightDecayOnly"
 
     def training_step(self, batch, batch_idx):
-        self.log_metrics(self.update(batch), len(batch))
+        self.record.log_step([self.update(batch)])
 
     def losses(self, items):
         for i in range(self.num_agents):

@@ -11,7 +11,7 @@ import torch
 from test_magrpo import column, fit, make_module, read_metrics
 
 from comlrl_lightning import IAC, MADPO, MAGRPO
-from comlrl_lightning.algorithms import base
+from comlrl_lightning.algorithms import team
 from comlrl_lightning.envs import toy
 from comlrl_lightning.rollout import generation
 from comlrl_lightning.rollout.backends.continuous import ContinuousBatching
@@ -31,7 +31,7 @@ def tiny():
 
 def loads_no_model(monkeypatch):
     """Fail the test if any model would load."""
-    monkeypatch.setattr(base, "load_agents", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(team, "load_agents", lambda *a, **k: pytest.fail("a model was loaded"))
 
 
 @pytest.mark.parametrize(

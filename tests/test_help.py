@@ -128,14 +128,14 @@ def comment_descriptions(text: str) -> dict[str, str]:
 @pytest.fixture
 def no_models(monkeypatch):
     """Fail the test if anything tries to load a model."""
-    import comlrl_lightning.algorithms.base as base
+    import comlrl_lightning.algorithms.team as team
 
     def trap(*_, **__):
         raise AssertionError("a model was loaded while building the parser or printing a config")
 
     for name in list(MODEL_FACTORIES):
         monkeypatch.setitem(MODEL_FACTORIES, name, trap)
-    monkeypatch.setattr(base, "load_agents", trap)
+    monkeypatch.setattr(team, "load_agents", trap)
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:

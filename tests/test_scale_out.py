@@ -174,7 +174,7 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
             generation_dtype=generation_dtype,
             generation_backend=backend,
             vllm_enable_sleep_mode=sleep,
-            agent_devices=devices,
+            team=SimpleNamespace(devices=devices),
         )
 
     with pytest.raises(ConfigurationError, match="trainer.strategy FSDPStrategy is not supported.*ModelParallel"):

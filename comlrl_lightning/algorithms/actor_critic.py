@@ -163,7 +163,7 @@ class IAC(OnPolicyModule):
         # Derived before the hyper-parameters are saved, so that they record what the run uses.
         self.use_separate_critic = self.use_separate_critic or self.centralized_critic
         self.value_clip_range = None if self.use_separate_critic else self.value_clip_range
-        self.critic_learning_rate = self.critic_learning_rate or self.agent_learning_rates[0]
+        self.critic_learning_rate = self.critic_learning_rate or self.team.learning_rates[0]
         name, separate = self.algorithm_name, self.use_separate_critic or self.centralized_critic
         require(
             self.num_turns == 1 or self.num_generations == 1,
@@ -207,9 +207,9 @@ class IAC(OnPolicyModule):
                 else None
             )
         else:  # actors and critics on ONE device, the first of agent_devices, else of critic_devices
-            if self.agent_devices is None:
-                self.agent_devices = team_placement(self.critic_devices, self.num_agents, "critic_devices")
-            self.critic_device_list = None if self.agent_devices is None else [self.agent_devices[0]] * count
+            if self.team.devices is None:
+                self.team.devices = team_placement(self.critic_devices, self.num_agents, "critic_devices")
+            self.critic_device_list = None if self.team.devices is None else [self.team.devices[0]] * count
 
     # ------------------------------------------------------------------ models
     def build_models(self) -> None:

@@ -790,3 +790,48 @@ def require_positive_or_none(value: Any, name: str) -> None:
         value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
         f"{name} must be >= 1 or null.",
     )
+
+
+# ---------------------------------------------------------------------------------- a module's generated __init__
+def install_init(module_class: type, initialize: Callable[[Any, dict[str, Any]], None]) -> None:
+    """Give ``module_class`` the keyword-only ``__init__`` of its fields (the signature and ``Args:`` the CLI reads),
+    which hands the keyword values to ``initialize(module, values)``."""
+
+    def __init__(self, **values: Any) -> None:
+        initialize(self, values)
+
+    __init__.__signature__ = signature_of(module_class)
+    __init__.__doc__ = args_docstring(module_class)
+    __init__.__qualname__ = f"{module_class.__qualname__}.__init__"
+    __init__.__module__ = module_class.__module__
+    module_class.__init__ = __init__
+
+
+def effective_hparams(field_values: dict[str, Any], attributes: dict[str, Any]) -> dict[str, Any]:
+    """The hyper-parameters a module saves: its fields as the run uses them — a field's value, or the module's
+    attribute of that name (``attributes``) where a rule derived it (``num_agents`` from the team,
+    ``train_batch_size`` from ``rollout_buffer_size``, an algorithm's own ``advantage_mode``) — so that a checkpoint
+    rebuilds the same run."""
+    values = dict(field_values)
+    for key, value in field_values.items():
+        derived = attributes.get(key, value)
+        if derived != value and plain_hparams({key: derived}):
+            values[key] = derived
+    return plain_hparams(values)
+
+
+def plain_hparams(values: dict[str, Any]) -> dict[str, Any]:
+    """Hyper-parameters worth saving: plain values, and import paths of callables (not model objects)."""
+    out = {}
+    for key, value in values.items():
+        if key.startswith("_"):
+            continue
+        if callable(value) and hasattr(value, "__module__") and hasattr(value, "__qualname__"):
+            out[key] = f"{value.__module__}.{value.__qualname__}"
+        elif value is None or isinstance(value, (str, int, float, bool)):
+            out[key] = value
+        elif isinstance(value, (list, tuple, dict)) and all(
+            isinstance(v, (str, int, float, bool)) for v in (value.values() if isinstance(value, dict) else value)
+        ):
+            out[key] = value
+    return out

@@ -229,7 +229,7 @@ class IterativePreference:
             model_sources=self.comparator_agents or [self.comparator_model_name],
             model_tokenizers=self.comparator_tokenizers,
             model_field="comparator_agents" if self.comparator_agents else "comparator_model_name",
-            devices=self.comparator_devices or self.agent_devices,
+            devices=self.comparator_devices or self.team.devices,
             num_candidates=self.comparator_num_candidates,
             history_k=self.comparator_history_k or 1,
             keep_loaded=self.keep_comparator_loaded,

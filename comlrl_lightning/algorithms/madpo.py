@@ -168,7 +168,7 @@ class MADPO(PreferenceModule):
         if self.use_environment_step:
             self.count_env_steps(self.environment_steps_per_pair * len(batch))
         self.last_pair_batch = batch
-        self.log_step([metrics], progress={"dpo_acc": "dpo/accuracy", "loss": "loss"})
+        self.record.log_step([metrics], progress={"dpo_acc": "dpo/accuracy", "loss": "loss"})
 
     def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Per micro-batch of pairs: every agent's margins (gathered on this module's device) in one joint loss

@@ -317,10 +317,10 @@ class MARLHF(PreferenceModule):
         if self.in_reward_model_stage:
             metrics = self.update(batch)
             self.last_pair_batch = batch
-            self.log_step([metrics], progress={"rm_acc": "reward_model/accuracy", "loss": "reward_model/loss"})
+            self.record.log_step([metrics], progress={"rm_acc": "reward_model/accuracy", "loss": "reward_model/loss"})
             return
         updates, sampled, progress = self.rl.train_step(batch, batch_idx)  # each update carries its timings
-        self.log_step(updates, sampled, progress)
+        self.record.log_step(updates, sampled, progress)
 
     def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Any]]]:
         """The reward-model stage's update: Bradley–Terry on winner vs loser joint texts."""
@@ -361,13 +361,12 @@ class MARLHF(PreferenceModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rl.on_save_checkpoint(checkpoint)  # env_step, RNG and the backend's buffer
-        checkpoint["comlrl_lightning"]["sampled_since_update"] = list(self._sampled_since_update)  # this module logs
+        checkpoint["comlrl_lightning"]["sampled_since_update"] = list(self.record.pending)  # this module logs
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rl.on_load_checkpoint(checkpoint)
-        self._checkpoint_step = self.rl._checkpoint_step
-        self._sampled_since_update = self.rl._sampled_since_update
-        self.rl._sampled_since_update = []
+        self.run_state.checkpoint_step = self.rl.run_state.checkpoint_step
+        self.record.pending, self.rl.record.pending = self.rl.record.pending, []
 
 
 ScoringReward = Literal["task", "reward_model", "oracle", "environment", "env", "model", "learned"]

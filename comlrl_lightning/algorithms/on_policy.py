@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from comlrl_lightning.agents import resolve_devices
+from comlrl_lightning.agents.memory import check_update_memory
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import JointActionFields, ReferenceKLFields, RolloutFields, require
 from comlrl_lightning.core.losses import kl_estimate
@@ -27,9 +28,11 @@ from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     collate_rows,
+    forward_tokens,
     micro_batches,
     select_rows,
     shares_prompts,
+    token_logprobs,
     trim_prompt_padding,
 )
 from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
@@ -55,6 +58,21 @@ class OnPolicyModule(MultiAgentModule):
         """Whether training reads the sampling policy's token log-probs (the reference KL in the reward; a
         PPO-style subclass's old log-probs): then sampling keeps them (:meth:`sampling_logprobs`)."""
         return self.uses_reference and self.reference_kl_placement == "reward"
+
+    @torch.no_grad()
+    def score_no_grad(self, agent: int, inputs: ScoringInputs) -> Tensor:
+        """Agent ``agent``'s token log-probs [B, T] (CPU) in eval mode, micro-batched."""
+        model = self.policy_model(agent)
+        was_training = model.training
+        model.eval()
+        rows = inputs.input_ids.shape[0]
+        step = self.micro_batch_size or rows
+        try:
+            return torch.cat(
+                [token_logprobs(model, select_rows(inputs, slice(s, s + step))).cpu() for s in range(0, rows, step)]
+            )
+        finally:
+            model.train(was_training)
 
     def sampling_logprobs(self, agent: int, samples: Sequence[Any], inputs: ScoringInputs) -> Tensor:
         """The sampling policy's token log-probs of agent ``agent``'s ``samples`` ([rows, T], laid out as ``inputs``):
@@ -110,13 +128,13 @@ class OnPolicyModule(MultiAgentModule):
 
     # ------------------------------------------------------------------ experience
     def training_step(self, batch: list[Mapping[str, Any]], batch_idx: int):
-        self.log_step(*self.train_step(batch, batch_idx))
+        self.record.log_step(*self.train_step(batch, batch_idx))
 
     def train_step(
         self, batch: list[Mapping[str, Any]], batch_idx: int
     ) -> tuple[list[dict[str, float]], dict[str, float], dict[str, str]]:
         """Sample ``batch``'s trees, buffer them, train on a full buffer; returns each update's metrics, the
-        metrics of the fresh samples and what the progress bar shows (``log_step``'s arguments; MARLHF runs its
+        metrics of the fresh samples and what the progress bar shows (``record.log_step``'s arguments; MARLHF runs its
         backend's steps through this)."""
         rollout = self.collect_rollout(batch)
         sampled = {}
@@ -164,8 +182,8 @@ class OnPolicyModule(MultiAgentModule):
         rollout = batch.resolve(**stamps) if isinstance(batch, RolloutBatch) else self.policy.rollout(batch, **stamps)
         self.count_env_steps(rollout.num_joint_actions)
         for phase, seconds in rollout.timings.items():
-            self.phase_seconds[phase] += seconds
-        with self.timed("score"):
+            self.record.phase_seconds[phase] += seconds
+        with self.record.timed("score"):
             if self.corrects_engine_sampling:
                 self.attach_training_logprobs(rollout.nodes)
             if self.reference is not None:
@@ -268,6 +286,23 @@ class OnPolicyModule(MultiAgentModule):
         for agent, plan in enumerate(plans):
             for index, rows in enumerate(plan):
                 yield agent, index, len(plan), rows
+
+    def check_update_fits(self, forwards: Sequence[tuple[Any, ScoringInputs]]) -> None:
+        """Raise a clear ``MemoryError`` before the backward when the update's largest forward plus the optimizer
+        state not allocated yet clearly exceeds the memory left on the device (``agents/memory.py``)."""
+        check_update_memory(
+            [
+                (m, forward_tokens(m, x), x.input_ids.shape[0] * (x.completion_ids.shape[1] + 1), x.input_ids.shape)
+                for m, x in forwards
+            ],
+            self.agent_device(0),
+            [p for p in self.parameters() if p.requires_grad],
+            self.optimizers() if self._trainer is not None else None,
+            f"micro_batch_tokens (tokens per forward, now {self.micro_batch_tokens}), micro_batch_size (rows per "
+            f"forward, now {self.micro_batch_size}), model_config.gradient_checkpointing (now "
+            f"{self.team.gradient_checkpointing}; ~2.5x less), or shorter sequences (max_new_tokens, now "
+            f"{self.max_new_tokens})",
+        )
 
     # ------------------------------------------------------------------ metrics
     def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:

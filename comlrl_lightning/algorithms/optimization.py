@@ -1,5 +1,6 @@
-"""The optimizer side of an update: the AdamW kernel, the learning-rate schedule (warm-up then constant, linear or
-cosine decay), and the scheduler that steps each parameter group over the updates that trained it."""
+"""The optimizer side of an update: the team's one AdamW and its kernel, the learning-rate schedule (warm-up then
+constant, linear or cosine decay), the scheduler that steps each parameter group over the updates that trained it,
+and the gradient norms and clipping of an update."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor
+
+from comlrl_lightning.config_errors import ConfigurationError
+from comlrl_lightning.runs import ranks
 
 
 class LearningRateSchedule:
@@ -69,3 +73,78 @@ def adamw_kernel(choice: str, params: Sequence[Tensor]) -> dict[str, bool]:
         )
         choice = "fused" if fusable else "foreach"
     return {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[choice]
+
+
+def build_optimizer(
+    groups: list[dict[str, Any]],
+    implementation: str,
+    weight_decay: float,
+    warmup_steps: int,
+    decay: str,
+    decay_steps: int | None,
+    min_ratio: float,
+    max_steps: int,
+) -> Any:
+    """``configure_optimizers``'s answer: ONE AdamW over every parameter group (one per distinct model), with the
+    update scheduler when the rate warms up or decays (``decay_steps``, else ``max_steps``: the updates it spans)."""
+    kernel = adamw_kernel(implementation, [p for g in groups for p in g["params"]])
+    optimizer = torch.optim.AdamW(groups, weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, **kernel)
+    if warmup_steps == 0 and decay == "constant":
+        return optimizer
+    total = decay_steps or (max_steps if max_steps > 0 else None)
+    if total is None and decay != "constant":
+        raise ConfigurationError(
+            f"lr_decay={decay!r} needs the number of updates it spans: set model lr_decay_steps, or "
+            "trainer.max_steps (updates; a fit's update count is not known in advance: rollouts, pairs and "
+            "rounds vary)."
+        )
+    schedule = LearningRateSchedule(warmup_steps, decay, int(total or 1), min_ratio)
+    return {"optimizer": optimizer, "lr_scheduler": UpdateScheduler(optimizer, schedule)}
+
+
+def clip_and_measure(
+    trained: Sequence[tuple[list[str], list[Tensor], bool]], max_grad_norm: float | None
+) -> dict[str, float]:
+    """``<name>/grad_norm`` of each trained model, given as (metric names, its optimized parameters, whether they are
+    FSDP shards), its gradients clipped to ``max_grad_norm`` when set (a sharded model's norm is over every rank's
+    shards, and clipped the same way on each)."""
+    norms = {}
+    for names, params, sharded in trained:
+        params = [p for p in params if p.grad is not None]
+        if not params:
+            continue
+        if sharded:
+            norm = ranks.sharded_norm(p.grad.to_local() for p in params)
+            if max_grad_norm is not None and norm > max_grad_norm:
+                torch._foreach_mul_([p.grad for p in params], max_grad_norm / (norm + 1e-6))
+        elif max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        for name in names:
+            norms[f"{name}/grad_norm"] = float(norm)
+    return norms
+
+
+def add_diagnostic(total: Any, value: Any) -> Any:
+    """``total + value`` for floats and tensors; a tensor joins the device of the running total (agents placed on
+    different devices add to one ``loss``)."""
+    if isinstance(total, Tensor) and isinstance(value, Tensor):
+        return total + value.detach().to(total.device)
+    return total + (value.detach() if isinstance(value, Tensor) else value)
+
+
+def trained_parameters(
+    trained_models: Sequence[tuple[list[str], Any]], optimizer: torch.optim.Optimizer
+) -> list[tuple[list[str], list[Tensor], bool]]:
+    """Per trained model (its metric names, the first its parameter group's; the model): the names, the parameters
+    the optimizer steps (a sharded model's shards, which its module does not show while gathered: its parameter
+    group's; else its trainable parameters) and whether they are FSDP shards (what :func:`clip_and_measure` reads)."""
+    from comlrl_lightning.agents.sharding import is_sharded
+    from comlrl_lightning.algorithms.team import trainable_parameters
+
+    by_name = {g.get("name"): g["params"] for g in optimizer.param_groups}
+    return [
+        (names, by_name[names[0]] if is_sharded(m) else trainable_parameters(m), is_sharded(m))
+        for names, m in trained_models
+    ]

@@ -4,23 +4,34 @@ strategies a team trains under (one device, DDP, FSDP2)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
-from comlrl_lightning.agents import resolve_single_device
-from comlrl_lightning.agents.lora import adapter_base, is_adapter_dir
+from comlrl_lightning.agents import load_agents, resolve_devices, resolve_single_device
+from comlrl_lightning.agents.loading import validate_agent_sources
+from comlrl_lightning.agents.lora import LoRATeam, adapter_base, is_adapter_dir
 from comlrl_lightning.algorithms.fields import require
 from comlrl_lightning.config_errors import ConfigurationError, require_config
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
-from comlrl_lightning.rollout.rewards import build_formatters
+from comlrl_lightning.rollout.rewards import build_formatters, check_reward_signature
+
+MODEL_CONFIG_KEYS = (
+    "dtype",
+    "torch_dtype",
+    "attn_implementation",
+    "special_tokens",
+    "model_kwargs",
+    "gradient_checkpointing",
+)
 
 
 @dataclass
 class Team:
-    """What the module is built from: the actors it trains and the formatters/reward they are scored with."""
+    """What the module is built from: the actors it trains and the formatters/reward they are scored with; once
+    assembled (:func:`assemble_team`), also where each agent lives and learns and how it is loaded."""
 
     agents: Any
     num_agents: int | None
@@ -28,6 +39,100 @@ class Team:
     formatters: Any
     reward_func: Any
     collaboration: CentralizedCollaboration | None = None
+    sources: list[Any] = field(default_factory=list)  # the validated agent sources, one per agent
+    lora: dict[str, Any] | None = None  # a LoRA team's plan (lora_plan), else None
+    devices: list[torch.device] | None = None  # each agent's device (None: where the trainer places the module)
+    learning_rates: list[float] = field(default_factory=list)  # each agent's
+    model_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return bool(self.model_config.get("gradient_checkpointing", False))
+
+
+def assemble_team(values: Mapping[str, Any]) -> Team:
+    """The team the fields ``values`` describe, checked before any model loads: the model config, a centralized
+    team's joint actor, a LoRA plan, the sources (each resolvable), each agent's device and learning rate, and the
+    reward and formatters against the number of roles."""
+    config = dict(values["model_config"] or {})
+    unknown = sorted(set(config) - set(MODEL_CONFIG_KEYS))
+    require(
+        not unknown,
+        f"model_config has unknown keys {unknown}; allowed: dtype, attn_implementation, "
+        "special_tokens, model_kwargs, gradient_checkpointing.",
+    )
+    require(
+        isinstance(config.get("gradient_checkpointing", False), bool),
+        f"model_config.gradient_checkpointing must be true or false (got {config.get('gradient_checkpointing')!r}).",
+    )
+    team = team_for(
+        values["collaboration_mode"],
+        values["agents"],
+        values["num_agents"],
+        values["tokenizers"],
+        values["formatters"],
+        values["reward_func"],
+        values["centralized_adapter"],
+    )
+    team.model_config = config
+    team.lora = lora_plan(team.agents, team.num_agents, values)
+    if team.lora is not None:  # the team's sources: the base once per agent
+        team.agents = [team.lora["base"]] * team.lora["num_agents"]
+        require(
+            values["parallel_training"] == "none",
+            "parallel_training='mp' places whole agents on devices; a LoRA team (lora_rank, or adapter folders "
+            "as agents) shares one base model, so it runs where the trainer places it: remove "
+            "parallel_training/agent_devices.",
+        )
+    team.sources = validate_agent_sources(
+        team.agents,
+        team.num_agents,
+        team.tokenizers,
+        dtype=config.get("dtype", config.get("torch_dtype")),
+        model_kwargs=config.get("model_kwargs"),
+        special_tokens=config.get("special_tokens"),
+    )
+    team.num_agents = len(team.sources)
+    team.devices, team.learning_rates = placement(values, team.num_agents)
+    roles = team.collaboration.num_roles if team.collaboration is not None else team.num_agents
+    check_reward_signature(values["reward_func"], roles)
+    build_formatters(values["formatters"], roles)  # one per role (or one for all), each callable
+    return team
+
+
+def placement(values: Mapping[str, Any], n: int) -> tuple[list[torch.device] | None, list[float]]:
+    """Each of the ``n`` agents' device and learning rate. ``parallel_training: mp``: each agent on its own device;
+    otherwise the whole team on ONE device, the first named (none named, or auto: None, where the trainer puts the
+    module)."""
+    devices = values["agent_devices"]
+    mp = values["parallel_training"] == "mp"
+    require(not mp or devices is not None, "parallel_training='mp' requires explicit agent_devices.")
+    placed = resolve_devices(devices, n, kind="agent_devices") if mp else team_placement(devices, n, "agent_devices")
+    rates = values["agent_learning_rate"]
+    rates = list(rates) if isinstance(rates, (list, tuple)) else [rates] * n
+    require(len(rates) == n, f"agent_learning_rate must be one value or one per agent ({n}), got {len(rates)}.")
+    return placed, [float(r) for r in rates]
+
+
+def load_team(team: Team) -> tuple[list[nn.Module], list[Any]]:
+    """The agents' models (training mode) and tokenizers: one per agent (the same object where agents share
+    weights), or a LoRA team's one base with an adapter view per agent (``agents/lora.py``)."""
+    config, lora = team.model_config, team.lora
+    models, tokenizers = load_agents(
+        team.sources[:1] if lora else team.sources,
+        num_agents=1 if lora else team.num_agents,
+        tokenizers=team.tokenizers,
+        dtype=config.get("dtype", config.get("torch_dtype")),
+        attn_implementation=config.get("attn_implementation", "sdpa"),
+        model_kwargs=config.get("model_kwargs"),
+        special_tokens=config.get("special_tokens"),
+    )
+    if lora:
+        views = LoRATeam(
+            models[0], team.num_agents, adapters=lora["adapters"], base_name=lora["base"], **lora["settings"]
+        )
+        models, tokenizers = views.views, tokenizers * team.num_agents
+    return [m.train() for m in models], tokenizers  # from_pretrained gives eval mode
 
 
 def team_for(
@@ -128,10 +233,10 @@ def check_strategy(trainer: Any, module: Any) -> None:
         f"vllm_enable_sleep_mode: true needs a GPU (its memory is what sleep mode releases), but the trainer "
         f"runs on {accelerator.removesuffix('Accelerator')}: set vllm_enable_sleep_mode: false.",
     )
-    if module.parallel_training != "mp" and module.agent_devices is not None and trainer.world_size > 1:
+    if module.parallel_training != "mp" and module.team.devices is not None and trainer.world_size > 1:
         raise ConfigurationError(
             f"agent_devices/critic_devices without parallel_training: mp place the whole team on ONE device "
-            f"({module.agent_devices[0]}), but trainer.strategy {name} runs {trainer.world_size} processes "
+            f"({module.team.devices[0]}), but trainer.strategy {name} runs {trainer.world_size} processes "
             "(trainer.devices x trainer.num_nodes), each with its own device: remove agent_devices and critic_devices "
             "(each process then places its team), or run one process (docs/scaling.md)."
         )
@@ -181,3 +286,22 @@ def team_placement(spec: Any, n: int, kind: str) -> list[torch.device] | None:
     if spec is None or (isinstance(first, str) and first.strip().lower() == "auto"):
         return None
     return [resolve_single_device(spec, kind=kind)] * n
+
+
+def check_first_items(datamodule: Any, stage: str | None, formatters: list[Any]) -> None:
+    """Try every formatter on the first item of each split the run reads (training and evaluation items for a fit,
+    the stage's items otherwise), so that a formatter that cannot read a dataset's items fails before any model
+    loads, naming the formatter, the split and the error (a ``ConfigurationError``)."""
+    first_items = getattr(datamodule, "first_items", None)
+    if not callable(first_items):
+        return
+    for split, item in first_items(stage).items():
+        for i, formatter in enumerate(formatters):
+            try:
+                formatter(item)
+            except Exception as err:  # noqa: BLE001 - user code: any error is reported the same way
+                text = err.args[0] if isinstance(err, KeyError) and err.args else err
+                name = f"formatters[{i}]" if len(formatters) > 1 else "formatters"
+                raise ConfigurationError(
+                    f"{name} failed on the first item of the {split} ({type(err).__name__}: {text})"
+                ) from err

@@ -11,7 +11,7 @@ keep one checkpoint per epoch, without ``last.ckpt``. Every module of this packa
   ``ModelCheckpoint()`` ``Trainer`` adds by default — a ``ModelCheckpoint`` you configured, or
   ``enable_checkpointing=False``, is kept.
 
-Each update is one row of metrics whatever ``log_every_n_steps`` says (``MultiAgentModule.log_step``).
+Each update is one row of metrics whatever ``log_every_n_steps`` says (``runs/record.py``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ updates done so far: the same axis as the training rows). With ``at_end`` (``eva
 evaluated once more when the fit ends, unless its last update was just evaluated or the run was interrupted.
 
 The progress bar says when an evaluation runs and prints its results (``callbacks/progress.py``).
+
+``EvaluationRows`` writes what the ``validate`` and ``test`` subcommands evaluate: the records the module's
+``validation_step``/``test_step`` return, reduced over the ranks into one row (``test/...`` for test) at the step of
+the weights evaluated (a checkpoint's).
 """
 
 from __future__ import annotations
@@ -72,8 +76,32 @@ class EvaluationCallback(Callback):
         metrics = pl_module.evaluate(items, batch_size=datamodule.eval_batch_size)
         # Straight to the loggers, at the step of the weights evaluated; also trainer.callback_metrics, for
         # ModelCheckpoint(monitor="eval/turn_1/reward_mean") and early stopping.
-        row = pl_module.write_row(metrics)
+        row = pl_module.record.write_row(metrics)
         self._evaluated_step = trainer.global_step
         if hasattr(bar, "on_evaluation_end"):
             bar.on_evaluation_end(trainer, row, final)
         return row
+
+
+class EvaluationRows(Callback):
+    def __init__(self) -> None:
+        self.records: list = []
+
+    def start(self, trainer, pl_module) -> None:
+        self.records = []
+
+    def keep(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.records.append(outputs)
+
+    def on_validation_epoch_end(self, trainer, pl_module, prefix: str = "eval/") -> None:
+        if self.records:
+            metrics = pl_module.evaluation_metrics(self.records)
+            metrics = {key.replace("eval/", prefix, 1): value for key, value in metrics.items()}
+            pl_module.log_dict({**metrics, "step": float(pl_module.updates_done)})  # Lightning's row step
+        self.records = []
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        self.on_validation_epoch_end(trainer, pl_module, prefix="test/")
+
+    on_validation_epoch_start = on_test_epoch_start = start
+    on_validation_batch_end = on_test_batch_end = keep

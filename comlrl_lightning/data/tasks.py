@@ -441,7 +441,7 @@ class TaskDataModule(LightningDataModule):
     def first_items(self, stage: str | None = None) -> dict[str, Mapping[str, Any]]:
         """The first item of each split a run of ``stage`` reads, by the split's name (``fit``: the training and
         evaluation items; ``validate``: the evaluation items; ``test`` and ``predict``: theirs; None: every split):
-        what ``MultiAgentModule.check_items`` formats before any model loads."""
+        what ``algorithms.team.check_first_items`` formats before any model loads."""
         test = self.test_items_ if self.test_items_ is not None else self.eval_items_
         predict = next((s for s in (self.predict_items_, self.eval_items_, self.train_items) if s is not None), None)
         splits = {

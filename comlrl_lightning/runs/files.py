@@ -81,6 +81,15 @@ def load_pairs(path: str | os.PathLike) -> list[PreferencePair]:
 RESUMED_FROM = "resumed_from.txt"  # in a run folder: the checkpoint the run resumed from (analysis.load_run)
 
 
+def mark_resumed(trainer: Any) -> None:
+    """A resumed fit's run folder names the checkpoint it resumed from (``RESUMED_FROM``), so that
+    ``analysis.load_run`` joins the run to its start; rank 0 writes it, and only when the run has a logger."""
+    if trainer.ckpt_path and trainer.loggers and trainer.is_global_zero:
+        folder = run_root(trainer)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / RESUMED_FROM).write_text(str(Path(trainer.ckpt_path).resolve()) + "\n", encoding="utf-8")
+
+
 def run_folder(trainer: Any) -> str:
     """The run's own folder: ``<save_dir>/<name>/<version>`` of the first logger — where Lightning's
     ``ModelCheckpoint`` puts ``checkpoints/``, and for CSV and TensorBoard loggers their ``log_dir`` — else
