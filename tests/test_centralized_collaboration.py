@@ -325,7 +325,10 @@ def test_evaluation_hands_the_user_logger_the_split_roles(tmp_path):
     expected = toy.letter_reward([r[0] for r in roles[0]], [r[0] for r in roles[1]])
     assert result["eval/turn_1/reward_mean"] == pytest.approx(sum(expected) / len(expected), abs=1e-6)
     assert result["eval/turn_1/role0_len"] == pytest.approx(sum(len(r[0]) for r in roles[0]) / len(ITEMS))
-    assert module._eval_records == []  # the epoch's records are not kept
+    from comlrl_lightning.callbacks.evaluation import EvaluationRows
+
+    (rows,) = [c for c in trainer.callbacks if isinstance(c, EvaluationRows)]
+    assert rows.records == []  # the epoch's records are not kept
 
 
 # ----------------------------------------------------------------------------------------------- MADPO

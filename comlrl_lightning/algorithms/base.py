@@ -67,7 +67,7 @@ from comlrl_lightning.algorithms.team import (
 )
 from comlrl_lightning.config_errors import SECRET_FIELDS
 from comlrl_lightning.rollout import weights
-from comlrl_lightning.rollout.generation import GenerationBackend, backend_problem, make_backend
+from comlrl_lightning.rollout.generation import GenerationBackend, backend_problem
 from comlrl_lightning.rollout.rewards import RewardCaller, build_formatters
 from comlrl_lightning.rollout.tree import RolloutEngine
 from comlrl_lightning.runs import ranks
@@ -126,7 +126,6 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         self.engine = self.build_engine()
         self.env_step = 0
         self.record, self.run_state = RunRecord(self), RunState(self)
-        self._eval_records: list[dict[str, Any]] = []
         self.init_state()
 
     def group(self, kind: type[FieldGroup]) -> FieldGroup:
@@ -169,7 +168,6 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
             reward=self.task_reward,
             sampling=self.sampling,
             use_chat_template=self.use_chat_template,
-            generation_kwargs=self.generation_kwargs,
             backend=self.generation_engine,
             **{"num_generations": 1, **options},
         )
@@ -179,15 +177,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         """The module's one generation backend (``generation_backend``): every engine of the module samples
         through it."""
         if getattr(self, "_generation_engine", None) is None:
-            self._generation_engine = make_backend(
-                self.generation_backend,
-                batch_size=self.generation_batch_size,
-                generation_kwargs=self.generation_kwargs,
-                concurrent=self.samples_concurrently,
-                gpu_memory_utilization=self.vllm_gpu_memory_utilization,
-                enable_sleep_mode=self.vllm_enable_sleep_mode,
-                max_model_len=self.vllm_max_model_len,
-            )
+            self._generation_engine = self.group(SamplingFields).make_backend(concurrent=self.samples_concurrently)
         return self._generation_engine
 
     # ------------------------------------------------------------------ models

@@ -28,7 +28,7 @@ from comlrl_lightning.comparators.api import API_FORMAT, ApiComparatorConfig
 from comlrl_lightning.comparators.sources import COMPARATOR_GENERATION_MODE, COMPARATOR_POLICY
 from comlrl_lightning.core.losses import ImportanceSamplingMode
 from comlrl_lightning.core.replay import REPLAY_MODE
-from comlrl_lightning.rollout.generation import GenerationBackendName
+from comlrl_lightning.rollout.generation import GenerationBackendName, make_backend
 from comlrl_lightning.rollout.sampling import SamplingConfig, validate_generation_kwargs
 from comlrl_lightning.rollout.tree import JOINT_MODE
 
@@ -376,6 +376,18 @@ class SamplingFields(FieldGroup):
             self.vllm_max_model_len is None or self.vllm_max_model_len > max_new_tokens,
             f"vllm_max_model_len must be null or more than max_new_tokens ({max_new_tokens}), got "
             f"{self.vllm_max_model_len}.",
+        )
+
+    def make_backend(self, concurrent: bool) -> Any:
+        """The generation backend these fields choose (``concurrent``: agents on distinct devices sample at once)."""
+        return make_backend(
+            self.generation_backend,
+            batch_size=self.generation_batch_size,
+            generation_kwargs=self.generation_kwargs,
+            concurrent=concurrent,
+            gpu_memory_utilization=self.vllm_gpu_memory_utilization,
+            enable_sleep_mode=self.vllm_enable_sleep_mode,
+            max_model_len=self.vllm_max_model_len,
         )
 
 

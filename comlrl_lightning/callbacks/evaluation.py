@@ -24,11 +24,10 @@ log = logging.getLogger(__name__)
 
 
 class EvaluationCallback(Callback):
-    def __init__(self, eval_interval: int = 16, eval_num_samples: int = 4, at_end: bool = False):
-        if eval_interval < 0:
-            raise ValueError(f"eval_interval must be >= 0 (got {eval_interval}).")
-        if eval_num_samples < 0:
-            raise ValueError(f"eval_num_samples must be >= 0 (got {eval_num_samples}).")
+    """Added by the module (``configure_callbacks``) with its ``eval_interval``, ``eval_num_samples`` and
+    ``eval_at_end`` fields, which checked them."""
+
+    def __init__(self, eval_interval: int, eval_num_samples: int, at_end: bool):
         self.eval_interval = eval_interval
         self.eval_num_samples = eval_num_samples
         self.at_end = at_end

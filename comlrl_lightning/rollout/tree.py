@@ -23,9 +23,9 @@ from torch import Tensor
 
 from comlrl_lightning.choices import Choice
 from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cross_joint_indices, expand_rewards
-from comlrl_lightning.rollout.generation import GenerationBackend, make_backend
+from comlrl_lightning.rollout.generation import GenerationBackend
 from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
-from comlrl_lightning.rollout.sampling import Completions, SamplingConfig, validate_generation_kwargs
+from comlrl_lightning.rollout.sampling import Completions, SamplingConfig
 
 # align/aligned and cross/crossed: one semantics per name pair.
 JOINT_MODE = Choice(
@@ -140,21 +140,21 @@ class RolloutEngine:
         formatters: Sequence[Callable[..., str]],
         reward: RewardCaller,
         sampling: SamplingConfig,
-        num_generations: int = 4,
+        backend: GenerationBackend,
+        num_generations: int,
+        use_chat_template: bool,
         num_turns: int = 1,
         joint_mode: str = "aligned",
         discount: float = 1.0,
         early_termination_threshold: float | None = None,
         external_transition: Callable[..., Any] | None = None,
         external_prompt_passthrough: bool = False,
-        use_chat_template: bool = False,
-        generation_batch_size: int | None = None,
-        generation_kwargs: dict | None = None,
-        parallel_agents: bool = False,
-        backend: GenerationBackend | None = None,
         reward_per_node: bool = False,
         per_agent_rewards: bool = True,
     ):
+        """The module's settings, as its fields give them (``build_engine``); the tree's shape past the first turn
+        (``num_turns`` … ``external_prompt_passthrough``) and the actor-critic reward form default to a single
+        turn of one team reward per joint action: what evaluation and preference collection play."""
         self.num_agents = num_agents
         self.formatters = list(formatters)
         self.reward = reward
@@ -167,14 +167,9 @@ class RolloutEngine:
         self.external_transition = external_transition
         self.external_prompt_passthrough = external_prompt_passthrough
         self.use_chat_template = use_chat_template
-        self.backend = backend or make_backend(
-            "hf", batch_size=generation_batch_size, generation_kwargs=generation_kwargs, concurrent=parallel_agents
-        )
+        self.backend = backend
         # Actor-critic: the reward is called per node and may return 1, J or (per_agent_rewards) N values.
         self.reward_per_node, self.per_agent_rewards = reward_per_node, per_agent_rewards
-        validate_generation_kwargs(generation_kwargs)
-        if num_turns > 1 and external_transition is None:
-            raise ValueError("Multi-turn training (num_turns > 1) requires an external_transition.")
 
     # ------------------------------------------------------------------ public
     def rollout(
