@@ -51,12 +51,7 @@ from comlrl_lightning.algorithms.fields import (
     install_init,
     require,
 )
-from comlrl_lightning.algorithms.optimization import (
-    add_diagnostic,
-    build_optimizer,
-    clip_and_measure,
-    trained_parameters,
-)
+from comlrl_lightning.algorithms.optimization import build_optimizer, clip_and_measure, trained_parameters
 from comlrl_lightning.algorithms.resume import RunState
 from comlrl_lightning.algorithms.team import (
     assemble_team,
@@ -312,8 +307,11 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
             with no_sync():
                 for loss, diagnostics in self.losses(batch) if len(batch) else ():  # one graph at a time
                     self.manual_backward(loss * scale if sharded else loss)
-                    for key, value in diagnostics.items():
-                        sums[key] = add_diagnostic(sums[key], value)  # summed on the device, read once below
+                    for key, value in diagnostics.items():  # summed on the device, read once below (a tensor
+                        # joins the running total's device: agents placed on different devices add to one loss)
+                        value = value.detach() if isinstance(value, Tensor) else value
+                        total = sums[key]
+                        sums[key] = total + (value.to(total.device) if isinstance(total, Tensor) else value)
             with self.record.timed("gradient_sync"):  # data-parallel runs: one all-reduce per update (else nothing)
                 if sharded:
                     reduce_gradients(sharded)
@@ -384,10 +382,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         mark_resumed(self.trainer)  # a resumed run's folder names its checkpoint (analysis.load_run)
         if self.keep_freed_cpu_memory and self.device.type == "cpu":
             keep_freed_memory()  # no page fault per fresh page, step after step (agents/memory.py)
-        for logger in self.loggers:  # W&B charts against env_step instead of global_step
-            if type(logger).__name__ == "WandbLogger":
-                logger.experiment.define_metric("env_step")
-                logger.experiment.define_metric("*", step_metric="env_step")
+        self.record.chart_against_env_step(self.loggers)
         if self.team.devices is not None:
             # Model placement: each whole agent on its device (Lightning moved everything to one).
             for model, device in zip(self.agents, self.team.devices):

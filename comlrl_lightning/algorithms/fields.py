@@ -822,7 +822,7 @@ def install_init(module_class: type, initialize: Callable[[Any, dict[str, Any]],
 def effective_hparams(field_values: dict[str, Any], attributes: dict[str, Any]) -> dict[str, Any]:
     """The hyper-parameters a module saves: its fields as the run uses them — a field's value, or the module's
     attribute of that name (``attributes``) where a rule derived it (``num_agents`` from the team,
-    ``train_batch_size`` from ``rollout_buffer_size``, an algorithm's own ``advantage_mode``) — so that a checkpoint
+    ``train_batch_size`` from ``rollout_buffer_size``, IAC's ``value_clip_range``) — so that a checkpoint
     rebuilds the same run."""
     values = dict(field_values)
     for key, value in field_values.items():

@@ -126,14 +126,6 @@ def clip_and_measure(
     return norms
 
 
-def add_diagnostic(total: Any, value: Any) -> Any:
-    """``total + value`` for floats and tensors; a tensor joins the device of the running total (agents placed on
-    different devices add to one ``loss``)."""
-    if isinstance(total, Tensor) and isinstance(value, Tensor):
-        return total + value.detach().to(total.device)
-    return total + (value.detach() if isinstance(value, Tensor) else value)
-
-
 def trained_parameters(
     trained_models: Sequence[tuple[list[str], Any]], optimizer: torch.optim.Optimizer
 ) -> list[tuple[list[str], list[Tensor], bool]]:

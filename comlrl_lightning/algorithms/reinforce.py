@@ -80,10 +80,16 @@ class AdvantageFields(FieldGroup):
 
     Args:
         advantage_mode: the group baseline, a name registered in ``core.advantages.BASELINES`` (``mean``,
-            ``rloo``, ``max``, ``raw``, or one you register); null: the class's own (MAGRPO ``mean``).
+            ``rloo``, ``max``, ``raw``, or one you register).
     """
 
-    advantage_mode: str | None = None
+    advantage_mode: str = "mean"
+
+    def check(self) -> None:
+        require(
+            self.advantage_mode in BASELINES,
+            f"advantage_mode must be one of: {', '.join(BASELINES)} (got {self.advantage_mode!r}).",
+        )
 
 
 class MAGRPO(OnPolicyModule):
@@ -92,15 +98,9 @@ class MAGRPO(OnPolicyModule):
     field_groups = (*OnPolicyModule.field_groups, AdvantageFields)
     needs_token_entropy = False  # True: scoring also gives the policy's per-token entropy (PolicyBatch.entropy)
     algorithm_name = "MAGRPO"
-    default_advantage_mode = "mean"
 
     def check_config(self) -> None:
-        self.advantage_mode = self.advantage_mode or self.default_advantage_mode
         super().check_config()
-        require(
-            self.advantage_mode in BASELINES,
-            f"advantage_mode must be one of: {', '.join(BASELINES)} (got {self.advantage_mode!r}).",
-        )
         require(self.num_generations >= 2, "num_generations must be >= 2 (group baseline requires multiple samples).")
         require(
             self.collaboration is None or self.num_turns == 1,
@@ -161,34 +161,19 @@ class MAGRPO(OnPolicyModule):
         if self.reference_kl_placement == "reward" and samples[0].sequence_kl is not None:
             credit = credit - self.reference_kl_coef * torch.stack([s.sequence_kl for s in samples])
         weights = token_loss_weights(inputs.completion_mask, self.loss_aggregation, self.max_new_tokens)
-        width = inputs.completion_ids.shape[1]
-
-        def stored(name: str) -> Tensor | None:
-            if getattr(samples[0], name) is None:
-                return None
-            return torch.cat(
-                [torch.nn.functional.pad(getattr(s, name), (0, width - getattr(s, name).shape[1])) for s in samples]
-            )
-
-        fresh = torch.tensor(
-            [
-                n.policy_version == self.global_step
-                for n, s in zip(nodes, samples)
-                for _ in range(s.completion_ids.shape[0])
-            ]
-        )
+        rows = torch.tensor([s.completion_ids.shape[0] for s in samples])
+        fresh = torch.tensor([n.policy_version == self.global_step for n in nodes]).repeat_interleave(rows)
         # The importance weights' π_train is the training model's at sampling (attach_training_logprobs).
-        old = stored("sampling_logprobs") if self.corrects_engine_sampling else stored("old_logprobs")
-        extras = {name: torch.cat([s.extras[name] for s in samples]) for name in samples[0].extras}
+        old = "sampling_logprobs" if self.corrects_engine_sampling else "old_logprobs"
         return PolicyBatch(
             inputs,
             self.advantages(credit).reshape(-1),
             weights,
-            stored("ref_logprobs"),
-            old,
-            stored("engine_logprobs"),
+            stored_rows(samples, "ref_logprobs", inputs),
+            stored_rows(samples, old, inputs),
+            stored_rows(samples, "engine_logprobs", inputs),
             fresh,
-            extras=extras,
+            extras={name: torch.cat([s.extras[name] for s in samples]) for name in samples[0].extras},
         )
 
     def batch_metrics(self, nodes: list[Node]) -> dict[str, float]:
@@ -228,6 +213,17 @@ class EngineGap:
         return self.total / self.tokens
 
 
+def stored_rows(samples: list, name: str, inputs: ScoringInputs) -> Tensor | None:
+    """The per-token values ``name`` stored with each sample (log-probs of some policy, [K_s, T_s] each), one row per
+    completion, right-padded to the width of ``inputs``; None when the samples store none."""
+    if getattr(samples[0], name) is None:
+        return None
+    width = inputs.completion_ids.shape[1]
+    return torch.cat(
+        [torch.nn.functional.pad(getattr(s, name), (0, width - getattr(s, name).shape[1])) for s in samples]
+    )
+
+
 def advantage_metrics(advantages: Tensor) -> dict[str, Tensor]:
     """Mean and spread of one agent's advantages in an update, and the share of its samples with advantage 0 (a
     group whose returns were all equal: no learning signal, trl's ``frac_reward_zero_std``)."""
@@ -243,14 +239,14 @@ class MAREINFORCE(MAGRPO):
     see the difference — with normalization all four baselines give the same advantages."""
 
     algorithm_name = "MAREINFORCE"
-    default_advantage_mode = "raw"
+    field_defaults = {"advantage_mode": "raw"}
 
 
 class MARLOO(MAGRPO):
     """Multi-agent REINFORCE leave-one-out: ``advantage_mode="rloo"``, A_k = K/(K−1)·(G_k − mean G)."""
 
     algorithm_name = "MARLOO"
-    default_advantage_mode = "rloo"
+    field_defaults = {"advantage_mode": "rloo"}
 
 
 class MAReMax(MAGRPO):
@@ -258,7 +254,7 @@ class MAReMax(MAGRPO):
     This is CoMLRL's MAReMax, not ReMax's greedy-decoding baseline: no extra greedy rollout is sampled."""
 
     algorithm_name = "MAReMax"
-    default_advantage_mode = "max"
+    field_defaults = {"advantage_mode": "max"}
 
 
 class CentralizedMAGRPO(MAGRPO):

@@ -44,10 +44,7 @@ class Team:
     devices: list[torch.device] | None = None  # each agent's device (None: where the trainer places the module)
     learning_rates: list[float] = field(default_factory=list)  # each agent's
     model_config: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def gradient_checkpointing(self) -> bool:
-        return bool(self.model_config.get("gradient_checkpointing", False))
+    gradient_checkpointing: bool = False  # model_config.gradient_checkpointing
 
 
 def assemble_team(values: Mapping[str, Any]) -> Team:
@@ -74,7 +71,7 @@ def assemble_team(values: Mapping[str, Any]) -> Team:
         values["reward_func"],
         values["centralized_adapter"],
     )
-    team.model_config = config
+    team.model_config, team.gradient_checkpointing = config, config.get("gradient_checkpointing", False)
     team.lora = lora_plan(team.agents, team.num_agents, values)
     if team.lora is not None:  # the team's sources: the base once per agent
         team.agents = [team.lora["base"]] * team.lora["num_agents"]

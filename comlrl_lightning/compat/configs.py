@@ -39,7 +39,7 @@ from comlrl_lightning.algorithms import (
     MAReMax,
     MARLHFIter,
 )
-from comlrl_lightning.algorithms.fields import require
+from comlrl_lightning.algorithms.fields import declared_fields, require
 from comlrl_lightning.data import TaskDataModule
 
 # What a run setting of CoMLRL's configs becomes here: (default, type, where it goes).
@@ -269,7 +269,7 @@ def _keyword_init(cls: type):
 
 
 def _advantage_default(module_class: type) -> dict[str, str]:
-    return {"advantage_mode": module_class.default_advantage_mode}
+    return {"advantage_mode": declared_fields(module_class)["advantage_mode"].default}
 
 
 MAGRPOConfig = make_config("MAGRPOConfig", MAGRPO, defaults=_advantage_default(MAGRPO))

@@ -13,4 +13,4 @@ def median_baseline(returns: Tensor) -> Tensor:
 
 
 class MedianMAGRPO(MAGRPO):  # a shift baseline shows only with advantage_normalization: false
-    default_advantage_mode = "median"
+    field_defaults = {"advantage_mode": "median"}

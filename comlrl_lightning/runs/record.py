@@ -27,6 +27,14 @@ class RunRecord:
         self.phase_seconds: dict[str, float] = defaultdict(float)  # logged when the run has a PhaseTimer
         self.pending: list[dict[str, float]] = []  # rollout metrics waiting for the next update's row
 
+    @staticmethod
+    def chart_against_env_step(loggers: Sequence[Any]) -> None:
+        """W&B charts every metric against ``env_step`` (CoMLRL's x-axis) instead of the logger's step."""
+        for logger in loggers:
+            if type(logger).__name__ == "WandbLogger":
+                logger.experiment.define_metric("env_step")
+                logger.experiment.define_metric("*", step_metric="env_step")
+
     @contextlib.contextmanager
     def timed(self, phase: str):
         """Add the block's wall time to ``timing_s/<phase>`` of the current step."""
