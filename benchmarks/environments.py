@@ -288,7 +288,7 @@ def run_one(name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
             t0 = time.perf_counter()
             with torch.random.fork_rng():
                 torch.manual_seed(EVAL_SEED)
-                metrics = module.evaluate(self.items, batch_size=self.batch_size)
+                metrics = module.evaluation.evaluate(self.items, batch_size=self.batch_size)
             eval_seconds[0] += time.perf_counter() - t0
             module_curve.append((trainer.global_step, {k: float(v) for k, v in metrics.items()}))
             print(

@@ -207,7 +207,7 @@ def held_out_reward(module, items) -> float:
     """The module's evaluation of ``items`` (task reward, one sampled trajectory each), with a fixed seed."""
     with torch.random.fork_rng():
         torch.manual_seed(EVAL_SEED)
-        return module.evaluate(items, batch_size=len(items))["eval/turn_1/reward_mean"]
+        return module.evaluation.evaluate(items, batch_size=len(items))["eval/turn_1/reward_mean"]
 
 
 def run(name: str, spec: Spec, seed: int, every: int) -> dict[str, Any]:

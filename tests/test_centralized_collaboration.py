@@ -279,15 +279,15 @@ def test_evaluation_hands_the_user_logger_the_split_roles(tmp_path):
         **{k: v for k, v in CENTRAL.items() if k != "collaboration_mode"},
     )
     records = []
-    original = module.evaluation_record
+    original = module.evaluation.record
 
     def evaluation_record(items):
         records.append(original(items))
         return records[-1]
 
-    module.evaluation_record = evaluation_record
+    module.evaluation.record = evaluation_record
     seed_everything(0)
-    metrics = module.evaluate(ITEMS, batch_size=1)
+    metrics = module.evaluation.evaluate(ITEMS, batch_size=1)
 
     roles = logged["roles"]
     assert len(roles) == 2  # one list per role, not the one actor's list
@@ -457,7 +457,7 @@ def test_marlhf_iter_centralized_reward_model_reads_joint_text(tmp_path):
     assert module.rl.rollout_reward() is module.learned_reward  # the RL stage rewards with the reward model
 
     seed_everything(0)
-    metrics = module.evaluate(ITEMS[:1])
+    metrics = module.evaluation.evaluate(ITEMS[:1])
     roles = logged["roles"]
     assert len(roles) == 2
     task = toy.letter_reward([roles[0][0][0]], [roles[1][0][0]])[0]

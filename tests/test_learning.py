@@ -160,7 +160,7 @@ def held_out_reward(module) -> float:
     in a forked RNG so that training's random stream is untouched."""
     with torch.random.fork_rng():
         torch.manual_seed(1234)
-        return module.evaluate(HELD_OUT, batch_size=len(HELD_OUT))["eval/turn_1/reward_mean"]
+        return module.evaluation.evaluate(HELD_OUT, batch_size=len(HELD_OUT))["eval/turn_1/reward_mean"]
 
 
 def assert_reward_rises(trainer, steps: int = 20, margin: float = 0.1) -> None:

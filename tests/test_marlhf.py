@@ -213,7 +213,7 @@ def test_rl_stage_uses_raw_reward_model_scores_and_evaluation_the_task_reward(al
 
     module = make_marlhf(algo, reward_func=task_reward, reward_processor=lambda r: r + 100.0, log_completions=True)
 
-    evaluation_record = module.evaluation_record
+    evaluation_record = module.evaluation.record
 
     def spy_evaluation(items):
         state["eval"] = True
@@ -222,7 +222,7 @@ def test_rl_stage_uses_raw_reward_model_scores_and_evaluation_the_task_reward(al
         finally:
             state["eval"] = False
 
-    module.evaluation_record = spy_evaluation
+    module.evaluation.record = spy_evaluation
     score_joint = module.reward_model.score_joint
 
     def spy_score(*args, **kwargs):

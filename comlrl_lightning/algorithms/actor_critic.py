@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from comlrl_lightning.agents import CausalLMWithValueHead, check_model_sources, load_agents, resolve_devices
 from comlrl_lightning.agents.sharding import full_state_dicts
-from comlrl_lightning.algorithms.evaluation import turn_table
+from comlrl_lightning.algorithms.evaluation import Evaluation, turn_table
 from comlrl_lightning.algorithms.fields import CriticFields, require
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.algorithms.team import team_placement, trainable_parameters
@@ -139,6 +139,30 @@ class AgentStep:
     normalized_advantage = property(lambda self: self._table("advantages"))
 
 
+class CriticEvaluation(Evaluation):
+    """An actor-critic's evaluation also reports the critics: values and targets per turn of each episode."""
+
+    @torch.no_grad()
+    def rollout(self, items: Sequence[Mapping[str, Any]]) -> Rollout:
+        rollout = super().rollout(items)
+        self.module.after_rollout(rollout)  # values and targets
+        return rollout
+
+    def record_of(self, rollout: Rollout, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        record = super().record_of(rollout, items)
+        for name in ("values", "targets"):
+            record[name] = turn_table(rollout, len(items), self.turns, lambda n, t=name: getattr(n, t)[:, 0].mean())
+        return record
+
+    def metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        metrics = super().metrics(records)
+        values, targets = self.table(records, "values"), self.table(records, "targets")
+        for t in range(values.shape[1]):
+            metrics[f"eval/turn_{t + 1}/value_pred_mean"] = float(values[:, t].mean())
+            metrics[f"eval/turn_{t + 1}/value_target_mean"] = float(targets[:, t].mean())
+        return metrics
+
+
 class IAC(OnPolicyModule):
     """Independent actor-critic: one critic per agent (separate critic LM or a value head on the actor).
 
@@ -157,6 +181,7 @@ class IAC(OnPolicyModule):
     field_defaults = {"num_generations": 1, "discount": 0.9, "top_k": None, "rollout_buffer_size": 8}
     centralized_critic = False
     reward_per_node = True
+    evaluation_class = CriticEvaluation
 
     def check_config(self) -> None:
         super().check_config()
@@ -487,28 +512,7 @@ class IAC(OnPolicyModule):
     def record_from_state(self, state: dict[str, Any]) -> JointSample:
         return JointSample.from_state_dict(state)
 
-    # ------------------------------------------------------------------ evaluation and export
-    @torch.no_grad()
-    def evaluation_rollout(self, items: Sequence[Mapping[str, Any]]) -> Rollout:
-        rollout = super().evaluation_rollout(items)
-        self.after_rollout(rollout)  # values and targets
-        return rollout
-
-    def record_of(self, rollout: Rollout, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Rewards, values and targets per turn of one sampled episode per item."""
-        record = super().record_of(rollout, items)
-        for name in ("values", "targets"):
-            record[name] = turn_table(rollout, len(items), self.turns, lambda n, t=name: getattr(n, t)[:, 0].mean())
-        return record
-
-    def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
-        metrics = super().evaluation_metrics(records)
-        values, targets = self.joined_table(records, "values"), self.joined_table(records, "targets")
-        for t in range(values.shape[1]):
-            metrics[f"eval/turn_{t + 1}/value_pred_mean"] = float(values[:, t].mean())
-            metrics[f"eval/turn_{t + 1}/value_target_mean"] = float(targets[:, t].mean())
-        return metrics
-
+    # ------------------------------------------------------------------ export
     def save_pretrained(self, output_dir) -> None:
         """``agent_{i}/`` (with ``value_head`` files when the head is on the actor) and the critics:
         IAC ``agent_{i}/critic/``, MAAC ``critic/``."""

@@ -29,7 +29,7 @@ import abc
 import contextlib
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Iterator
 
 import torch
 from lightning.pytorch import LightningModule
@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from comlrl_lightning.agents import CausalLMWithValueHead, save_agents
 from comlrl_lightning.agents.memory import enable_checkpointing, keep_freed_memory
-from comlrl_lightning.agents.sharding import full_state_dicts, gathered, is_sharded, reduce_gradients, refresh, shard
+from comlrl_lightning.agents.sharding import full_state_dicts, is_sharded, reduce_gradients, refresh, shard
 from comlrl_lightning.algorithms import evaluation
 from comlrl_lightning.algorithms.fields import (
     AgentFields,
@@ -89,6 +89,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         EvaluationFields,
     )
     field_defaults: ClassVar[dict[str, Any]] = {}  # a family's own defaults, by field name
+    evaluation_class: ClassVar[type[evaluation.Evaluation]] = evaluation.Evaluation  # what module.evaluation is
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -121,6 +122,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         self.engine = self.build_engine()
         self.env_step = 0
         self.record, self.run_state = RunRecord(self), RunState(self)
+        self.evaluation = self.evaluation_class(self)
         self.init_state()
 
     def group(self, kind: type[FieldGroup]) -> FieldGroup:
@@ -412,68 +414,19 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
     def on_train_start(self) -> None:
         self.run_state.restore_rng()
 
-    # ------------------------------------------------------------------ evaluation (algorithms/evaluation.py)
-    # ``evaluation_record(items)`` plays the evaluation episodes of a batch, ``evaluation_metrics(records)``
-    # reduces them; the schedule (EvaluationCallback) and the validate/test/predict loops call them.
-    @torch.no_grad()
-    def evaluation_rollout(self, items: Sequence[Mapping[str, Any]]) -> Any:
-        """One sampled trajectory per item over all turns (no early termination), scored with the task reward:
-        what evaluation, ``test`` and ``predict`` play."""
-        return self.engine.rollout(
-            self.policy_models(),
-            self.tokenizers,
-            items,
-            num_generations=1,
-            early_termination=False,
-            policy_version=self.global_step,
-            reward=self.task_reward,
-        )
-
-    def evaluation_record(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        return self.record_of(self.evaluation_rollout(items), items)
-
-    def record_of(self, rollout: Any, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Rewards [items, turns], each agent's completions per item and turn, the items and their prompts."""
-        return evaluation.record_of(rollout, items, self.num_agents, self.turns)
-
-    def evaluation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
-        """Metrics of the evaluation ``records`` of every rank (a data-parallel run evaluates a share per rank)."""
-        rewards = self.joined_table(records, "rewards")
-        metrics = {"env_step": float(self.env_step), **evaluation.reward_metrics(rewards, getattr(self, "discount", 1))}
-        if self.eval_logger is not None and self.eval_aggregator is not None:
-            metrics.update(
-                evaluation.user_metrics(
-                    records, self.eval_logger, self.eval_aggregator, self.num_agents, self.collaboration, self.turns
-                )
-            )
-        return metrics
-
-    @property
-    def turns(self) -> int:
-        return getattr(self, "num_turns", 1)
-
-    def joined_table(self, records: list[dict[str, Any]], key: str) -> Tensor:
-        return evaluation.joined_table(records, key, self.turns, self.device)
-
-    def evaluate(self, items: Sequence[Any], batch_size: int = 1) -> dict[str, float]:
-        """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward."""
-        mine = ranks.shard(items)  # each rank plays its share of the items
-        with gathered(self.sharded_models()):
-            records = [self.evaluation_record(mine[s : s + batch_size]) for s in range(0, len(mine), batch_size)]
-        return self.evaluation_metrics(records)
-
+    # ------------------------------------------------------------------ evaluation (module.evaluation)
     # The ``validate`` and ``test`` subcommands: ``EvaluationRows`` writes the records these return as one row.
     def validation_step(self, batch: list[Any], batch_idx: int) -> dict[str, Any]:
-        return self.evaluation_record(batch)
+        return self.evaluation.record(batch)
 
     def test_step(self, batch: list[Any], batch_idx: int) -> dict[str, Any]:
-        return self.evaluation_record(batch)
+        return self.evaluation.record(batch)
 
     # The ``predict`` subcommand: what the team answers, item by item (``PredictionWriter`` writes it to JSONL).
     def predict_step(self, batch: list[Any], batch_idx: int) -> list[dict[str, Any]]:
         """Per item: each agent's prompt and completion per turn (one sampled trajectory, as in evaluation) and the
         team reward per turn."""
-        return evaluation.answers(batch, self.evaluation_rollout(batch))
+        return evaluation.answers(batch, self.evaluation.rollout(batch))
 
 
 install_init(MultiAgentModule, MultiAgentModule.initialize)

@@ -1,7 +1,10 @@
 """Evaluation of a team: what one sampled trajectory per item (over all turns, no early termination, the task
 reward) gives -- per-turn reward tables joined over the ranks, the user's ``eval_logger``/``eval_aggregator``
-metrics, and the answers ``predict`` writes. ``MultiAgentModule.evaluate`` and the ``validate``/``test``/``predict``
-loops call these."""
+metrics, and the answers ``predict`` writes.
+
+A module's evaluation is one :class:`Evaluation` (``module.evaluation``; a family with more to report subclasses it:
+IAC's values and targets). The periodic ``EvaluationCallback``, the ``validate``/``test`` loops (``EvaluationRows``)
+and ``predict`` call it."""
 
 from __future__ import annotations
 
@@ -11,10 +14,68 @@ import torch
 from torch import Tensor
 from torchmetrics.aggregation import CatMetric
 
+from comlrl_lightning.agents.sharding import gathered
 from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.rollout.rewards import call_filtered
 from comlrl_lightning.rollout.tree import episode
 from comlrl_lightning.runs import ranks
+
+
+class Evaluation:
+    """``module.evaluation``: the evaluation episodes of the module's current team and their metrics."""
+
+    def __init__(self, module: Any):
+        self.module = module
+
+    @property
+    def turns(self) -> int:
+        return getattr(self.module, "num_turns", 1)
+
+    def evaluate(self, items: Sequence[Any], batch_size: int = 1) -> dict[str, float]:
+        """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward; each rank of a
+        data-parallel run plays its share of the items."""
+        mine = ranks.shard(items)
+        with gathered(self.module.sharded_models()):
+            records = [self.record(mine[s : s + batch_size]) for s in range(0, len(mine), batch_size)]
+        return self.metrics(records)
+
+    @torch.no_grad()
+    def rollout(self, items: Sequence[Mapping[str, Any]]) -> Any:
+        """One sampled trajectory per item over all turns (no early termination), scored with the task reward:
+        what evaluation, ``test`` and ``predict`` play."""
+        m = self.module
+        return m.engine.rollout(
+            m.policy_models(),
+            m.tokenizers,
+            items,
+            num_generations=1,
+            early_termination=False,
+            policy_version=m.global_step,
+            reward=m.task_reward,
+        )
+
+    def record(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The episodes of a batch of ``items``, as :meth:`record_of` keeps them."""
+        return self.record_of(self.rollout(items), items)
+
+    def record_of(self, rollout: Any, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Rewards [items, turns], each agent's completions per item and turn, the items and their prompts."""
+        return record_of(rollout, items, self.module.num_agents, self.turns)
+
+    def metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """Metrics of the evaluation ``records`` of every rank (a data-parallel run evaluates a share per rank)."""
+        m = self.module
+        rewards = self.table(records, "rewards")
+        metrics = {"env_step": float(m.env_step), **reward_metrics(rewards, getattr(m, "discount", 1.0))}
+        if m.eval_logger is not None and m.eval_aggregator is not None:
+            metrics.update(
+                user_metrics(records, m.eval_logger, m.eval_aggregator, m.num_agents, m.collaboration, self.turns)
+            )
+        return metrics
+
+    def table(self, records: list[dict[str, Any]], key: str) -> Tensor:
+        """The [items, turns] tables ``key`` of every rank's records (:func:`joined_table`)."""
+        return joined_table(records, key, self.turns, self.module.device)
 
 
 def turn_table(rollout: Any, num_items: int, num_turns: int, value: Callable[[Any], Any]) -> Tensor:

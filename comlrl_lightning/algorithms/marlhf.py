@@ -152,6 +152,7 @@ class MARLHF(PreferenceModule):
     def init_state(self) -> None:
         super().init_state()
         self.rl = BACKENDS[self.rl_algorithm](**self.rl_fields(BACKENDS[self.rl_algorithm]))
+        self.evaluation = self.rl.evaluation  # the RL team's, with the task reward (and an actor-critic's critics)
         self._learned_reward: RewardCaller | None = None
 
     def check_config(self) -> None:
@@ -345,12 +346,6 @@ class MARLHF(PreferenceModule):
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         return self.pair_records(max_nodes) if self.in_reward_model_stage else self.rl.completion_records(max_nodes)
-
-    def evaluation_record(self, items):
-        return self.rl.evaluation_record(items)  # always the task reward
-
-    def evaluation_metrics(self, records):
-        return self.rl.evaluation_metrics(records)
 
     def save_pretrained(self, output_dir) -> None:
         """The backend's export plus ``reward_model/`` (backbone, tokenizer, head)."""

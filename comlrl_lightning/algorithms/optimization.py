@@ -10,6 +10,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from comlrl_lightning.agents.sharding import is_sharded
+from comlrl_lightning.algorithms.team import trainable_parameters
 from comlrl_lightning.config_errors import ConfigurationError
 from comlrl_lightning.runs import ranks
 
@@ -132,9 +134,6 @@ def trained_parameters(
     """Per trained model (its metric names, the first its parameter group's; the model): the names, the parameters
     the optimizer steps (a sharded model's shards, which its module does not show while gathered: its parameter
     group's; else its trainable parameters) and whether they are FSDP shards (what :func:`clip_and_measure` reads)."""
-    from comlrl_lightning.agents.sharding import is_sharded
-    from comlrl_lightning.algorithms.team import trainable_parameters
-
     by_name = {g.get("name"): g["params"] for g in optimizer.param_groups}
     return [
         (names, by_name[names[0]] if is_sharded(m) else trainable_parameters(m), is_sharded(m))

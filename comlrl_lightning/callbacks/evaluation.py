@@ -72,7 +72,7 @@ class EvaluationCallback(Callback):
         bar = trainer.progress_bar_callback
         if hasattr(bar, "on_evaluation_start"):
             bar.on_evaluation_start(trainer, len(items), final)
-        metrics = pl_module.evaluate(items, batch_size=datamodule.eval_batch_size)
+        metrics = pl_module.evaluation.evaluate(items, batch_size=datamodule.eval_batch_size)
         # Straight to the loggers, at the step of the weights evaluated; also trainer.callback_metrics, for
         # ModelCheckpoint(monitor="eval/turn_1/reward_mean") and early stopping.
         row = pl_module.record.write_row(metrics)
@@ -94,7 +94,7 @@ class EvaluationRows(Callback):
 
     def on_validation_epoch_end(self, trainer, pl_module, prefix: str = "eval/") -> None:
         if self.records:
-            metrics = pl_module.evaluation_metrics(self.records)
+            metrics = pl_module.evaluation.metrics(self.records)
             metrics = {key.replace("eval/", prefix, 1): value for key, value in metrics.items()}
             pl_module.log_dict({**metrics, "step": float(pl_module.updates_done)})  # Lightning's row step
         self.records = []
