@@ -120,10 +120,10 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         )
         self.prompt_formatters = build_formatters(self.team.formatters, self.num_agents)
         self.engine = self.build_engine()
-        self.env_step = 0
         self.record, self.run_state = RunRecord(self), RunState(self)
         self.evaluation = self.evaluation_class(self)
         self.init_state()
+        self.env_step = 0  # joint actions evaluated so far (CoMLRL's x-axis), checkpointed
 
     def group(self, kind: type[FieldGroup]) -> FieldGroup:
         """This module's field group of type ``kind``."""

@@ -239,23 +239,13 @@ class MARLHF(PreferenceModule):
         return self.rl.tokenizers
 
     @property
-    def reference(self):
-        return self.rl.reference
-
-    @reference.setter
-    def reference(self, value) -> None:  # the ReferenceModels callback attaches to the trainer's module
-        self.rl.reference = value
-
-    @property
     def env_step(self) -> int:
-        return self.rl.env_step if "rl" in self.__dict__.get("_modules", {}) else self.__dict__.get("_env_step", 0)
+        """The RL stage's count of joint actions (the reward-model stage evaluates none)."""
+        return self.rl.env_step
 
     @env_step.setter
     def env_step(self, value: int) -> None:
-        if "rl" in self.__dict__.get("_modules", {}):
-            self.rl.env_step = value
-        else:
-            self.__dict__["_env_step"] = value
+        self.rl.env_step = value
 
     def optimizer_groups(self) -> list[dict[str, Any]]:
         self.configure_model()
@@ -276,7 +266,7 @@ class MARLHF(PreferenceModule):
         if getattr(self.rl, "uses_reference", False):
             from comlrl_lightning.callbacks import ReferenceModels
 
-            callbacks.append(ReferenceModels(self.rl.reference_devices, self.micro_batch_size))
+            callbacks.append(ReferenceModels(self.rl.reference_devices, self.micro_batch_size, learner=self.rl))
         return callbacks
 
     # ------------------------------------------------------------------ stages
