@@ -2,25 +2,20 @@
 
 Lightning decisions (README, docs/differences.md):
 
-* Fields are declared once, in the groups of ``algorithms/fields.py``; a module is the groups it uses. Building a
-  module only checks its configuration; the models are loaded in ``configure_model`` (Lightning calls it before
-  restoring a checkpoint; ``module.agents`` also loads them on first use), so every configuration error is
-  reported before any model loads.
-* Manual optimization. Every update steps all agents at once through ONE ``torch.optim.AdamW`` holding one
-  parameter group per distinct model (lr per agent; critics and reward models add theirs), so
-  ``trainer.global_step`` counts team updates and ``max_steps`` means "updates" (Lightning would otherwise count
-  N steps per update, issue 17958). An optional warm-up/decay schedule (``lr_*``) is stepped once per update.
-* One update skeleton (:meth:`update`): zero_grad, then one backward per loss the family yields from
-  :meth:`losses` (a micro-batch of one agent at a time, so one graph is alive at a time), finite checks, gradient
-  norms and clipping, one optimizer and schedule step, timing. A family supplies the losses.
-* The same model object given twice is one set of weights: one parameter group, one optimizer state, trained
-  on the sum of the sharing agents' losses (CoMLRL steps it once per agent — an m-fold step).
-* ``env_step`` (joint actions evaluated, CoMLRL's x-axis) is logged with every metric and checkpointed, with the
-  RNG states (``algorithms/resume.py``), so ``ckpt_path`` resume samples what an uninterrupted run would.
+* Fields are declared once, in the groups of ``algorithms/fields.py``; building a module only checks them. The
+  models load in ``configure_model`` (before a checkpoint is restored; ``module.agents`` also loads them on first
+  use), so every configuration error is reported before any model loads.
+* Manual optimization: every update steps all agents at once through ONE AdamW with a parameter group per distinct
+  model, so ``global_step`` counts team updates and ``max_steps`` means updates. One update skeleton
+  (:meth:`update`); a family supplies the :meth:`losses`. The same model object given twice is one set of weights,
+  trained on the sum of the sharing agents' losses (CoMLRL steps it once per agent).
+* ``env_step`` (joint actions evaluated, CoMLRL's x-axis) is logged with every row and checkpointed with the RNG
+  states, so a ``ckpt_path`` resume samples what an uninterrupted run would.
 
-The module's parts: the team (``team.py``: assembly, loading, placement, strategies), the optimizer
-(``optimization.py``), evaluation (``evaluation.py``), the resume state (``resume.py``) and the run's record of
-update rows and phase timings (``runs/record.py``).
+The module's composed parts: the team (``module.team``, ``team.py``: assembly, loading, placement, strategies), the
+optimizer (``optimization.py``), evaluation (``module.evaluation``, ``evaluation.py``), the resume state
+(``module.run_state``, ``resume.py``) and the run's record of update rows and phase timings (``module.record``,
+``runs/record.py``); sharded models are kept whole by a callback (``callbacks/sharding.py``).
 """
 
 from __future__ import annotations
@@ -370,15 +365,6 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         if self.trainer.datamodule is not None:  # before any model loads (configure_model is next)
             check_first_items(self.trainer.datamodule, stage, self.prompt_formatters)
         run_root(self.trainer)  # read on every rank now; later only rank 0 writes there
-        if stage == "fit":
-            # During fit, evaluation runs in EvaluationCallback, not in Lightning's validation
-            # loop: switch the loop off for this fit (restored in teardown, so a later trainer.validate works).
-            self._limit_val_batches = self.trainer.limit_val_batches
-            self.trainer.limit_val_batches = 0
-
-    def teardown(self, stage: str) -> None:
-        if stage == "fit" and hasattr(self, "_limit_val_batches"):
-            self.trainer.limit_val_batches = self._limit_val_batches
 
     def on_fit_start(self) -> None:
         mark_resumed(self.trainer)  # a resumed run's folder names its checkpoint (analysis.load_run)

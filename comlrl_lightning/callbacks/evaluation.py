@@ -85,6 +85,17 @@ class EvaluationCallback(Callback):
 class EvaluationRows(Callback):
     def __init__(self) -> None:
         self.records: list = []
+        self._limit_val_batches = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            # During fit, evaluation runs in EvaluationCallback, not in Lightning's validation loop: the loop is off
+            # for this fit (restored in teardown, so a later trainer.validate works).
+            self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit" and self._limit_val_batches is not None:
+            trainer.limit_val_batches, self._limit_val_batches = self._limit_val_batches, None
 
     def start(self, trainer, pl_module) -> None:
         self.records = []
