@@ -142,7 +142,7 @@ def test_a_credential_stays_in_its_group_never_an_attribute_a_hyper_parameter_or
         comparator_api_url="http://127.0.0.1:9",
         comparator_api_key=secret,
     )
-    assert module.api_config.key == secret  # what the client uses
+    assert module.rounds.api_config.key == secret  # what the client uses
     assert not hasattr(module, "comparator_api_key")
     assert "comparator_api_key" not in module.hparams and "comparator_api_key" not in module.field_values
     assert secret not in repr(module.groups)

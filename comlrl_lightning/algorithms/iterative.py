@@ -1,6 +1,7 @@
 """Iterative preference learning: rounds of collect → replay → train (docs/iterative.md).
 
-``IterativePreference`` is mixed into MADPO (``MADPOIter``) and MARLHF (``MARLHFIter``). One round ν:
+A preference module's rounds are one :class:`Rounds` object (``module.rounds``) that MADPOIter and MARLHFIter
+compose (``rounds_class = Rounds``); MADPO and MARLHF have none. One round ν:
 
 1. **Collect** — the data side (``PreferenceDataModule`` with ``data/rounds.py``), from the plan this module
    hands it (:meth:`pair_plan`: the team policy, the comparator, the replay rules): per task the current agents
@@ -67,56 +68,53 @@ def iterative_groups(groups: tuple[type[FieldGroup], ...]) -> tuple[type[FieldGr
     return (*swapped, ReplayFields, ComparatorFields)
 
 
-class IterativePreference:
-    """Rounds of collect → shard → replay → train, mixed in front of MADPO / MARLHF (module docstring).
+class Rounds:
+    """``module.rounds`` of an iterative variant: collect → shard → replay → train, round after round (module
+    docstring). The module (a ``PreferenceModule``) keeps its fields (the ``ReplayFields`` and ``ComparatorFields``
+    groups, ``iterative_groups``) and ``epochs_per_iteration``; this object checks the comparator, fixes the fit's
+    epochs, adds the round callbacks, extends the module's pair plan with the rounds and keeps the policy
+    checkpoints' directory (in the module's checkpoint)."""
 
-    ``MADPOIter(IterativePreference, MADPO)`` with ``field_groups = iterative_groups(MADPO.field_groups) + ...``:
-    the iterative fields are the ``ReplayFields`` and ``ComparatorFields`` groups (``algorithms/fields.py``); the
-    host (a ``PreferenceModule``) provides ``pair_plan`` (extended here with the rounds) and
-    ``epochs_per_iteration``. Choices accept CoMLRL's aliases, any case.
-    """
-
-    iterative = True
-    keep_comparator_loaded = True  # MARLHFIter frees 'model' comparators after each collection (RL needs memory)
-
-    def init_state(self) -> None:
-        super().init_state()
+    def __init__(self, module: Any):
+        self.module = module
         self.run_dirs = RunDirectories()  # the policy checkpoints' directory, kept in checkpoints
 
     @property
     def api_config(self):
         """The ``api`` comparator's client settings (``ComparatorFields``), None for the other comparators."""
-        return self.group(ComparatorFields).api_config
+        return self.module.group(ComparatorFields).api_config
 
-    def check_config(self) -> None:
-        super().check_config()
-        roles = self.collaboration.num_roles if self.collaboration is not None else self.num_agents
-        self.check_comparator(roles, centralized_team=self.collaboration is not None)
-        if self.log_reward_distribution:
-            reward_range_of(self.reward_func)  # the histograms' range: fails now, not at the end of round 1
+    def check(self) -> None:
+        """The comparator's rules against the team, and the reward-distribution range, before any model loads."""
+        m = self.module
+        roles = m.collaboration.num_roles if m.collaboration is not None else m.num_agents
+        self.check_comparator(roles, centralized_team=m.collaboration is not None)
+        if m.log_reward_distribution:
+            reward_range_of(m.reward_func)  # the histograms' range: fails now, not at the end of round 1
 
     def check_comparator(self, roles: int, centralized_team: bool) -> None:
         """The rules that involve the team: ``roles`` comparator roles; a centralized team (one joint actor)."""
-        index = self.comparator_centralized_agent_index
-        if self.comparator_generation_mode == "centralized":
+        m = self.module
+        index = m.comparator_centralized_agent_index
+        if m.comparator_generation_mode == "centralized":
             require(index >= 0, "comparator_centralized_agent_index must be >= 0.")
             require(index < roles, "comparator_centralized_agent_index must be smaller than num_agents.")
         if centralized_team:  # one joint actor: its comparator answers the same joint prompt, keeping joint text
             require(index == 0, "Centralized collaboration has only actor index 0.")
-            self.comparator_generation_mode = "centralized"
-        named_model = self.comparator_model_name is not None or self.comparator_agents is not None
-        if self.comparator_policy == "model":
+            m.comparator_generation_mode = "centralized"
+        named_model = m.comparator_model_name is not None or m.comparator_agents is not None
+        if m.comparator_policy == "model":
             require(
                 named_model, "comparator_model_name or comparator_agents is required when comparator_policy='model'."
             )
-            agents = self.comparator_agents
+            agents = m.comparator_agents
             require(
                 agents is None or (isinstance(agents, (list, tuple)) and len(agents) in (1, roles)),
                 f"comparator_agents must list 1 or num_agents ({roles}) models.",
             )
             check_model_sources(agents, "comparator_agents")
-            check_model_sources(self.comparator_model_name, "comparator_model_name")
-            tokenizers = self.comparator_tokenizers
+            check_model_sources(m.comparator_model_name, "comparator_model_name")
+            tokenizers = m.comparator_tokenizers
             require(
                 not isinstance(tokenizers, (list, tuple)) or len(tokenizers) in (1, roles),
                 f"comparator_tokenizers must list 1 or num_agents ({roles}) tokenizers "
@@ -128,95 +126,84 @@ class IterativePreference:
                 "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
             )
             require(
-                self.comparator_tokenizers is None,
+                m.comparator_tokenizers is None,
                 "comparator_tokenizers is only valid when comparator_policy='model'.",
             )
-        if self.comparator_policy == "history":
-            self.comparator_history_k = 1 if self.comparator_history_k is None else self.comparator_history_k
-            require(self.comparator_history_k >= 1, "comparator_history_k must be >= 1.")
+        if m.comparator_policy == "history":
+            m.comparator_history_k = 1 if m.comparator_history_k is None else m.comparator_history_k
+            require(m.comparator_history_k >= 1, "comparator_history_k must be >= 1.")
         else:
             require(
-                self.comparator_history_k is None,
+                m.comparator_history_k is None,
                 "comparator_history_k is only valid when comparator_policy='history'.",
             )
-        self.centralized_comparator_adapter = check_adapter(
-            self.centralized_comparator_adapter or TaggedCentralizedAdapter(), "centralized_comparator_adapter"
+        m.centralized_comparator_adapter = check_adapter(
+            m.centralized_comparator_adapter or TaggedCentralizedAdapter(), "centralized_comparator_adapter"
         )
 
     # ------------------------------------------------------------------ rounds and directories
     @property
     def iteration(self) -> int:
         """0-based round of the current Lightning epoch."""
-        return self.current_epoch // self.epochs_per_iteration
+        return self.module.current_epoch // self.module.epochs_per_iteration
 
     @property
     def checkpoints_policy(self) -> bool:
-        return self.policy_checkpoint_dir is not None or self.comparator_policy == "history"
+        return self.module.policy_checkpoint_dir is not None or self.module.comparator_policy == "history"
 
     def run_dir(self, name: str, explicit: str | None = None) -> Path:
         """``explicit`` if given, else ``<trainer.log_dir or default_root_dir>/<name>``; absolute, created."""
-        return self.run_dirs.get(self.trainer, name, explicit)
+        return self.run_dirs.get(self.module.trainer, name, explicit)
 
     def fit_epochs(self) -> int:
         """A fit is ``num_iterations`` rounds of ``epochs_per_iteration`` epochs (the CLI sets max_epochs to it)."""
-        return self.num_iterations * self.epochs_per_iteration
+        return self.module.num_iterations * self.module.epochs_per_iteration
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "fit":
-            epochs = self.fit_epochs()
-            if self.trainer.max_epochs not in (None, -1, 1000, epochs):
-                log.warning(
-                    "%s runs num_iterations=%d rounds of %d epoch(s): trainer.max_epochs=%s is replaced by %d.",
-                    self.algorithm_name,
-                    self.num_iterations,
-                    self.epochs_per_iteration,
-                    self.trainer.max_epochs,
-                    epochs,
-                )
-            self.trainer.fit_loop.max_epochs = epochs
+    def fix_epochs(self, trainer: Any) -> None:
+        """A fit runs :meth:`fit_epochs` epochs, whatever ``trainer.max_epochs`` says (a warning says so)."""
+        m, epochs = self.module, self.fit_epochs()
+        if trainer.max_epochs not in (None, -1, 1000, epochs):
+            log.warning(
+                "%s runs num_iterations=%d rounds of %d epoch(s): trainer.max_epochs=%s is replaced by %d.",
+                m.algorithm_name,
+                m.num_iterations,
+                m.epochs_per_iteration,
+                trainer.max_epochs,
+                epochs,
+            )
+        trainer.fit_loop.max_epochs = epochs
 
-    def configure_callbacks(self):
+    def callbacks(self) -> list[Any]:
+        """``PolicyCheckpoints`` (when the policy is checkpointed) and ``RoundMetrics``."""
         from comlrl_lightning.callbacks import PolicyCheckpoints, RoundMetrics
 
-        callbacks = list(super().configure_callbacks())
-        if self.checkpoints_policy:
-            callbacks.append(PolicyCheckpoints())
-        reward_range = reward_range_of(self.reward_func) if self.log_reward_distribution else None
-        return callbacks + [RoundMetrics(reward_range)]
+        m = self.module
+        reward_range = reward_range_of(m.reward_func) if m.log_reward_distribution else None
+        return ([PolicyCheckpoints()] if self.checkpoints_policy else []) + [RoundMetrics(reward_range)]
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["comlrl_lightning"]["iterative"] = {"run_dirs": self.run_dirs.state_dict()}
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_dirs": self.run_dirs.state_dict()}
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        state = checkpoint.get("comlrl_lightning", {}).get("iterative")
-        if state:
-            self.run_dirs.load_state_dict(state["run_dirs"])
-
-    def training_step(self, batch, batch_idx: int):
-        if not batch:  # the no-op batch of an empty round (PreferenceDataModule)
-            return None
-        return super().training_step(batch, batch_idx)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run_dirs.load_state_dict(state["run_dirs"])
 
     # ------------------------------------------------------------------ what the data side collects
-    def pair_plan(self) -> PairPlan:
-        """The host's plan plus the rounds: comparator, replay and where the history comparator reads."""
-        plan = super().pair_plan()
+    def extend(self, plan: PairPlan) -> PairPlan:
+        """The module's pair plan plus the rounds: comparator, replay and where the history comparator reads."""
+        m = self.module
         plan.rounds = RoundPlan(
-            num_rounds=self.num_iterations,
-            epochs_per_round=self.epochs_per_iteration,
+            num_rounds=m.num_iterations,
+            epochs_per_round=m.epochs_per_iteration,
             comparator=self.comparator_spec(),
             num_candidates=plan.num_candidates,
             selection=plan.selection,
             limit=plan.limit,
-            replay_mode=self.preference_replay_mode,
-            replay_k=self.preference_replay_k,
-            replay_lambda=self.preference_replay_lambda,
-            replay_sample_size=self.preference_replay_sample_size,
-            replay_dir=self.preference_replay_dir,
-            history_dir=self.run_dir("policy_checkpoints", self.policy_checkpoint_dir)
+            replay_mode=m.preference_replay_mode,
+            replay_k=m.preference_replay_k,
+            replay_lambda=m.preference_replay_lambda,
+            replay_sample_size=m.preference_replay_sample_size,
+            replay_dir=m.preference_replay_dir,
+            history_dir=self.run_dir("policy_checkpoints", m.policy_checkpoint_dir)
             if self.checkpoints_policy
             else None,
         )
@@ -224,17 +211,18 @@ class IterativePreference:
 
     def comparator_spec(self) -> ComparatorSpec:
         """The ``comparator_*`` fields as the data side needs them."""
+        m = self.module
         return ComparatorSpec(
-            kind=self.comparator_policy,
-            model_sources=self.comparator_agents or [self.comparator_model_name],
-            model_tokenizers=self.comparator_tokenizers,
-            model_field="comparator_agents" if self.comparator_agents else "comparator_model_name",
-            devices=self.comparator_devices or self.team.devices,
-            num_candidates=self.comparator_num_candidates,
-            history_k=self.comparator_history_k or 1,
-            keep_loaded=self.keep_comparator_loaded,
+            kind=m.comparator_policy,
+            model_sources=m.comparator_agents or [m.comparator_model_name],
+            model_tokenizers=m.comparator_tokenizers,
+            model_field="comparator_agents" if m.comparator_agents else "comparator_model_name",
+            devices=m.comparator_devices or m.team.devices,
+            num_candidates=m.comparator_num_candidates,
+            history_k=m.comparator_history_k or 1,
+            keep_loaded=m.keep_comparator_loaded,
             api_config=self.api_config,
-            centralized=self.comparator_generation_mode == "centralized",
-            centralized_index=self.comparator_centralized_agent_index,
-            adapter=self.centralized_comparator_adapter,
+            centralized=m.comparator_generation_mode == "centralized",
+            centralized_index=m.comparator_centralized_agent_index,
+            adapter=m.centralized_comparator_adapter,
         )

@@ -19,14 +19,14 @@ each Lightning epoch is one pass over the pairs in batches of ``train_batch_size
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import FieldGroup, JointActionFields, PreferenceFields, require
-from comlrl_lightning.algorithms.iterative import IterativePreference, iterative_groups
+from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
@@ -37,10 +37,13 @@ from comlrl_lightning.rollout.tree import RolloutEngine
 
 
 class PreferenceModule(MultiAgentModule):
-    """What MADPO and MARLHF share: sampling candidates and turning their task-reward scores into pairs."""
+    """What MADPO and MARLHF share: sampling candidates and turning their task-reward scores into pairs; their
+    iterative variants add rounds (``rounds_class``: ``module.rounds``, ``algorithms/iterative.py``)."""
 
     field_groups = (*MultiAgentModule.field_groups, JointActionFields, PreferenceFields)
     pair_selections = PAIR_SELECTIONS
+    rounds_class: ClassVar[type[Rounds] | None] = None  # the iterative variants: Rounds
+    keep_comparator_loaded = True  # an iterative variant's 'model' comparator stays loaded between rounds
 
     def init_state(self) -> None:
         super().init_state()
@@ -63,6 +66,9 @@ class PreferenceModule(MultiAgentModule):
             self.pair_selection in self.pair_selections,
             f"pair_selection must be one of: {', '.join(self.pair_selections)} (got {self.pair_selection!r}).",
         )
+        self.rounds = self.rounds_class(self) if self.rounds_class is not None else None
+        if self.rounds is not None:
+            self.rounds.check()
 
     # ------------------------------------------------------------------ what the data side collects
     @property
@@ -91,7 +97,7 @@ class PreferenceModule(MultiAgentModule):
 
     def pair_plan(self) -> PairPlan:
         """What ``PreferenceDataModule`` collects and serves for this module (handed over in ``on_fit_start``)."""
-        return PairPlan(
+        plan = PairPlan(
             self.policy,
             self.preference_num_candidates,
             self.pair_selection,
@@ -101,6 +107,35 @@ class PreferenceModule(MultiAgentModule):
             name=self.algorithm_name,
             whole=self.sharded_models(),
         )
+        return self.rounds.extend(plan) if self.rounds is not None else plan
+
+    # ------------------------------------------------------------------ the rounds of an iterative variant
+    def fit_epochs(self) -> int | None:
+        return self.rounds.fit_epochs() if self.rounds is not None else super().fit_epochs()
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit" and self.rounds is not None:
+            self.rounds.fix_epochs(self.trainer)
+
+    def configure_callbacks(self):
+        callbacks = list(super().configure_callbacks())
+        return callbacks + (self.rounds.callbacks() if self.rounds is not None else [])
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.rounds is not None:
+            checkpoint["comlrl_lightning"]["iterative"] = self.rounds.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        state = checkpoint.get("comlrl_lightning", {}).get("iterative")
+        if state and self.rounds is not None:
+            self.rounds.load_state_dict(state)
+
+    def is_empty_round(self, batch: list[Any]) -> bool:
+        """The no-op batch ``PreferenceDataModule`` serves for a round without pairs (every rank's is empty)."""
+        return self.rounds is not None and not batch
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
@@ -164,6 +199,8 @@ class MADPO(PreferenceModule):
         self._margins: list[Tensor] = []
 
     def training_step(self, batch: list[PreferencePair], batch_idx: int):
+        if self.is_empty_round(batch):
+            return
         metrics = self.update(batch)
         if self.use_environment_step:
             self.count_env_steps(self.environment_steps_per_pair * len(batch))
@@ -232,7 +269,7 @@ class MADPOIterFields(FieldGroup):
         require(self.dpo_epochs_per_round >= 1, "dpo_epochs_per_round must be >= 1.")
 
 
-class MADPOIter(IterativePreference, MADPO):
+class MADPOIter(MADPO):
     """Iterative MADPO: ``num_iterations`` rounds of collect (current agents vs a comparator) → replay shard →
     ``dpo_epochs_per_round`` DPO passes over the round's replayed pairs. One round is one Lightning epoch
     (``trainer.max_epochs`` is set to ``num_iterations``). The round machinery, comparators and replay are in
@@ -242,6 +279,7 @@ class MADPOIter(IterativePreference, MADPO):
     algorithm_name = "MADPOIter"
     field_groups = (*iterative_groups(MADPO.field_groups), MADPOIterFields)
     pair_selections = ITERATIVE_PAIR_SELECTIONS
+    rounds_class = Rounds
     epochs_per_iteration = 1
 
     @property

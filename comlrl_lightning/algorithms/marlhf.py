@@ -41,7 +41,7 @@ from comlrl_lightning.algorithms.fields import (
     require,
     type_hints,
 )
-from comlrl_lightning.algorithms.iterative import IterativePreference, iterative_groups
+from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
 from comlrl_lightning.algorithms.madpo import PreferenceModule
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
@@ -305,6 +305,8 @@ class MARLHF(PreferenceModule):
         self.rl.reward_override = None if learning else self.learned_reward
 
     def training_step(self, batch, batch_idx: int):
+        if self.is_empty_round(batch):
+            return
         if self.in_reward_model_stage:
             metrics = self.update(batch)
             self.last_pair_batch = batch
@@ -380,7 +382,7 @@ class MARLHFIterFields(FieldGroup):
         self.preference_scoring_reward = SCORING_REWARDS[self.preference_scoring_reward]
 
 
-class MARLHFIter(IterativePreference, MARLHF):
+class MARLHFIter(MARLHF):
     """Iterative MARLHF: ``num_iterations`` rounds of collect (current agents vs a comparator) → replay shard → a
     *fresh* reward model trained on the round's replayed pairs → ``rl_epochs_per_round`` RL epochs over the task set
     on it. A round is ``1 + rl_epochs_per_round`` Lightning epochs (the first trains the reward model);
@@ -395,6 +397,7 @@ class MARLHFIter(IterativePreference, MARLHF):
     field_groups = (*iterative_groups(MARLHF.field_groups), MARLHFIterFields)
     field_defaults = {"reward_num_train_epochs": 2}
     pair_selections = ITERATIVE_PAIR_SELECTIONS
+    rounds_class = Rounds
     keep_comparator_loaded = False  # free 'model' comparators after each collection: the RL stage needs the memory
 
     @property
@@ -431,9 +434,13 @@ class MARLHFIter(IterativePreference, MARLHF):
         # A round with pairs to train on starts from a fresh reward model (an empty round keeps the previous one,
         # as CoMLRL), once its collection — which may have used the previous reward model as the oracle — is done.
         report = getattr(self.trainer.datamodule, "last_round", None)
-        if report is not None and report.iteration == self.iteration != self._reward_model_round and report.train:
+        if (
+            report is not None
+            and report.iteration == self.rounds.iteration != self._reward_model_round
+            and report.train
+        ):
             self.reset_reward_model()
-            self._reward_model_round = self.iteration
+            self._reward_model_round = self.rounds.iteration
 
     def on_train_epoch_end(self) -> None:
         super().on_train_epoch_end()

@@ -24,18 +24,18 @@ class PolicyCheckpoints(Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         # Before the fit loop: round 0's collection (which may need ``initial``) runs before on_train_start.
-        target = pl_module.run_dir("policy_checkpoints", pl_module.policy_checkpoint_dir) / "initial"
+        target = pl_module.rounds.run_dir("policy_checkpoints", pl_module.policy_checkpoint_dir) / "initial"
         if not ranks.broadcast(target.exists()):  # a resumed run keeps the initial policy of its first start
             self.save(pl_module, target.name)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if (trainer.current_epoch + 1) % pl_module.epochs_per_iteration == 0:
-            self.save(pl_module, f"iteration_{pl_module.iteration:04d}")
+            self.save(pl_module, f"iteration_{pl_module.rounds.iteration:04d}")
 
     @staticmethod
     def save(pl_module, label: str) -> None:
         """Written once, by rank 0, with sharded agents gathered on every rank; every rank waits for the files."""
-        target = pl_module.run_dir("policy_checkpoints", pl_module.policy_checkpoint_dir) / label
+        target = pl_module.rounds.run_dir("policy_checkpoints", pl_module.policy_checkpoint_dir) / label
         models = [pl_module.policy_model(i) for i in range(pl_module.num_agents)]
         states = full_state_dicts(models)
         with ranks.rank_zero_first() as writer:
