@@ -886,3 +886,22 @@ def test_mp_margins_are_gathered_on_the_module_device(tmp_path, monkeypatch):
     module = make_iter(num_iterations=1, parallel_training="mp", agent_devices=["cpu", "cpu"])
     trainer, _ = fit_iter(module, tmp_path)
     assert trainer.global_step >= 1
+
+
+@pytest.mark.parametrize("cls", [MADPOIter, MARLHFIter])
+def test_the_rounds_folders_travel_in_the_checkpoint(cls, tmp_path):
+    """An iterative module's checkpoint holds its rounds' folders (where a resumed run keeps writing policy
+    checkpoints), beside the run state — MARLHFIter's also the RL stage's buffer and its reward model's round."""
+    module = make_iter(cls)
+    module.rounds.run_dirs.load_state_dict({"policy_checkpoints": str(tmp_path / "policy")})
+    checkpoint: dict = {"global_step": 3}
+    module.on_save_checkpoint(checkpoint)
+    state = checkpoint["comlrl_lightning"]
+    assert state["iterative"] == {"run_dirs": {"policy_checkpoints": str(tmp_path / "policy")}}
+    assert {"env_step", "rng", "user_state"} <= set(state)
+    if cls is MARLHFIter:
+        assert "buffer" in state and state["reward_model_round"] == -1
+    restored = make_iter(cls)
+    restored.on_load_checkpoint(checkpoint)
+    assert restored.rounds.run_dirs.state_dict() == {"policy_checkpoints": str(tmp_path / "policy")}
+    assert restored.updates_done == 3

@@ -294,7 +294,7 @@ class MARLHF(PreferenceModule):
             self.reward_model.to(self.reward_model_device)
 
     def on_train_start(self) -> None:
-        self.rl.on_train_start()  # restores the RNG of a resumed run
+        super().on_train_start()  # restores the RNG of a resumed run
         # A resumed run gets no on_train_epoch_start for the epoch it resumes in (Lightning 2.x): enter its stage here.
         self.on_train_epoch_start()
 
@@ -347,13 +347,12 @@ class MARLHF(PreferenceModule):
             self.reward_model.save_pretrained(Path(output_dir) / "reward_model", state_dict=state)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.rl.on_save_checkpoint(checkpoint)  # env_step, RNG and the backend's buffer
-        checkpoint["comlrl_lightning"]["sampled_since_update"] = list(self.record.pending)  # this module logs
+        super().on_save_checkpoint(checkpoint)  # the run state (env_step is the RL stage's), an iterative run's rounds
+        self.rl.save_buffer(checkpoint["comlrl_lightning"])  # the RL stage's records awaiting an update
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.rl.on_load_checkpoint(checkpoint)
-        self.run_state.checkpoint_step = self.rl.run_state.checkpoint_step
-        self.record.pending, self.rl.record.pending = self.rl.record.pending, []
+        super().on_load_checkpoint(checkpoint)
+        self.rl.load_buffer(checkpoint.get("comlrl_lightning", {}))
 
 
 ScoringReward = Literal["task", "reward_model", "oracle", "environment", "env", "model", "learned"]

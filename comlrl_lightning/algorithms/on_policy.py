@@ -345,14 +345,19 @@ class OnPolicyModule(MultiAgentModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        # Records awaiting an update: this rank's, and every rank's (rank r's list at index r).
-        state = checkpoint["comlrl_lightning"]
-        state["buffer"] = [self.record_state(r) for r in self.buffer]
-        state["rank_buffers"] = ranks.gather(state["buffer"])
+        self.save_buffer(checkpoint["comlrl_lightning"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        state = checkpoint.get("comlrl_lightning", {})
+        self.load_buffer(checkpoint.get("comlrl_lightning", {}))
+
+    def save_buffer(self, state: dict[str, Any]) -> None:
+        """The records awaiting an update, into the checkpoint's ``state``: this rank's, and every rank's (rank r's
+        list at index r)."""
+        state["buffer"] = [self.record_state(r) for r in self.buffer]
+        state["rank_buffers"] = ranks.gather(state["buffer"])
+
+    def load_buffer(self, state: dict[str, Any]) -> None:
         saved = state.get("rank_buffers") or [state.get("buffer", [])]
         # Resumed with a different number of processes: old rank r's records go to rank r mod D (none is lost).
         mine = [records for r, records in enumerate(saved) if r % ranks.world_size() == ranks.rank()]
