@@ -14,7 +14,7 @@ Phases of one update, each timed separately (median over ``--repeats`` after one
 Implementations:
 
     ours        comlrl_lightning.MAGRPO: ``module.engine.rollout`` for generate/reward, then the pieces of
-                ``MAGRPO.update`` (policy_batch -> token_logprobs -> policy_gradient_loss -> backward -> step)
+                ``MAGRPO.update`` (objective.policy_batch -> token_logprobs -> policy_gradient_loss -> backward -> step)
     per-sample  (``--baseline``) a per-sample implementation in CoMLRL's style (docs/differences.md):
                 one generate per agent per prompt, one reward call per joint action, and for the loss one
                 forward per completion with a Python loop over token positions (log_softmax per position)
@@ -250,7 +250,7 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
     with Phase(device) as update:  # MAGRPO.update without Lightning's wrappers: one graph (agent) at a time
         optimizer.zero_grad()
         for i, model in enumerate(module.agents):
-            batch = module.policy_batch(nodes, i)
+            batch = module.objective.policy_batch(nodes, i)
             with precision(args):
                 logp = token_logprobs(model, batch.inputs)
                 loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
@@ -354,7 +354,7 @@ class ActorCritic:
         with Phase(device) as rollout_phase:
             rollout = self.module.collect_rollout(self.items)
         assert_forced([a.completion_mask for n in rollout.nodes for a in n.agents], self.args, self.num_agents)
-        (batch,) = self.module.schedule(self.module.buffer_records(rollout))  # advantages, then one mini-batch
+        (batch,) = self.module.schedule(self.module.objective.records(rollout))  # advantages, then one mini-batch
         with warnings.catch_warnings(), Phase(device) as update:
             warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
             self.module.update(batch)

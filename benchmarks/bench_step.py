@@ -10,7 +10,7 @@ Phases, each through the package's own code:
     reward     the same rollout → its ``reward`` timing (``--reward task``: the task's real reward, e.g. the
                sandboxed coding reward; default ``trivial``, a length check)
     score      one no-grad forward per agent over every sample (what the reference KL or old log-probs cost)
-    update     forward + backward of every agent's policy loss (``policy_batch`` → ``token_logprobs`` → loss)
+    update     forward + backward of every agent's policy loss (``objective.policy_batch`` → ``token_logprobs`` → loss)
     optimizer  the AdamW step the module configures (``configure_optimizers``)
     step       generate + reward + update + optimizer: a default MAGRPO step
 
@@ -149,12 +149,12 @@ def worker(args) -> dict:
         def score():
             with torch.no_grad(), precision():
                 for i, model in enumerate(module.agents):
-                    token_logprobs(model, module.policy_batch(nodes, i).inputs)
+                    token_logprobs(model, module.objective.policy_batch(nodes, i).inputs)
 
         def update():
             optimizer.zero_grad()
             for i, model in enumerate(module.agents):
-                batch = module.policy_batch(nodes, i)
+                batch = module.objective.policy_batch(nodes, i)
                 with precision():
                     logp = token_logprobs(model, batch.inputs)
                     loss, _ = policy_gradient_loss(

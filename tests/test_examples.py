@@ -13,6 +13,7 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from comlrl_lightning import MultiAgentModule, TaskDataModule
+from comlrl_lightning.algorithms import Objective
 from comlrl_lightning.algorithms.reinforce import PolicyBatch
 from comlrl_lightning.core.advantages import BASELINES, compute_advantages
 from comlrl_lightning.envs import toy
@@ -123,11 +124,11 @@ def test_ppo_clip_loss_by_hand():
     logp = torch.zeros(1, 2)
     # ratios 1.5 and 0.5, clipped to 1.2 and 0.8. A = +1: min(1.5, 1.2) = 1.2, min(0.5, 0.8) = 0.5;
     # loss = -(0.5 * 1.2 + 0.5 * 0.5) = -0.85. A = -1: min(-1.5, -1.2) = -1.5, min(-0.5, -0.8) = -0.8; loss = 1.15.
-    loss, diagnostics = module.policy_loss(0, logp, batch_of([[1.5, 0.5]], [1.0]))
+    loss, diagnostics = module.objective.policy_loss(0, logp, batch_of([[1.5, 0.5]], [1.0]))
     assert loss.item() == pytest.approx(-0.85) and diagnostics["clipped_tokens"].item() == 2
-    loss, _ = module.policy_loss(0, logp, batch_of([[1.5, 0.5]], [-1.0]))
+    loss, _ = module.objective.policy_loss(0, logp, batch_of([[1.5, 0.5]], [-1.0]))
     assert loss.item() == pytest.approx(1.15)
-    loss, diagnostics = module.policy_loss(0, logp, batch_of([[1.1, 0.9]], [2.0]))  # inside the clip range
+    loss, diagnostics = module.objective.policy_loss(0, logp, batch_of([[1.1, 0.9]], [2.0]))  # inside the clip range
     assert loss.item() == pytest.approx(-(0.5 * 2.2 + 0.5 * 1.8)) and diagnostics["clipped_tokens"].item() == 0
 
 
@@ -239,17 +240,22 @@ def test_ppo_clip_resumes_exactly(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- a new family
+class WeightDecay(Objective):
+    """The smallest objective: the losses of an update, nothing else."""
+
+    def losses(self, items):
+        for i, agent in enumerate(self.host.agents):
+            yield 1e-3 * sum(p.pow(2).sum() for p in agent.parameters()), {f"agent_{i}/items": len(items)}
+
+
 class WeightDecayOnly(MultiAgentModule):
-    """The smallest family on the base class: a training step and the losses of an update, nothing else declared."""
+    """The smallest algorithm on the base class: a training step and its objective, nothing else declared."""
 
     algorithm_name = "WeightDecayOnly"
+    objective_class = WeightDecay
 
     def training_step(self, batch, batch_idx):
         self.record.log_step([self.update(batch)])
-
-    def losses(self, items):
-        for i in range(self.num_agents):
-            yield 1e-3 * sum(p.pow(2).sum() for p in self.agents[i].parameters()), {f"agent_{i}/items": len(items)}
 
 
 def test_a_new_family_needs_only_its_own_hooks(tmp_path):
@@ -317,7 +323,7 @@ def test_the_entropy_bonus_loss_by_hand():
     batch.entropy = torch.tensor([[1.0, 3.0]])
     logp = torch.tensor([[-1.0, -2.0]])
     # MAGRPO: -(0.5 * 2 * -1 + 0.5 * 2 * -2) = 3; bonus Σ w H = 0.5 * 1 + 0.5 * 3 = 2; loss = 3 - 0.5 * 2 = 2
-    loss, diagnostics = module.policy_loss(0, logp, batch)
+    loss, diagnostics = module.objective.policy_loss(0, logp, batch)
     assert loss.item() == pytest.approx(2.0) and diagnostics["entropy_bonus"].item() == pytest.approx(2.0)
 
 
@@ -367,6 +373,6 @@ def test_a_samples_extras_reach_the_update_and_survive_a_checkpoint():
     torch.save([n.state_dict() for n in rollout.nodes], buffer)
     buffer.seek(0)
     restored = [Node.from_state_dict(s) for s in torch.load(buffer, weights_only=True)]
-    batch = module.policy_batch(restored, 0)
+    batch = module.objective.policy_batch(restored, 0)
     assert batch.extras["tag"].tolist() == [0.0, 1.0, 10.0, 11.0]
     assert batch.rows(slice(1, 3)).extras["tag"].tolist() == [1.0, 10.0]

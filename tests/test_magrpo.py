@@ -636,14 +636,14 @@ def test_bf16_autocast_is_lightnings_precision_setting(generation_dtype, tmp_pat
     ``generation_dtype``, the usual pairing)."""
     module = make_module(generation_dtype=generation_dtype)
     seen = []
-    losses = module.losses
+    losses = module.objective.losses
 
     def spy(batch):
         for loss, diagnostics in losses(batch):
             seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), loss.dtype))
             yield loss, diagnostics
 
-    module.losses = spy
+    module.objective.losses = spy
     seed_everything(0)
     trainer = Trainer(
         max_steps=2,

@@ -376,7 +376,7 @@ def test_reward_model_defaults_to_the_agents_name_for_lists_and_named_objects(mo
     model, tok = factory()
     model.config._name_or_path = "tiny"  # as from_pretrained("tiny-org/tiny") would record it
     module = make_marlhf("maac", agents=[model, copy.deepcopy(model)], tokenizers=tok)
-    assert module.reward_model.backbone is not model and len(module.rl.critics) == 1
+    assert module.reward_model.backbone is not model and len(module.rl.objective.critics) == 1
 
 
 def test_model_objects_with_named_reward_and_critic_models(tiny_model):

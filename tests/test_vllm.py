@@ -278,7 +278,7 @@ def test_importance_sampling_correction_weights_the_loss(tmp_path):
     mask = torch.tensor([[True, True, False]])
     inputs = build_scoring_inputs([torch.tensor([5, 6])], torch.tensor([[7, 8, 0]]), mask, 0)
     batch = PolicyBatch(inputs, torch.tensor([0.5]), torch.ones(1, 3), None, train, engine, torch.tensor([True]))
-    loss, _ = corrected.policy_loss(0, logp, batch)
+    loss, _ = corrected.objective.policy_loss(0, logp, batch)
     # seq_sum: −A · Σ_t w_t ρ_t log π_t = −0.5 · (2 · −1 + 1 · −2) = 2.0 (token 2 is masked)
     assert float(loss) == pytest.approx(2.0)
 

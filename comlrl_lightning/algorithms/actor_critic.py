@@ -38,6 +38,7 @@ from comlrl_lightning.agents import CausalLMWithValueHead, check_model_sources, 
 from comlrl_lightning.agents.sharding import full_state_dicts
 from comlrl_lightning.algorithms.evaluation import Evaluation, turn_table
 from comlrl_lightning.algorithms.fields import CriticFields, require
+from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.algorithms.team import team_placement, trainable_parameters
 from comlrl_lightning.core.advantages import critic_advantages, discounted_returns, td_targets
@@ -145,7 +146,7 @@ class CriticEvaluation(Evaluation):
     @torch.no_grad()
     def rollout(self, items: Sequence[Mapping[str, Any]]) -> Rollout:
         rollout = super().rollout(items)
-        self.module.after_rollout(rollout)  # values and targets
+        self.module.objective.after_rollout(rollout)  # values and targets
         return rollout
 
     def record_of(self, rollout: Rollout, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -163,98 +164,83 @@ class CriticEvaluation(Evaluation):
         return metrics
 
 
-class IAC(OnPolicyModule):
-    """Independent actor-critic: one critic per agent (separate critic LM or a value head on the actor).
+class ActorCritic(Objective):
+    """IAC's objective (module docstring): one critic per agent (a separate critic LM or a value head on the
+    actor), rollout-time values and targets, advantages per turn group, the policy and value losses."""
 
-    ``rollout_buffer_size`` / ``train_batch_size`` count joint samples (one completion per agent each). Critics
-    read the agent's token ids, so a separate critic must share the agent's tokenizer.
-
-    Args:
-        num_generations: samples per agent per prompt (IAC's default: 1; multi-turn needs 1).
-        discount: gamma of the TD(0) targets (IAC's default: 0.9, as CoMLRL).
-        top_k: sample among the k most likely tokens (IAC's default: all, as CoMLRL).
-        rollout_buffer_size: joint samples collected before an update (IAC's default: 8, as CoMLRL).
-    """
-
-    algorithm_name = "IAC"
-    field_groups = (*OnPolicyModule.field_groups, CriticFields)
-    field_defaults = {"num_generations": 1, "discount": 0.9, "top_k": None, "rollout_buffer_size": 8}
-    centralized_critic = False
-    reward_per_node = True
     evaluation_class = CriticEvaluation
+    reward_per_node = True
+    centralized = False  # MAAC: one critic over the joint text (JointCritic)
 
-    def check_config(self) -> None:
-        super().check_config()
+    def check(self) -> None:
+        m = self.host
         # Derived before the hyper-parameters are saved, so that they record what the run uses.
-        self.use_separate_critic = self.use_separate_critic or self.centralized_critic
-        self.value_clip_range = None if self.use_separate_critic else self.value_clip_range
-        self.critic_learning_rate = self.critic_learning_rate or self.team.learning_rates[0]
-        name, separate = self.algorithm_name, self.use_separate_critic or self.centralized_critic
+        m.use_separate_critic = m.use_separate_critic or self.centralized
+        m.value_clip_range = None if m.use_separate_critic else m.value_clip_range
+        m.critic_learning_rate = m.critic_learning_rate or m.team.learning_rates[0]
+        name, separate = m.algorithm_name, m.use_separate_critic
         require(
-            self.num_turns == 1 or self.num_generations == 1,
-            f"Multi-turn {name} currently supports num_generations == 1.",
+            m.num_turns == 1 or m.num_generations == 1, f"Multi-turn {name} currently supports num_generations == 1."
         )
-        require(self.joint_mode == "aligned", f"{name} supports joint_mode aligned only (got {self.joint_mode!r}).")
+        require(m.joint_mode == "aligned", f"{name} supports joint_mode aligned only (got {m.joint_mode!r}).")
         require(
-            self.reference_kl_placement == "reward",
+            m.reference_kl_placement == "reward",
             f"{name} applies the reference KL to the reward only (reference_kl_placement must be reward).",
         )
-        require(self.collaboration is None, f"{name} does not support collaboration_mode centralized.")
-        require(separate or self.critic_sources is None, "critics can only be provided when use_separate_critic=True.")
-        where = f"for {name}" if self.centralized_critic else "when use_separate_critic=True"
+        require(m.collaboration is None, f"{name} does not support collaboration_mode centralized.")
+        require(separate or m.critic_sources is None, "critics can only be provided when use_separate_critic=True.")
+        where = f"for {name}" if self.centralized else "when use_separate_critic=True"
         require(
-            not separate or self.critic_model is not None or bool(self.critic_sources) or self.lora is not None,
+            not separate or m.critic_model is not None or bool(m.critic_sources) or m.lora is not None,
             f"Either critic_model or critics must be provided {where}.",
         )
-        count = 1 if self.centralized_critic else self.num_agents
-        given = self.critic_sources
+        count, given = self.num_critics, m.critic_sources
         if given is not None:
             require(
                 len(given) == count,
                 f"critics length ({len(given)}) must match 1 critic for {name}."
-                if self.centralized_critic
+                if self.centralized
                 else f"critics length ({len(given)}) must match the number of agents ({count}).",
             )
-        mp = self.parallel_training == "mp"
+        mp = m.parallel_training == "mp"
         require(
-            not (mp and separate and self.critic_devices is None),
+            not (mp and separate and m.critic_devices is None),
             "parallel_training='mp' requires explicit critic_devices.",
         )
         if separate:
             check_model_sources(
-                list(given) if given is not None else self.critic_model,
-                "critics" if given is not None else "critic_model",
+                list(given) if given is not None else m.critic_model, "critics" if given is not None else "critic_model"
             )
         if mp:
-            self.critic_device_list = (
-                resolve_devices(self.critic_devices, count, kind="critic_devices")
-                if self.critic_devices is not None
+            self.critic_placement = (
+                resolve_devices(m.critic_devices, count, kind="critic_devices")
+                if m.critic_devices is not None
                 else None
             )
         else:  # actors and critics on ONE device, the first of agent_devices, else of critic_devices
-            if self.team.devices is None:
-                self.team.devices = team_placement(self.critic_devices, self.num_agents, "critic_devices")
-            self.critic_device_list = None if self.team.devices is None else [self.team.devices[0]] * count
+            if m.team.devices is None:
+                m.team.devices = team_placement(m.critic_devices, m.num_agents, "critic_devices")
+            self.critic_placement = None if m.team.devices is None else [m.team.devices[0]] * count
 
     # ------------------------------------------------------------------ models
     def build_models(self) -> None:
-        if not (self.use_separate_critic or self.centralized_critic):  # a value head on each actor's backbone
+        m = self.host
+        if not m.use_separate_critic:  # a value head on each actor's backbone
             wrapped: dict[int, CausalLMWithValueHead] = {}
-            for model in self.agents:
+            for model in m.agents:
                 if id(model) not in wrapped:
-                    wrapped[id(model)] = CausalLMWithValueHead(model, value_head_hidden_dim=self.value_head_hidden_dim)
-            self._modules["agents"] = nn.ModuleList([wrapped[id(m)] for m in self.agents]).train()
-            self._modules["critics"] = nn.ModuleList()
+                    wrapped[id(model)] = CausalLMWithValueHead(model, value_head_hidden_dim=m.value_head_hidden_dim)
+            m._modules["agents"] = nn.ModuleList([wrapped[id(a)] for a in m.agents]).train()
+            m._modules["critics"] = nn.ModuleList()
             return
-        count = 1 if self.centralized_critic else self.num_agents
-        given = self.critic_sources
-        sources = list(given) if given is not None else [self.critic_model] * count
-        if self.lora is not None and all(s in (None, self.lora["base"]) for s in sources):
-            team = self.agents[0].team  # critics as adapters + value heads on the team's one base
-            self._modules["critics"] = nn.ModuleList(
+        count, given = self.num_critics, m.critic_sources
+        sources = list(given) if given is not None else [m.critic_model] * count
+        if m.lora is not None and all(s in (None, m.lora["base"]) for s in sources):
+            team = m.agents[0].team  # critics as adapters + value heads on the team's one base
+            m._modules["critics"] = nn.ModuleList(
                 [
                     CausalLMWithValueHead(
-                        team.add_view(f"critic_{j}"), value_head_hidden_dim=self.critic_value_head_hidden_dim
+                        team.add_view(f"critic_{j}"), value_head_hidden_dim=m.critic_value_head_hidden_dim
                     )
                     for j in range(count)
                 ]
@@ -263,15 +249,15 @@ class IAC(OnPolicyModule):
         models, _ = load_agents(
             sources,
             num_agents=count,
-            tokenizers=self.tokenizers[:1] * count if any(not isinstance(s, str) for s in sources) else None,
+            tokenizers=m.tokenizers[:1] * count if any(not isinstance(s, str) for s in sources) else None,
             field="critics" if given is not None else "critic_model",
         )
-        self._modules["critics"] = nn.ModuleList(
-            [CausalLMWithValueHead(m, value_head_hidden_dim=self.critic_value_head_hidden_dim) for m in models]
+        m._modules["critics"] = nn.ModuleList(
+            [CausalLMWithValueHead(c, value_head_hidden_dim=m.critic_value_head_hidden_dim) for c in models]
         ).train()
         for i, critic in enumerate(self.critics):
-            self.apply_gradient_checkpointing(critic)
-            vocab, tokens = critic.model.get_input_embeddings().num_embeddings, len(self.tokenizers[i])
+            m.apply_gradient_checkpointing(critic)
+            vocab, tokens = critic.model.get_input_embeddings().num_embeddings, len(m.tokenizers[i])
             require(
                 vocab >= tokens,
                 f"critic {i} has {vocab} token embeddings but the agent's tokenizer has {tokens}: "
@@ -282,67 +268,70 @@ class IAC(OnPolicyModule):
     @property
     def critics(self) -> nn.ModuleList:
         """The critics (loaded with the agents; empty when the value heads sit on the actors)."""
-        if "critics" not in self._modules:
-            self.configure_model()
-        return self._modules["critics"]
+        if "critics" not in self.host._modules:
+            self.host.configure_model()
+        return self.host._modules["critics"]
+
+    @property
+    def num_critics(self) -> int:
+        return 1 if self.centralized else self.host.num_agents
 
     def critic_for(self, agent: int) -> nn.Module:
-        if self.centralized_critic:
+        if self.centralized:
             return self.critics[0]
-        return self.critics[agent] if self.use_separate_critic else self.agents[agent]
+        return self.critics[agent] if self.host.use_separate_critic else self.host.agents[agent]
 
-    def optimizer_groups(self) -> list[dict[str, Any]]:
-        return super().optimizer_groups() + [
-            {
-                "params": trainable_parameters(critic),
-                "lr": self.critic_learning_rate,
-                "name": f"critic_{j}",
-                "agents": [],
-            }
+    def models(self) -> list[nn.Module]:
+        return list(self.critics)
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        rate = self.host.critic_learning_rate
+        return [
+            {"params": trainable_parameters(critic), "lr": rate, "name": f"critic_{j}", "agents": []}
             for j, critic in enumerate(self.critics)
         ]
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
-        return super().trained_models() + [([f"critic_{j}"], critic) for j, critic in enumerate(self.critics)]
+        return [([f"critic_{j}"], critic) for j, critic in enumerate(self.critics)]
 
-    def sharded_models(self) -> list[nn.Module]:
-        return super().sharded_models() + list(self.critics)
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        if self.critic_device_list is not None:
-            for critic, device in zip(self.critics, self.critic_device_list):
+    def place_models(self) -> None:
+        if self.critic_placement is not None:
+            for critic, device in zip(self.critics, self.critic_placement):
                 critic.to(device)
+
+    def save_pretrained(self, root: Path) -> None:
+        """The critics: IAC ``agent_{i}/critic/``, MAAC ``critic/`` (a value head on the actor is saved with it)."""
+        states = full_state_dicts(list(self.critics))  # sharded critics: gathered whole (on every rank)
+        for j, critic in enumerate(self.critics if ranks.rank() == 0 else ()):  # data-parallel: written once
+            target = root / "critic" if self.centralized else root / f"agent_{j}" / "critic"
+            critic.save_pretrained(target, state_dict=states[j])
+            self.host.tokenizers[j].save_pretrained(target)
 
     # ------------------------------------------------------------------ values and targets at sampling
     @torch.no_grad()
     def after_rollout(self, rollout: Rollout) -> None:
         """Shaped rewards r' = r − β·KL, rollout-time values, TD(0) targets (multi-turn) or r' and MC returns."""
-        nodes = rollout.nodes
+        m, nodes = self.host, rollout.nodes
         for node in nodes:
             kl = torch.stack([a.sequence_kl for a in node.agents]) if node.agents[0].sequence_kl is not None else 0.0
-            node.shaped_rewards = node.agent_rewards - self.reference_kl_coef * kl  # [N, J]
-        if self.centralized_critic:
+            node.shaped_rewards = node.agent_rewards - m.reference_kl_coef * kl  # [N, J]
+        if self.centralized:
             self._tokenize_joint_texts(nodes)
         samples = [JointSample(n, k) for n in nodes for k in range(n.rewards.shape[0])]
         values = torch.stack([self._old_values(i, samples) for i in range(self.num_critics)])  # [C, S]
         offset = 0
         for node in nodes:
             J = node.rewards.shape[0]
-            node.values = values[:, offset : offset + J].expand(self.num_agents, J).clone()
+            node.values = values[:, offset : offset + J].expand(m.num_agents, J).clone()
             offset += J
         for root in rollout.levels[0] if rollout.levels else ():  # each item's episode (K = 1 after turn 1)
             turns = list(episode(root))
             rewards = torch.stack([node.shaped_rewards for node in turns], -1)  # [N, J, T]
             values = torch.stack([node.values for node in turns], -1)
-            targets = td_targets(rewards, values.roll(-1, -1), self.discount)
-            returns = discounted_returns(rewards, self.discount)
+            targets = td_targets(rewards, values.roll(-1, -1), m.discount)
+            returns = discounted_returns(rewards, m.discount)
             for t, node in enumerate(turns):
                 node.targets, node.mc_returns = targets[..., t], returns[..., t]
-
-    @property
-    def num_critics(self) -> int:
-        return 1 if self.centralized_critic else self.num_agents
 
     def _old_values(self, critic: int, samples: Sequence[JointSample]) -> Tensor:
         model = self.critic_for(critic)
@@ -355,10 +344,10 @@ class IAC(OnPolicyModule):
 
     def _tokenize_joint_texts(self, nodes: Sequence[Node]) -> None:
         """MAAC's critic reads ``[Agent i] prompt`` blocks (plus the joint action for Q), one text per action."""
-        tok = self.tokenizers[0]
+        tok = self.host.tokenizers[0]
         texts = [
             self.joint_critic_text(
-                [a.prompt for a in n.agents], [a.texts[k] for a in n.agents] if self.critic_type == "q" else None
+                [a.prompt for a in n.agents], [a.texts[k] for a in n.agents] if self.host.critic_type == "q" else None
             )
             for n in nodes
             for k in range(n.rewards.shape[0])
@@ -387,24 +376,23 @@ class IAC(OnPolicyModule):
             [a.prompt_ids for a, _ in rows],
             [a.completion_ids[k : k + 1] for a, k in rows],
             [a.completion_mask[k : k + 1] for a, k in rows],
-            self.tokenizers[agent].pad_token_id,
+            self.host.tokenizers[agent].pad_token_id,
         )
 
     def critic_inputs(self, critic: int, samples: Sequence[JointSample]) -> tuple[ScoringInputs, Tensor]:
         """Critic rows and, per row, the position whose value is read (the last real token)."""
-        if self.centralized_critic:
+        pad = self.host.tokenizers[0 if self.centralized else critic].pad_token_id
+        if self.centralized:
             empty = torch.zeros((len(samples), 0), dtype=torch.long)
-            inputs = build_scoring_inputs(
-                [s.node.critic_ids[s.k] for s in samples], empty, empty.bool(), self.tokenizers[0].pad_token_id
-            )
+            inputs = build_scoring_inputs([s.node.critic_ids[s.k] for s in samples], empty, empty.bool(), pad)
             return inputs, torch.full((len(samples),), inputs.input_ids.shape[1] - 1)
         inputs = self.sample_inputs(critic, samples)
-        if self.critic_type == "v":  # V(h): the prompt only
+        if self.host.critic_type == "v":  # V(h): the prompt only
             inputs = build_scoring_inputs(
                 [s.node.agents[critic].prompt_ids for s in samples],
                 inputs.completion_ids[:, :0],
                 inputs.completion_mask[:, :0],
-                self.tokenizers[critic].pad_token_id,
+                pad,
             )
         width = inputs.input_ids.shape[1] - inputs.completion_ids.shape[1]
         return inputs, width + inputs.completion_mask.sum(-1) - 1
@@ -422,63 +410,56 @@ class IAC(OnPolicyModule):
         )
 
     # ------------------------------------------------------------------ the update
-    def buffer_records(self, rollout: Rollout) -> list[JointSample]:
+    def records(self, rollout: Rollout) -> list[JointSample]:
         return [JointSample(n, k) for n in rollout.nodes for k in range(n.rewards.shape[0])]
 
     def prepare_group(self, group: list[JointSample]) -> None:
         """Â = normalize(target − V_old) per agent over the turn group (computed once per drained buffer)."""
         for node in {id(s.node): s.node for s in group}.values():
             node.advantages = torch.zeros_like(node.targets)
-        for i in range(self.num_agents):
+        for i in range(self.host.num_agents):
             targets = torch.stack([s.node.targets[i, s.k] for s in group])
             old = torch.stack([s.node.values[i, s.k] for s in group])
-            for s, a in zip(group, critic_advantages(targets, old, self.advantage_normalization)):
+            for s, a in zip(group, critic_advantages(targets, old, self.host.advantage_normalization)):
                 s.node.advantages[i, s.k] = a
 
     def losses(self, samples: list[JointSample]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Agent by agent (actor and its critic), micro-batch by micro-batch; then MAAC's joint critic."""
-        rows, N, turn = len(samples), self.num_agents, samples[0].turn + 1
+        m, rows, turn = self.host, len(samples), samples[0].turn + 1
+        N, coef = m.num_agents, m.value_loss_coef
         inputs = [self.sample_inputs(i, samples) for i in range(N)]
-        weights = [token_loss_weights(x.completion_mask, self.loss_aggregation, self.max_new_tokens) for x in inputs]
-        value_terms = 1 if self.centralized_critic else N
-        for i, _, _, part_rows in self.agent_micro_batches(inputs):
+        weights = [token_loss_weights(x.completion_mask, m.loss_aggregation, m.max_new_tokens) for x in inputs]
+        for i, _, _, part_rows in m.agent_micro_batches(inputs):
             part = take(samples, part_rows)
-            logp = token_logprobs(self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], part_rows)))
+            logp = token_logprobs(m.policy_model(i), trim_prompt_padding(select_rows(inputs[i], part_rows)))
             advantages = torch.stack([s.node.advantages[i, s.k] for s in part]).to(logp.device)
             loss, _ = policy_gradient_loss(logp, advantages, weights[i][part_rows].to(logp.device))
-            assert_finite("policy loss", loss, step=self.global_step, agent=i)
+            assert_finite("policy loss", loss, step=m.global_step, agent=i)
             diagnostics = {f"agent_{i}/policy_loss": loss.detach(), f"turn_{turn}/policy_loss": loss.detach() / N}
-            if not self.centralized_critic:
+            if not self.centralized:
                 vloss = self._value_loss(i, part, rows)
                 diagnostics[f"agent_{i}/value_loss"] = vloss.detach()
-                diagnostics[f"turn_{turn}/value_loss"] = vloss.detach() / value_terms
-                loss = loss + self.value_loss_coef * vloss.to(loss.device)
+                diagnostics[f"turn_{turn}/value_loss"] = vloss.detach() / N
+                loss = loss + coef * vloss.to(loss.device)
             yield loss, {**diagnostics, "loss": loss.detach()}
-        if self.centralized_critic:  # the shared critic: on the team target, over the whole joint mini-batch
-            for part_rows in micro_batches(
-                inputs[0], self.micro_batch_size, self.micro_batch_tokens, share_prompts=False
-            ):  # the critic reads whole rows
+        if self.centralized:  # the shared critic: on the team target, over the whole joint mini-batch
+            # the critic reads whole rows
+            for part_rows in micro_batches(inputs[0], m.micro_batch_size, m.micro_batch_tokens, share_prompts=False):
                 vloss = self._value_loss(0, take(samples, part_rows), rows)
-                yield (
-                    self.value_loss_coef * vloss,
-                    {
-                        "critic/value_loss": vloss.detach(),
-                        f"turn_{turn}/value_loss": vloss.detach(),
-                        "loss": self.value_loss_coef * vloss.detach(),
-                    },
-                )
+                losses = {"critic/value_loss": vloss.detach(), f"turn_{turn}/value_loss": vloss.detach()}
+                yield coef * vloss, {**losses, "loss": coef * vloss.detach()}
 
     def _value_loss(self, critic: int, part: Sequence[JointSample], rows: int) -> Tensor:
         """Critic ``critic``'s loss on ``part`` of a mini-batch of ``rows`` (a mean over the mini-batch)."""
         values = self.critic_values(critic, part).float()
-        if self.centralized_critic:  # the team target: the mean of the agents' targets
+        if self.centralized:  # the team target: the mean of the agents' targets
             targets = torch.stack([s.node.targets[:, s.k].mean() for s in part])
             old = None
         else:
             targets = torch.stack([s.node.targets[critic, s.k] for s in part])
             old = torch.stack([s.node.values[critic, s.k] for s in part]).to(values.device)
-        loss = value_loss(values, targets.to(values.device), old, self.value_clip_range) * (len(part) / rows)
-        assert_finite("value loss", loss, step=self.global_step, agent="critic" if self.centralized_critic else critic)
+        loss = value_loss(values, targets.to(values.device), old, self.host.value_clip_range) * (len(part) / rows)
+        assert_finite("value loss", loss, step=self.host.global_step, agent="critic" if self.centralized else critic)
         return loss
 
     def batch_metrics(self, samples: list[JointSample]) -> dict[str, float]:
@@ -488,14 +469,13 @@ class IAC(OnPolicyModule):
             return float(torch.stack([getattr(s.node, table)[:, s.k] for s in samples]).mean())
 
         metrics = {
-            **super().batch_metrics(samples),
             f"turn_{turn}/reward_mean": mean("shaped_rewards"),
             f"turn_{turn}/expected_return": mean("mc_returns"),
             f"turn_{turn}/value_pred_mean": mean("values"),
             f"turn_{turn}/value_target_mean": mean("targets"),
         }
-        if self.metrics_callback is not None:
-            for key, value in (self.metrics_callback(self.agent_steps(samples)) or {}).items():
+        if self.host.metrics_callback is not None:
+            for key, value in (self.host.metrics_callback(self.agent_steps(samples)) or {}).items():
                 metrics[f"turn_{turn}/{key}"] = float(value)
         return metrics
 
@@ -503,26 +483,37 @@ class IAC(OnPolicyModule):
         """Per-agent views of joint samples (``metrics_callback``'s argument)."""
         return [step for s in samples for step in s.agents]
 
-    def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
-        records = super().completion_records(max_nodes)
-        for record, node in zip(records, self.last_rollout.nodes if self.last_rollout else []):
-            record["agent_rewards"], record["values"] = node.agent_rewards.tolist(), node.values.tolist()
-        return records
+    def node_record(self, node: Node) -> dict[str, Any]:
+        return {"agent_rewards": node.agent_rewards.tolist(), "values": node.values.tolist()}
 
     def record_from_state(self, state: dict[str, Any]) -> JointSample:
         return JointSample.from_state_dict(state)
 
-    # ------------------------------------------------------------------ export
-    def save_pretrained(self, output_dir) -> None:
-        """``agent_{i}/`` (with ``value_head`` files when the head is on the actor) and the critics:
-        IAC ``agent_{i}/critic/``, MAAC ``critic/``."""
-        super().save_pretrained(output_dir)
-        root = Path(output_dir)
-        states = full_state_dicts(list(self.critics))  # sharded critics: gathered whole (on every rank)
-        for j, critic in enumerate(self.critics if ranks.rank() == 0 else ()):  # data-parallel: written once
-            target = root / "critic" if self.centralized_critic else root / f"agent_{j}" / "critic"
-            critic.save_pretrained(target, state_dict=states[j])
-            self.tokenizers[j].save_pretrained(target)
+
+class IAC(OnPolicyModule):
+    """Independent actor-critic: one critic per agent (separate critic LM or a value head on the actor).
+
+    ``rollout_buffer_size`` / ``train_batch_size`` count joint samples (one completion per agent each). Critics
+    read the agent's token ids, so a separate critic must share the agent's tokenizer.
+
+    Args:
+        num_generations: samples per agent per prompt (IAC's default: 1; multi-turn needs 1).
+        discount: gamma of the TD(0) targets (IAC's default: 0.9, as CoMLRL).
+        top_k: sample among the k most likely tokens (IAC's default: all, as CoMLRL).
+        rollout_buffer_size: joint samples collected before an update (IAC's default: 8, as CoMLRL).
+    """
+
+    algorithm_name = "IAC"
+    field_groups = (*OnPolicyModule.field_groups, CriticFields)
+    field_defaults = {"num_generations": 1, "discount": 0.9, "top_k": None, "rollout_buffer_size": 8}
+    objective_class = ActorCritic
+
+
+class JointCritic(ActorCritic):
+    """MAAC's objective: one centralized critic over the joint text, on the team target."""
+
+    centralized = True
+    per_agent_rewards = False
 
 
 class MAAC(IAC):
@@ -533,4 +524,4 @@ class MAAC(IAC):
     """
 
     algorithm_name = "MAAC"
-    centralized_critic = True
+    objective_class = JointCritic

@@ -7,8 +7,9 @@ Lightning decisions (README, docs/differences.md):
   use), so every configuration error is reported before any model loads.
 * Manual optimization: every update steps all agents at once through ONE AdamW with a parameter group per distinct
   model, so ``global_step`` counts team updates and ``max_steps`` means updates. One update skeleton
-  (:meth:`update`); a family supplies the :meth:`losses`. The same model object given twice is one set of weights,
-  trained on the sum of the sharing agents' losses (CoMLRL steps it once per agent).
+  (:meth:`update`); the algorithm's objective (``module.objective``, ``objective.py``) supplies the losses. The
+  same model object given twice is one set of weights, trained on the sum of the sharing agents' losses (CoMLRL
+  steps it once per agent).
 * ``env_step`` (joint actions evaluated, CoMLRL's x-axis) is logged with every row and checkpointed with the RNG
   states, so a ``ckpt_path`` resume samples what an uninterrupted run would.
 
@@ -20,11 +21,10 @@ optimizer (``optimization.py``), evaluation (``module.evaluation``, ``evaluation
 
 from __future__ import annotations
 
-import abc
 import contextlib
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch import LightningModule
@@ -46,6 +46,7 @@ from comlrl_lightning.algorithms.fields import (
     install_init,
     require,
 )
+from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.algorithms.optimization import build_optimizer, clip_and_measure, trained_parameters
 from comlrl_lightning.algorithms.resume import RunState
 from comlrl_lightning.algorithms.team import (
@@ -65,14 +66,13 @@ from comlrl_lightning.runs.files import mark_resumed, run_root
 from comlrl_lightning.runs.record import RunRecord
 
 
-class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
+class MultiAgentModule(LightningModule):
     """Base of every algorithm family: the team, the task, sampling, the optimizer, evaluation, checkpoints.
 
-    A family lists its field groups (:attr:`field_groups`, ``algorithms/fields.py``), may change their defaults
-    (:attr:`field_defaults`), and overrides the small hooks it needs: :meth:`check_config` (rules across fields),
-    :meth:`init_state` (its own run state), :meth:`build_models` (critics, reward models), :meth:`losses` (what
-    one update backpropagates) and :meth:`batch_metrics`. Its keyword-only ``__init__`` is generated from the
-    groups (``fields.install_init``); a family never writes one.
+    An algorithm lists its field groups (:attr:`field_groups`, ``algorithms/fields.py``), may change their defaults
+    (:attr:`field_defaults`) and names its learning rule (:attr:`objective_class`, ``algorithms/objective.py``:
+    the losses of an update, what it keeps from experience, its extra models), held as ``module.objective``. Its
+    keyword-only ``__init__`` is generated from the groups (``fields.install_init``); an algorithm never writes one.
     """
 
     algorithm_name = "MultiAgentModule"
@@ -84,7 +84,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         EvaluationFields,
     )
     field_defaults: ClassVar[dict[str, Any]] = {}  # a family's own defaults, by field name
-    evaluation_class: ClassVar[type[evaluation.Evaluation]] = evaluation.Evaluation  # what module.evaluation is
+    objective_class: ClassVar[type[Objective]]  # what module.objective is: the algorithm's learning rule
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -107,7 +107,9 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
                 if name not in SECRET_FIELDS:  # a credential stays in its group: never an attribute or hyper-parameter
                     object.__setattr__(self, group.attribute_names.get(name, name), value)
                     self.field_values[name] = value
+        self.objective = self.objective_class(self)
         self.check_config()
+        self.objective.check()
         self.save_hyperparameters(effective_hparams(self.field_values, self.__dict__))
         self.sampling = self.group(SamplingFields).sampling
         self.task_reward = RewardCaller(
@@ -116,7 +118,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         self.prompt_formatters = build_formatters(self.team.formatters, self.num_agents)
         self.engine = self.build_engine()
         self.record, self.run_state = RunRecord(self), RunState(self)
-        self.evaluation = self.evaluation_class(self)
+        self.evaluation = self.objective.evaluation_class(self)
         self.init_state()
         self.env_step = 0  # joint actions evaluated so far (CoMLRL's x-axis), checkpointed
 
@@ -174,14 +176,14 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
-        """Load the team (and the family's other models, :meth:`build_models`) once; idempotent. Under FSDP
+        """Load the team (and the objective's other models, ``objective.build_models``) once; idempotent. Under FSDP
         (``ModelParallelStrategy``) each model of :meth:`sharded_models` is then sharded over the ranks."""
         if "agents" not in self._modules:
             models, self._tokenizers = load_team(self.team)
             for model in {id(m): m for m in models}.values():
                 self.apply_gradient_checkpointing(model)
             self._modules["agents"] = nn.ModuleList(models)
-            self.build_models()
+            self.objective.build_models()
         self.shard_models()
 
     def shard_models(self) -> None:
@@ -192,13 +194,9 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
                 if not is_sharded(model):
                     shard(model, strategy.device_mesh["data_parallel"])
 
-    def build_models(self) -> None:
-        """Load or build the family's other models (critics, value heads, a reward model) after the agents."""
-
     def sharded_models(self) -> list[nn.Module]:
-        """The distinct models FSDP shards (every trained model): the agents; families add critics or a reward
-        model."""
-        return list({id(m): m for m in self.agents}.values())
+        """The distinct models FSDP shards (every trained model): the agents and the objective's (critics)."""
+        return list({id(m): m for m in self.agents}.values()) + self.objective.models()
 
     def updated_models(self) -> list[nn.Module]:
         """The sharded models the current update trains (their gradients are reduce-scattered): all of them, unless a
@@ -251,6 +249,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
         with ranks.rank_zero_first() as writer:
             if writer:
                 save_agents(list(self.agents), self.tokenizers, output_dir, state_dicts=states)
+        self.objective.save_pretrained(Path(output_dir))
 
     def describe_step(self) -> str:
         """Where a run is, for error messages: the update and env_step counters."""
@@ -263,7 +262,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
 
     # ------------------------------------------------------------------ the optimizer and the update skeleton
     def optimizer_groups(self) -> list[dict[str, Any]]:
-        """AdamW parameter groups: one per distinct agent model; families add critics/reward models."""
+        """AdamW parameter groups: one per distinct agent model, then the objective's (critics)."""
         return [
             {
                 "params": trainable_parameters(self.agents[ids[0]]),
@@ -272,7 +271,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
                 "agents": ids,
             }
             for ids in self.agent_groups()
-        ]
+        ] + self.objective.parameter_groups()
 
     def configure_optimizers(self):
         return build_optimizer(
@@ -302,7 +301,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
             # Sharded agents: FSDP averages over ranks; scaling by rows x D / all rows makes it row-weighted.
             scale = len(batch) * ranks.world_size() / max(ranks.reduce_sum(len(batch)), 1) if sharded else 1.0
             with no_sync():
-                for loss, diagnostics in self.losses(batch) if len(batch) else ():  # one graph at a time
+                for loss, diagnostics in self.objective.losses(batch) if len(batch) else ():  # one graph at a time
                     self.manual_backward(loss * scale if sharded else loss)
                     for key, value in diagnostics.items():  # summed on the device, read once below (a tensor
                         # joins the running total's device: agents placed on different devices add to one loss)
@@ -330,19 +329,15 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
                 scheduler.step_groups(trained)
         return {**metrics, **self.record.take_timings()}
 
-    @abc.abstractmethod
-    def losses(self, batch: Any) -> Iterator[tuple[Tensor, dict[str, Tensor | float]]]:
-        """Yield ``(loss, diagnostics)`` per forward of the update (checked finite); the losses sum to the
-        update's objective."""
-
     def batch_metrics(self, batch: Any) -> dict[str, float]:
-        """Metrics of the mini-batch itself, taken before the optimizer step (e.g. the policy lag)."""
-        return {}
+        """Metrics of the mini-batch itself, taken before the optimizer step (the objective's; a loop adds its own)."""
+        return self.objective.batch_metrics(batch)
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
-        """(metric names, model) of every trained model; families add theirs. The first name is the model's
-        parameter group's."""
-        return [([f"agent_{i}" for i in ids], self.agents[ids[0]]) for ids in self.agent_groups()]
+        """(metric names, model) of every trained model: the agents, then the objective's. The first name is the
+        model's parameter group's."""
+        agents = [([f"agent_{i}" for i in ids], self.agents[ids[0]]) for ids in self.agent_groups()]
+        return agents + self.objective.trained_models()
 
     def count_env_steps(self, joint_actions: int) -> None:
         """Add the joint actions of a step — over every rank — to ``env_step``."""
@@ -375,6 +370,7 @@ class MultiAgentModule(LightningModule, metaclass=abc.ABCMeta):
             # Model placement: each whole agent on its device (Lightning moved everything to one).
             for model, device in zip(self.agents, self.team.devices):
                 model.to(device)
+        self.objective.place_models()
 
     def configure_callbacks(self):
         """The optional parts of a run this module's config turns on."""

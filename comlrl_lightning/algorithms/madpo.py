@@ -27,6 +27,7 @@ from torch import Tensor
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import FieldGroup, JointActionFields, PreferenceFields, require
 from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
+from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
@@ -183,48 +184,32 @@ class DPOFields(FieldGroup):
         require(self.train_batch_size >= 1, "train_batch_size must be >= 1.")
 
 
-class MADPO(PreferenceModule):
-    """Multi-agent DPO on preference pairs collected from the agents and scored by the task reward.
+class JointDPO(Objective):
+    """MADPO's objective (module docstring): the team margin Δ = Σ_i Δ_i of each pair in −log σ(η·Δ)."""
 
-    Training metrics: ``loss``, ``dpo/accuracy`` (share of pairs with Δ > 0), ``dpo/joint_margin_mean``,
-    ``dpo/reward_gap_mean``, ``dpo/num_pairs``, ``turn_1/reward_mean`` (mean candidate reward at collection,
-    CoMLRL's metric) — and the task reward of the current agents under ``eval/``.
-    """
-
-    algorithm_name = "MADPO"
-    field_groups = (*PreferenceModule.field_groups, DPOFields)
-
-    def init_state(self) -> None:
-        super().init_state()
-        self._margins: list[Tensor] = []
-
-    def training_step(self, batch: list[PreferencePair], batch_idx: int):
-        if self.is_empty_round(batch):
-            return
-        metrics = self.update(batch)
-        if self.use_environment_step:
-            self.count_env_steps(self.environment_steps_per_pair * len(batch))
-        self.last_pair_batch = batch
-        self.record.log_step([metrics], progress={"dpo_acc": "dpo/accuracy", "loss": "loss"})
+    def __init__(self, host: Any):
+        super().__init__(host)
+        self.margins: list[Tensor] = []  # [P, N] per micro-batch of the current update
 
     def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Per micro-batch of pairs: every agent's margins (gathered on this module's device) in one joint loss
         (the agents are coupled through the team margin, so a micro-batch's graphs are alive together)."""
-        step = self.micro_batch_size or len(pairs)
-        self._margins = []
+        m = self.host
+        step = m.micro_batch_size or len(pairs)
+        self.margins = []
         for start in range(0, len(pairs), step):
             chunk = pairs[start : start + step]
             # with parallel_training="mp" each agent's margins live on its own device: gather them on ours
-            margins = torch.stack([self.agent_margins(i, chunk).to(self.device) for i in range(self.num_agents)], dim=1)
-            loss, _ = madpo_loss(margins, self.dpo_beta)
+            margins = torch.stack([self.agent_margins(i, chunk).to(m.device) for i in range(m.num_agents)], dim=1)
+            loss, _ = madpo_loss(margins, m.dpo_beta)
             loss = loss * (len(chunk) / len(pairs))  # the batch loss is a mean over its pairs
-            assert_finite("MADPO loss", loss, step=self.global_step)
-            self._margins.append(margins.detach())
+            assert_finite("MADPO loss", loss, step=m.global_step)
+            self.margins.append(margins.detach())
             yield loss, {"loss": loss.detach()}
 
     def batch_metrics(self, pairs: list[PreferencePair]) -> dict[str, float]:
-        margins = torch.cat(self._margins).float().cpu()  # [P, N], from this update's forwards
-        _, diagnostics = madpo_loss(margins, self.dpo_beta)
+        margins = torch.cat(self.margins).float().cpu()  # [P, N], from this update's forwards
+        _, diagnostics = madpo_loss(margins, self.host.dpo_beta)
         candidate_mean = sum(p.candidate_reward_mean for p in pairs) / len(pairs)
         metrics = {
             "dpo/accuracy": float(diagnostics["accuracy"]),
@@ -233,7 +218,7 @@ class MADPO(PreferenceModule):
             "dpo/num_pairs": float(len(pairs)),
             "turn_1/reward_mean": candidate_mean,
         }
-        for i in range(self.num_agents):
+        for i in range(self.host.num_agents):
             metrics[f"agent_{i}/margin_mean"] = float(margins[:, i].mean())
         return metrics
 
@@ -245,10 +230,32 @@ class MADPO(PreferenceModule):
             prompts,
             [c[None] for c in completions],
             [torch.ones(1, len(c), dtype=torch.bool) for c in completions],
-            self.tokenizers[agent].pad_token_id,
+            self.host.tokenizers[agent].pad_token_id,
         )
-        sequence_logp = token_logprobs(self.policy_model(agent), inputs).sum(-1)  # [2P]
+        sequence_logp = token_logprobs(self.host.policy_model(agent), inputs).sum(-1)  # [2P]
         return sequence_logp[: len(pairs)] - sequence_logp[len(pairs) :]
+
+
+class MADPO(PreferenceModule):
+    """Multi-agent DPO on preference pairs collected from the agents and scored by the task reward.
+
+    Training metrics: ``loss``, ``dpo/accuracy`` (share of pairs with Δ > 0), ``dpo/joint_margin_mean``,
+    ``dpo/reward_gap_mean``, ``dpo/num_pairs``, ``turn_1/reward_mean`` (mean candidate reward at collection,
+    CoMLRL's metric) — and the task reward of the current agents under ``eval/``.
+    """
+
+    algorithm_name = "MADPO"
+    field_groups = (*PreferenceModule.field_groups, DPOFields)
+    objective_class = JointDPO
+
+    def training_step(self, batch: list[PreferencePair], batch_idx: int):
+        if self.is_empty_round(batch):
+            return
+        metrics = self.update(batch)
+        if self.use_environment_step:
+            self.count_env_steps(self.environment_steps_per_pair * len(batch))
+        self.last_pair_batch = batch
+        self.record.log_step([metrics], progress={"dpo_acc": "dpo/accuracy", "loss": "loss"})
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         return self.pair_records(max_nodes)

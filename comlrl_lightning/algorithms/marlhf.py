@@ -43,6 +43,7 @@ from comlrl_lightning.algorithms.fields import (
 )
 from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
 from comlrl_lightning.algorithms.madpo import PreferenceModule
+from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
 from comlrl_lightning.core.pairs import PreferencePair
@@ -125,10 +126,37 @@ class MARLHFFields(FieldGroup):
     critic_model_name: str | None = None
 
 
+class BradleyTerry(Objective):
+    """MARLHF's reward-model stage: the Bradley–Terry loss of the joint reward model on each pair."""
+
+    def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Any]]]:
+        """The reward-model stage's update: Bradley–Terry on winner vs loser joint texts."""
+        m = self.host
+        prompts = [[p.prompts[i] for p in pairs] for i in range(m.num_agents)]
+        winners = m.reward_model.score_joint(
+            prompts, [[p.winner_completions[i] for p in pairs] for i in range(m.num_agents)]
+        )
+        losers = m.reward_model.score_joint(
+            prompts, [[p.loser_completions[i] for p in pairs] for i in range(m.num_agents)]
+        )
+        loss, diagnostics = bradley_terry_loss(winners, losers)
+        assert_finite("reward model loss", loss, step=m.global_step)
+        yield (
+            loss,
+            {
+                "reward_model/loss": loss.detach(),
+                "reward_model/accuracy": diagnostics["accuracy"],
+                "reward_model/margin_mean": diagnostics["margin_mean"],
+                "reward_model/num_pairs": len(pairs),
+            },
+        )
+
+
 class MARLHF(PreferenceModule):
     """A learned joint reward model (epoch 0), then ``rl_algorithm`` on its scores (module docstring)."""
 
     algorithm_name = "MARLHF"
+    objective_class = BradleyTerry  # the reward-model stage's; the RL stage's is the backend's (self.rl.objective)
     field_groups = (
         *PreferenceModule.field_groups,
         RewardModelFields,
@@ -314,27 +342,6 @@ class MARLHF(PreferenceModule):
             return
         updates, sampled, progress = self.rl.train_step(batch, batch_idx)  # each update carries its timings
         self.record.log_step(updates, sampled, progress)
-
-    def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Any]]]:
-        """The reward-model stage's update: Bradley–Terry on winner vs loser joint texts."""
-        prompts = [[p.prompts[i] for p in pairs] for i in range(self.num_agents)]
-        winners = self.reward_model.score_joint(
-            prompts, [[p.winner_completions[i] for p in pairs] for i in range(self.num_agents)]
-        )
-        losers = self.reward_model.score_joint(
-            prompts, [[p.loser_completions[i] for p in pairs] for i in range(self.num_agents)]
-        )
-        loss, diagnostics = bradley_terry_loss(winners, losers)
-        assert_finite("reward model loss", loss, step=self.global_step)
-        yield (
-            loss,
-            {
-                "reward_model/loss": loss.detach(),
-                "reward_model/accuracy": diagnostics["accuracy"],
-                "reward_model/margin_mean": diagnostics["margin_mean"],
-                "reward_model/num_pairs": len(pairs),
-            },
-        )
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         return self.pair_records(max_nodes) if self.in_reward_model_stage else self.rl.completion_records(max_nodes)

@@ -6,8 +6,9 @@ the fit started (one engine, ``rollout/tree.py``; one record type, the tree ``No
 to a buffer and, once the buffer holds ``rollout_buffer_size`` records (or the epoch ends), trains on it: turn by
 turn, shuffled, in mini-batches of ``train_batch_size`` records, one team update (one ``global_step``) per
 mini-batch (``schedule``). The reference-KL penalty (``reference_kl_*``) is attached to the sampled completions
-here, for every family. A family says what a record is (:meth:`buffer_records`), what it prepares per turn group
-(:meth:`prepare_group`) and the losses of an update (:meth:`losses`).
+here, for every algorithm. The objective (``module.objective``, ``objective.py``) says what it computes on a fresh
+rollout (``after_rollout``), what a record is (``records``), what it prepares per turn group (``prepare_group``)
+and the losses of an update (``losses``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ class OnPolicyModule(MultiAgentModule):
     """Sample with the current weights, buffer, train on the buffer in mini-batches (module docstring)."""
 
     field_groups = (*MultiAgentModule.field_groups, JointActionFields, RolloutFields, ReferenceKLFields)
-    reward_per_node = False  # actor-critic: one reward call per node, 1/J/N values
 
     def init_state(self) -> None:
         super().init_state()
@@ -56,8 +56,9 @@ class OnPolicyModule(MultiAgentModule):
     @property
     def needs_sampling_logprobs(self) -> bool:
         """Whether training reads the sampling policy's token log-probs (the reference KL in the reward; a
-        PPO-style subclass's old log-probs): then sampling keeps them (:meth:`sampling_logprobs`)."""
-        return self.uses_reference and self.reference_kl_placement == "reward"
+        PPO-style objective's old log-probs): then sampling keeps them (:meth:`sampling_logprobs`)."""
+        reward_kl = self.uses_reference and self.reference_kl_placement == "reward"
+        return self.objective.needs_sampling_logprobs or reward_kl
 
     @torch.no_grad()
     def score_no_grad(self, agent: int, inputs: ScoringInputs) -> Tensor:
@@ -93,8 +94,8 @@ class OnPolicyModule(MultiAgentModule):
             early_termination_threshold=self.early_termination_threshold,
             external_transition=self.external_transition,
             external_prompt_passthrough=self.external_prompt_passthrough,
-            reward_per_node=self.reward_per_node,
-            per_agent_rewards=not getattr(self, "centralized_critic", False),
+            reward_per_node=self.objective.reward_per_node,
+            per_agent_rewards=self.objective.per_agent_rewards,
             **options,
         )
 
@@ -139,7 +140,7 @@ class OnPolicyModule(MultiAgentModule):
         rollout = self.collect_rollout(batch)
         sampled = {}
         if rollout is not None:  # None: this rank's share of the epoch's last batch is empty
-            self.buffer.extend(self.buffer_records(rollout))
+            self.buffer.extend(self.objective.records(rollout))
             sampled = self.rollout_metrics(rollout)
         last_batch = batch_idx + 1 >= self.trainer.num_training_batches
         drain = len(self.buffer) >= self.rollout_buffer_size or (last_batch and bool(self.buffer))
@@ -188,7 +189,7 @@ class OnPolicyModule(MultiAgentModule):
                 self.attach_training_logprobs(rollout.nodes)
             if self.reference is not None:
                 self.attach_reference_kl(rollout.nodes)
-            self.after_rollout(rollout)
+            self.objective.after_rollout(rollout)
         self.last_rollout = rollout
         return rollout
 
@@ -196,25 +197,16 @@ class OnPolicyModule(MultiAgentModule):
         """The reward rollouts are scored with: the task reward, unless overridden (MARLHF's learned reward)."""
         return self.reward_override or self.task_reward
 
-    def after_rollout(self, rollout: Rollout) -> None:
-        """What a family computes on fresh nodes before they are buffered (actor-critic: values and targets)."""
-
-    def buffer_records(self, rollout: Rollout) -> list[Any]:
-        """What the buffer holds and ``rollout_buffer_size`` counts (the MAGRPO family: nodes)."""
-        return rollout.nodes
-
     def schedule(self, records: list[Any]) -> Iterator[list[Any]]:
-        """The mini-batches of one drained buffer: turn by turn (a mini-batch never mixes turns), shuffled,
-        ``train_batch_size`` records each. Override for several passes over one rollout (PPO)."""
-        for turn in sorted({r.turn for r in records}):
-            group = [r for r in records if r.turn == turn]
-            self.prepare_group(group)
-            order = torch.randperm(len(group)).tolist()
-            for start in range(0, len(group), self.train_batch_size):
-                yield [group[j] for j in order[start : start + self.train_batch_size]]
-
-    def prepare_group(self, group: list[Any]) -> None:
-        """Per drained turn group, before its mini-batches (actor-critic: advantages over the group)."""
+        """The mini-batches of one drained buffer: ``objective.passes`` passes, each turn by turn (a mini-batch
+        never mixes turns), shuffled, ``train_batch_size`` records each."""
+        for _ in range(self.objective.passes):
+            for turn in sorted({r.turn for r in records}):
+                group = [r for r in records if r.turn == turn]
+                self.objective.prepare_group(group)
+                order = torch.randperm(len(group)).tolist()
+                for start in range(0, len(group), self.train_batch_size):
+                    yield [group[j] for j in order[start : start + self.train_batch_size]]
 
     def agent_inputs(self, nodes: Sequence[Node], agent: int) -> tuple[list[Any], ScoringInputs]:
         """Agent ``agent``'s samples at ``nodes`` and their model inputs, one row per completion (node by node, K
@@ -319,11 +311,16 @@ class OnPolicyModule(MultiAgentModule):
         lengths = torch.cat([a.completion_mask.sum(-1) for n in rollout.nodes for a in n.agents]).float()
         metrics["completions/mean_length"] = float(lengths.mean())
         metrics["completions/clipped_ratio"] = float((lengths >= self.max_new_tokens).float().mean())
+        if self.collaboration is not None:  # joint answers the adapter could not split (scored as empty roles)
+            metrics["collaboration/parse_failure_rate"] = self.collaboration.take_parse_failures() / max(
+                rollout.num_joint_actions, 1
+            )
         return metrics
 
     def batch_metrics(self, records: list[Any]) -> dict[str, float]:
         # Updates done before this one minus updates done at sampling: 0 = sampled by the weights being updated.
-        return {"rollout/policy_lag": float(self.global_step - min(r.policy_version for r in records))}
+        lag = float(self.global_step - min(r.policy_version for r in records))
+        return {"rollout/policy_lag": lag, **super().batch_metrics(records)}
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         """What the agents wrote at the first ``max_nodes`` nodes of the last rollout (CompletionsLogger)."""
@@ -338,6 +335,7 @@ class OnPolicyModule(MultiAgentModule):
                 "completions": [a.texts for a in node.agents],
                 "joint_actions": node.joint_index.tolist(),
                 "rewards": node.rewards.tolist(),
+                **self.objective.node_record(node),
             }
             for node in self.last_rollout.nodes[:max_nodes]
         ]
@@ -354,17 +352,11 @@ class OnPolicyModule(MultiAgentModule):
     def save_buffer(self, state: dict[str, Any]) -> None:
         """The records awaiting an update, into the checkpoint's ``state``: this rank's, and every rank's (rank r's
         list at index r)."""
-        state["buffer"] = [self.record_state(r) for r in self.buffer]
+        state["buffer"] = [r.state_dict() for r in self.buffer]
         state["rank_buffers"] = ranks.gather(state["buffer"])
 
     def load_buffer(self, state: dict[str, Any]) -> None:
         saved = state.get("rank_buffers") or [state.get("buffer", [])]
         # Resumed with a different number of processes: old rank r's records go to rank r mod D (none is lost).
         mine = [records for r, records in enumerate(saved) if r % ranks.world_size() == ranks.rank()]
-        self.buffer = [self.record_from_state(s) for records in mine for s in records]
-
-    def record_state(self, record: Any) -> dict[str, Any]:
-        return record.state_dict()
-
-    def record_from_state(self, state: dict[str, Any]) -> Any:
-        return Node.from_state_dict(state)
+        self.buffer = [self.objective.record_from_state(s) for records in mine for s in records]

@@ -12,9 +12,10 @@ discounted mean return of its child node. Agent i's K completions at a node form
 No importance ratio, no clipping, no entropy bonus (the paper's objective). Log-probs cover exactly the
 generated tokens up to and including EOS (CoMLRL skips the last token and scores padding; we do not).
 
-One update (``OnPolicyModule`` schedules them): for each agent, for each micro-batch of its rows, log-probs ->
-:meth:`policy_loss` -> backward. To change the baseline, register one (``core.advantages.register_baseline``);
-the advantage computation is :meth:`advantages`, the per-agent loss :meth:`policy_loss` (docs/new_algorithm.md).
+One update (``OnPolicyModule`` schedules them; :class:`GroupRelative` is the objective, ``module.objective``): for
+each agent, for each micro-batch of its rows, log-probs -> ``policy_loss`` -> backward. To change the baseline,
+register one (``core.advantages.register_baseline``); the advantage computation is ``GroupRelative.advantages``,
+the per-agent loss ``GroupRelative.policy_loss`` (docs/new_algorithm.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.algorithms.fields import FieldGroup, require
+from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
 from comlrl_lightning.core.advantages import BASELINES, compute_advantages
 from comlrl_lightning.core.losses import (
@@ -92,39 +94,38 @@ class AdvantageFields(FieldGroup):
         )
 
 
-class MAGRPO(OnPolicyModule):
-    """Multi-Agent Group Relative Policy Optimization; the baseline is ``advantage_mode`` (default ``mean``)."""
+class GroupRelative(Objective):
+    """MAGRPO's objective (module docstring): per agent, group advantages of the credited returns and the
+    REINFORCE loss, micro-batch by micro-batch."""
 
-    field_groups = (*OnPolicyModule.field_groups, AdvantageFields)
     needs_token_entropy = False  # True: scoring also gives the policy's per-token entropy (PolicyBatch.entropy)
-    algorithm_name = "MAGRPO"
 
-    def check_config(self) -> None:
-        super().check_config()
-        require(self.num_generations >= 2, "num_generations must be >= 2 (group baseline requires multiple samples).")
+    def check(self) -> None:
+        m = self.host
+        require(m.num_generations >= 2, "num_generations must be >= 2 (group baseline requires multiple samples).")
         require(
-            self.collaboration is None or self.num_turns == 1,
-            f"Centralized {self.algorithm_name.removeprefix('Centralized')} currently supports num_turns=1 only.",
+            m.collaboration is None or m.num_turns == 1,
+            f"Centralized {m.algorithm_name.removeprefix('Centralized')} currently supports num_turns=1 only.",
         )
 
-    # ------------------------------------------------------------------ the update
     def losses(self, nodes: list[Node]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
         """Agent by agent, micro-batch by micro-batch: the policy loss of each forward."""
-        batches, gap = [self.policy_batch(nodes, i) for i in range(self.num_agents)], EngineGap()
-        for i, c, count, rows in self.agent_micro_batches([batch.inputs for batch in batches]):
+        m = self.host
+        batches, gap = [self.policy_batch(nodes, i) for i in range(m.num_agents)], EngineGap()
+        for i, c, count, rows in m.agent_micro_batches([batch.inputs for batch in batches]):
             chunk, gap = batches[i].rows(rows), EngineGap() if c == 0 else gap  # the gap: one agent's forwards
             if self.needs_token_entropy:
-                logp, chunk.entropy = token_logprobs(self.policy_model(i), chunk.inputs, entropy=True)
+                logp, chunk.entropy = token_logprobs(m.policy_model(i), chunk.inputs, entropy=True)
             else:
-                logp = token_logprobs(self.policy_model(i), chunk.inputs)
+                logp = token_logprobs(m.policy_model(i), chunk.inputs)
             loss, diagnostics = self.policy_loss(i, logp, chunk)
-            assert_finite("policy loss", loss, step=self.global_step, agent=i)
+            assert_finite("policy loss", loss, step=m.global_step, agent=i)
             if c == 0:  # once per agent and update: what its advantages were
                 diagnostics = {**advantage_metrics(batches[i].advantages), **diagnostics}
             shared = {"loss": loss.detach()}
             gap.add(logp, chunk)
             if c == count - 1 and gap.tokens:  # the mean over the agents, once per agent and update
-                shared["rollout/engine_logprob_gap"] = gap.mean() / self.num_agents
+                shared["rollout/engine_logprob_gap"] = gap.mean() / m.num_agents
             diagnostics = {f"agent_{i}/{name}": value for name, value in diagnostics.items()}
             yield loss, {f"agent_{i}/loss": loss.detach(), **shared, **diagnostics}
 
@@ -132,19 +133,19 @@ class MAGRPO(OnPolicyModule):
         """Agent ``agent``'s loss on one micro-batch from its token log-probs ``logp`` [B, T] (with grad) and the
         batch's advantages, loss weights and stored log-probs (the hook a PPO-style variant overrides). Returns
         the loss and additive diagnostics (summed over the update's micro-batches, logged as ``agent_i/<name>``)."""
-        device = logp.device
+        m, device = self.host, logp.device
         token_kl, kl_coef = None, 0.0
         if batch.ref_logprobs is not None:  # reference KL in the loss
-            token_kl = kl_estimate(logp, batch.ref_logprobs.to(device), self.reference_kl_estimator)
-            token_kl, kl_coef = token_kl * batch.inputs.completion_mask.to(device), self.reference_kl_coef
+            token_kl = kl_estimate(logp, batch.ref_logprobs.to(device), m.reference_kl_estimator)
+            token_kl, kl_coef = token_kl * batch.inputs.completion_mask.to(device), m.reference_kl_coef
         weights = batch.weights.to(device)
-        if self.corrects_engine_sampling:  # π_train / π_engine of each sampled token, truncated or masked
+        if m.corrects_engine_sampling:  # π_train / π_engine of each sampled token, truncated or masked
             weights = weights * importance_sampling_weights(
                 batch.old_logprobs.to(device),
                 batch.engine_logprobs.to(device),
                 batch.inputs.completion_mask.to(device),
-                self.vllm_importance_sampling_mode,
-                self.vllm_importance_sampling_cap,
+                m.vllm_importance_sampling_mode,
+                m.vllm_importance_sampling_cap,
             )
         loss, terms = policy_gradient_loss(logp, batch.advantages.to(device), weights, token_kl, kl_coef)
         # The reference KL's share of the loss (placement loss): the update's sum is logged as agent_i/reference_kl_loss.
@@ -152,19 +153,20 @@ class MAGRPO(OnPolicyModule):
 
     def advantages(self, credit: Tensor) -> Tensor:
         """[M, K] group advantages from the [M, K] credited returns of M nodes (one agent's groups)."""
-        return compute_advantages(credit, self.advantage_mode, self.advantage_normalization)
+        return compute_advantages(credit, self.host.advantage_mode, self.host.advantage_normalization)
 
     def policy_batch(self, nodes: list[Node], agent: int) -> PolicyBatch:
         """Agent ``agent``'s rows of a mini-batch with group advantages computed per node (over its K)."""
-        samples, inputs = self.agent_inputs(nodes, agent)
+        m = self.host
+        samples, inputs = m.agent_inputs(nodes, agent)
         credit = torch.stack([s.credit for s in samples])  # [M, K]
-        if self.reference_kl_placement == "reward" and samples[0].sequence_kl is not None:
-            credit = credit - self.reference_kl_coef * torch.stack([s.sequence_kl for s in samples])
-        weights = token_loss_weights(inputs.completion_mask, self.loss_aggregation, self.max_new_tokens)
+        if m.reference_kl_placement == "reward" and samples[0].sequence_kl is not None:
+            credit = credit - m.reference_kl_coef * torch.stack([s.sequence_kl for s in samples])
+        weights = token_loss_weights(inputs.completion_mask, m.loss_aggregation, m.max_new_tokens)
         rows = torch.tensor([s.completion_ids.shape[0] for s in samples])
-        fresh = torch.tensor([n.policy_version == self.global_step for n in nodes]).repeat_interleave(rows)
+        fresh = torch.tensor([n.policy_version == m.global_step for n in nodes]).repeat_interleave(rows)
         # The importance weights' π_train is the training model's at sampling (attach_training_logprobs).
-        old = "sampling_logprobs" if self.corrects_engine_sampling else "old_logprobs"
+        old = "sampling_logprobs" if m.corrects_engine_sampling else "old_logprobs"
         return PolicyBatch(
             inputs,
             self.advantages(credit).reshape(-1),
@@ -179,19 +181,15 @@ class MAGRPO(OnPolicyModule):
     def batch_metrics(self, nodes: list[Node]) -> dict[str, float]:
         # The reward of the samples is ``rollout/turn_t/reward_mean`` (on_policy.py), once; an update adds the
         # returns its advantages are built from.
-        turn = nodes[0].turn + 1
-        return {
-            **super().batch_metrics(nodes),
-            f"turn_{turn}/expected_return": sum(n.mean_return for n in nodes) / len(nodes),
-        }
+        return {f"turn_{nodes[0].turn + 1}/expected_return": sum(n.mean_return for n in nodes) / len(nodes)}
 
-    def rollout_metrics(self, rollout) -> dict[str, float]:
-        metrics = super().rollout_metrics(rollout)
-        if self.collaboration is not None:  # joint answers the adapter could not split (scored as empty roles)
-            metrics["collaboration/parse_failure_rate"] = self.collaboration.take_parse_failures() / max(
-                rollout.num_joint_actions, 1
-            )
-        return metrics
+
+class MAGRPO(OnPolicyModule):
+    """Multi-Agent Group Relative Policy Optimization; the baseline is ``advantage_mode`` (default ``mean``)."""
+
+    field_groups = (*OnPolicyModule.field_groups, AdvantageFields)
+    objective_class = GroupRelative
+    algorithm_name = "MAGRPO"
 
 
 class EngineGap:

@@ -4,14 +4,13 @@ arXiv:1707.06347) and ``ppo_epochs`` shuffled passes over every drained buffer. 
 the buffered samples, so a checkpoint taken while samples wait for their update keeps them."""
 
 from dataclasses import dataclass
-from typing import Any, Iterator
 
 import torch
 from torch import Tensor
 
 from comlrl_lightning.algorithms import MAGRPO
 from comlrl_lightning.algorithms.fields import FieldGroup, require
-from comlrl_lightning.algorithms.reinforce import PolicyBatch
+from comlrl_lightning.algorithms.reinforce import GroupRelative, PolicyBatch
 
 
 @dataclass
@@ -31,33 +30,37 @@ class ClipFields(FieldGroup):
         require(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1 (got {self.ppo_epochs}).")
 
 
-class MAPPOClip(MAGRPO):
-    """MAGRPO with the clipped importance ratio against the rollout's own log-probs."""
+class ClippedSurrogate(GroupRelative):
+    """MAGRPO's objective with the clipped importance ratio against the rollout's own log-probs."""
 
-    algorithm_name = "MAPPOClip"
-    field_groups = (*MAGRPO.field_groups, ClipFields)
     needs_sampling_logprobs = True  # π_old: kept while sampling, no scoring forward
+
+    @property
+    def passes(self) -> int:
+        return self.host.ppo_epochs
 
     def after_rollout(self, rollout) -> None:
         """π_old: the sampling weights' token log-probs of every fresh sample."""
-        super().after_rollout(rollout)
-        for agent in range(self.num_agents):
-            samples, inputs = self.agent_inputs(rollout.nodes, agent)
-            logprobs = self.sampling_logprobs(agent, samples, inputs).split(
-                [s.completion_ids.shape[0] for s in samples]
-            )
+        m = self.host
+        for agent in range(m.num_agents):
+            samples, inputs = m.agent_inputs(rollout.nodes, agent)
+            logprobs = m.sampling_logprobs(agent, samples, inputs).split([s.completion_ids.shape[0] for s in samples])
             for sample, rows in zip(samples, logprobs):
                 sample.old_logprobs = rows[:, : sample.completion_ids.shape[1]]
 
-    def schedule(self, records: list[Any]) -> Iterator[list[Any]]:
-        for _ in range(self.ppo_epochs):
-            yield from super().schedule(records)
-
     def policy_loss(self, agent: int, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
         ratio = torch.exp(logp - batch.old_logprobs.to(logp.device))  # [B, T]
-        clipped = ratio.clamp(1 - self.clip_range, 1 + self.clip_range)
+        clipped = ratio.clamp(1 - self.host.clip_range, 1 + self.host.clip_range)
         advantages = batch.advantages.to(logp.device)[:, None]
         surrogate = torch.minimum(ratio * advantages, clipped * advantages)
         loss = -(batch.weights.to(logp.device) * surrogate).sum()
         mask = batch.inputs.completion_mask.to(logp.device)
         return loss, {"clipped_tokens": ((ratio != clipped) & mask).sum().detach()}
+
+
+class MAPPOClip(MAGRPO):
+    """Multi-agent PPO-clip: MAGRPO's fields and loop, the clipped surrogate as the objective."""
+
+    algorithm_name = "MAPPOClip"
+    field_groups = (*MAGRPO.field_groups, ClipFields)
+    objective_class = ClippedSurrogate
