@@ -421,7 +421,7 @@ class PairCollection:
         self.generate_seconds: list[float] = []
         self.batch: list = []
         self.data = PreferenceDataModule(dataset=self.items, show_progress=False)
-        self.data.attach(self.module.pair_plan())
+        self.data.attach(self.module.pairs.plan())
         engine, rollout = self.module.engine, self.module.engine.rollout
 
         def timed_rollout(*a, **kw):  # keep the engine's own generate / reward split of the collection

@@ -213,7 +213,7 @@ def test_the_actor_reads_the_adapters_joint_prompt():
     item = ITEMS[0]
     for cls in (MAGRPO, MADPO, MARLHF):
         module = build(cls, **CENTRAL)
-        engines = [module.rl.engine, module.engine] if cls is MARLHF else [module.engine]
+        engines = [module.engine, module.pairs.policy.engine] if cls in (MADPO, MARLHF) else [module.engine]
         for engine in engines:
             assert len(engine.formatters) == 1
             assert engine.formatters[0](item) == "joint left cats | right cats" == joint(item)
@@ -334,7 +334,7 @@ def test_evaluation_hands_the_user_logger_the_split_roles(tmp_path):
 # ----------------------------------------------------------------------------------------------- MADPO
 def test_madpo_centralized_trains_one_actor_on_joint_pairs(tmp_path):
     module = build(MADPO, **CENTRAL)
-    sampled = record_sampling(module.engine)
+    sampled = record_sampling(module.pairs.policy.engine)
     before = params_of(module)
     trainer = trainer_for(tmp_path)
     seed_everything(0)
@@ -364,7 +364,7 @@ def test_madpo_iter_centralized_trains_one_actor_on_joint_pairs(comparator, tmp_
         **CENTRAL,
     )
     assert module.num_agents == 1 and module.comparator_generation_mode == "centralized"
-    sampled = record_sampling(module.engine)  # the current side and the comparator sample here
+    sampled = record_sampling(module.pairs.policy.engine)  # the current side and the comparator sample here
     before = params_of(module)
     trainer = trainer_for(tmp_path)
     seed_everything(0)
@@ -454,7 +454,7 @@ def test_marlhf_iter_centralized_reward_model_reads_joint_text(tmp_path):
         assert all(p == joint(ITEMS[0]) for p in prompts[0])
     assert module.env_step == 2 * 2  # RL epochs: 1 item x 2 generations, two rounds
     assert changed(before, module)
-    assert module.rl.rollout_reward() is module.learned_reward  # the RL stage rewards with the reward model
+    assert module.rollout_reward() is module.learned_reward  # the RL stage rewards with the reward model
 
     seed_everything(0)
     metrics = module.evaluation.evaluate(ITEMS[:1])
@@ -462,7 +462,7 @@ def test_marlhf_iter_centralized_reward_model_reads_joint_text(tmp_path):
     assert len(roles) == 2
     task = toy.letter_reward([roles[0][0][0]], [roles[1][0][0]])[0]
     assert metrics["eval/turn_1/reward_mean"] == pytest.approx(task)  # the task reward, not the reward model
-    assert module.rl.rollout_reward() is module.learned_reward  # unchanged by evaluation
+    assert module.rollout_reward() is module.learned_reward  # unchanged by evaluation
 
 
 # ----------------------------------------------------------------------------------------------- parse failures

@@ -280,7 +280,7 @@ def rounds_of(module, comparator=None):
     ``comparator`` stands in for the one it would build."""
     module.configure_model()
     data = PreferenceDataModule(dataset=list(ITEMS), show_progress=False)
-    data.attach(module.pair_plan())
+    data.attach(module.pairs.plan())
     if comparator is not None:
         data.rounds.comparator = comparator
     return data
@@ -293,7 +293,7 @@ def stub_sampling(monkeypatch, module, current_texts):
         calls.append(([id(m) for m in models], [list(p) for p in prompts], K))
         return [SimpleNamespace(texts=list(t)) for t in current_texts]
 
-    monkeypatch.setattr(module.engine, "sample", fake_sample)
+    monkeypatch.setattr(module.pairs.policy.engine, "sample", fake_sample)
     return calls
 
 
@@ -779,7 +779,7 @@ def test_current_copy_on_other_devices_samples_a_frozen_copy_for_one_round():
     module = make_iter()
     # torch.device("cpu", 0) != torch.device("cpu"): a stand-in for "another device" on a CPU-only machine.
     module.configure_model()
-    comparator = CurrentCopyComparator(module.policy, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
+    comparator = CurrentCopyComparator(module.pairs.policy, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
     comparator.start_round(0)
     copies = [comparator.model_for(i)[0] for i in range(2)]
     for i, copy_ in enumerate(copies):
@@ -788,7 +788,7 @@ def test_current_copy_on_other_devices_samples_a_frozen_copy_for_one_round():
         assert same_weights(copy_, module.policy_model(i))
     comparator.end_round()
     assert comparator.model_for(0)[0] is module.policy_model(0)  # released: the live agent again
-    same_device = CurrentCopyComparator(module.policy, IndependentRNG(1), [torch.device("cpu")] * 2)
+    same_device = CurrentCopyComparator(module.pairs.policy, IndependentRNG(1), [torch.device("cpu")] * 2)
     same_device.start_round(0)
     assert same_device.model_for(1)[0] is module.policy_model(1)
 
@@ -799,7 +799,7 @@ def test_current_copy_shares_one_copy_for_shared_weights():
 
     model, tokenizer = MODEL_FACTORIES["tiny"]()
     module = make_iter(agents=[model, model], tokenizers=tokenizer)
-    comparator = CurrentCopyComparator(module.policy, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
+    comparator = CurrentCopyComparator(module.pairs.policy, IndependentRNG(1), [torch.device("cpu", 0)] * 2)
     comparator.start_round(0)
     assert comparator.model_for(0)[0] is comparator.model_for(1)[0]
 

@@ -107,13 +107,16 @@ def logged(trainer, key: str) -> dict[int, float]:
         return {int(r["step"]): float(r[key]) for r in csv.DictReader(f) if r.get(key)}
 
 
-def spy_updates(module) -> list[dict[str, float]]:
-    """The metrics of every update (each carries the rate per group that update used)."""
+def spy_updates(module, stage=None) -> list[dict[str, float]]:
+    """The metrics of every update (each carries the rate per group that update used); with ``stage``, only the
+    updates of that objective (``module.objective`` when ``stage`` is ``"objective"``)."""
     seen, update = [], module.update
 
-    def spy(batch):
-        metrics = update(batch)
-        seen.append(metrics)
+    def spy(batch, objective=None):
+        metrics = update(batch, objective)
+        chosen = module.objective if stage == "objective" else stage
+        if stage is None or (objective or module.objective) is chosen:
+            seen.append(metrics)
         return metrics
 
     module.update = spy
@@ -379,7 +382,7 @@ def test_marlhf_stages_do_not_use_up_each_others_schedule(tmp_path):
         lr_warmup_steps=3,
         lr_decay="constant",
     )
-    rm_updates, rl_updates = spy_updates(module), spy_updates(module.rl)
+    rm_updates, rl_updates = spy_updates(module, module.reward_stage), spy_updates(module, "objective")
     trainer = Trainer(
         max_epochs=2,
         logger=False,

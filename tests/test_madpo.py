@@ -71,7 +71,7 @@ def collected(module, items):
     """The pairs the data side collects for ``items`` with the module's plan (outside a fit)."""
     module.configure_model()
     data = PreferenceDataModule(dataset=list(items), show_progress=False)
-    data.attach(module.pair_plan())
+    data.attach(module.pairs.plan())
     return data.collect_pairs(items)
 
 

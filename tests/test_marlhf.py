@@ -21,6 +21,7 @@ from comlrl_lightning import IAC, MAAC, MAGRPO, MAREINFORCE, MARLHF, MARLOO, MAR
 from comlrl_lightning.agents import JointRewardModel
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.agents.reward_model import joint_texts
+from comlrl_lightning.algorithms import ActorCritic, BradleyTerry, JointCritic
 from comlrl_lightning.envs import toy
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "marlhf.yaml"
@@ -93,22 +94,22 @@ def fit_marlhf(
     return trainer, data
 
 
-def count_calls(module, name):
-    """Replace ``module.<name>`` by a wrapper that records the epoch of every call."""
-    calls = []
-    original = getattr(module, name)
+def count_updates(module):
+    """Replace ``module.update`` by a wrapper that records the epoch of every update: the reward-model stage's
+    (``module.reward_stage``) in the first list, the RL objective's in the second."""
+    stages, update = ([], []), module.update
 
-    def wrapper(*args, **kwargs):
-        calls.append(module.current_epoch)
-        return original(*args, **kwargs)
+    def wrapper(batch, objective=None):
+        stages[objective is not module.reward_stage].append(module.current_epoch)
+        return update(batch, objective)
 
-    setattr(module, name, wrapper)
-    return calls
+    module.update = wrapper
+    return stages
 
 
 def current_reward(module):
-    """The reward caller the backend's training rollouts use now."""
-    return module.rl.rollout_reward()
+    """The reward caller the RL stage's training rollouts use now."""
+    return module.rollout_reward()
 
 
 class StageProbe(Callback):
@@ -143,15 +144,15 @@ def same(a, b):
 def test_two_stages_for_every_backend(algo, tmp_path):
     backend, mode = BACKENDS[algo]
     module = make_marlhf(algo)
-    # composition: the backend is a module MARLHF holds (``rl``), chosen case-insensitively
-    assert type(module) is MARLHF and type(module.rl) is backend
-    assert type(make_marlhf(algo.upper()).rl) is backend
+    # one module, one team: the backend's objective on it (chosen case-insensitively), the reward model's stage beside
+    assert type(module) is MARLHF and type(module.objective) is backend.objective_class
+    assert type(make_marlhf(algo.upper()).objective) is backend.objective_class
+    assert type(module.reward_stage) is BradleyTerry and module.objectives() == [module.objective, module.reward_stage]
     if mode is not None:
-        assert module.rl.advantage_mode == mode
+        assert module.advantage_mode == mode
 
     collects = []
-    rm_steps = count_calls(module, "update")  # the reward-model stage's updates
-    rl_updates = count_calls(module.rl, "update")  # the backend's
+    rm_steps, rl_updates = count_updates(module)  # the reward-model stage's updates, the RL objective's
     probe = StageProbe()
     trainer, data = fit_marlhf(module, tmp_path, callbacks=[probe], collects=collects)
 
@@ -170,7 +171,7 @@ def test_two_stages_for_every_backend(algo, tmp_path):
     assert not same(probe.agents[("start", 1)], [p.detach() for p in module.agents.parameters()])
     assert not any(p.requires_grad for p in module.reward_model.parameters())
     # the task reward ranks pairs in epoch 0; the learned reward scores the rollouts of epoch 1
-    assert {e for e, r in probe.rewards if r is module.rl.task_reward} == {0}
+    assert {e for e, r in probe.rewards if r is module.task_reward} == {0}
     assert {e for e, r in probe.rewards if r is module.learned_reward} == {1}
 
     rows = read_metrics(trainer)
@@ -376,7 +377,7 @@ def test_reward_model_defaults_to_the_agents_name_for_lists_and_named_objects(mo
     model, tok = factory()
     model.config._name_or_path = "tiny"  # as from_pretrained("tiny-org/tiny") would record it
     module = make_marlhf("maac", agents=[model, copy.deepcopy(model)], tokenizers=tok)
-    assert module.reward_model.backbone is not model and len(module.rl.objective.critics) == 1
+    assert module.reward_model.backbone is not model and len(module.objective.critics) == 1
 
 
 def test_model_objects_with_named_reward_and_critic_models(tiny_model):
@@ -384,11 +385,11 @@ def test_model_objects_with_named_reward_and_critic_models(tiny_model):
     module = make_marlhf(
         "iac", agents=[model, model], tokenizers=tok, reward_model_name="tiny", use_separate_critic=False
     )  # the value head sits on the actor: no critic source needed
-    assert isinstance(module.rl, IAC) and module.reward_model.backbone is not model
+    assert isinstance(module.objective, ActorCritic) and module.reward_model.backbone is not model
     module = make_marlhf(
         "maac", agents=[model, model], tokenizers=tok, reward_model_name="tiny", critic_model_name="tiny"
     )
-    assert isinstance(module.rl, MAAC) and module.reward_model.backbone is not model
+    assert isinstance(module.objective, JointCritic) and module.reward_model.backbone is not model
 
 
 # ----------------------------------------------------------------------------------------------- export
@@ -441,8 +442,7 @@ def test_resume_in_the_rl_stage_neither_recollects_nor_retrains(algo, tmp_path):
         module = make_marlhf(algo)
         counts = {
             "collect_pairs": [],
-            "reward_model_step": count_calls(module, "update"),
-            "update": count_calls(module.rl, "update"),
+            **dict(zip(("reward_model_step", "update"), count_updates(module))),
         }
         trainer, data = fit_marlhf(
             module, tmp_path, ckpt_path=ckpt_path, callbacks=callbacks, name=name, collects=counts["collect_pairs"]
@@ -532,5 +532,5 @@ def test_reference_kl_with_an_actor_critic_backend_fits(algo, tmp_path):
         algo, reference_kl_enabled=True, reference_kl_coef=0.5, critic_model_name="tiny", eval_interval=0
     )
     trainer, _ = fit_marlhf(module, tmp_path)
-    assert trainer.global_step >= 2 and module.rl.last_rollout is not None
-    assert module.rl.last_rollout.nodes[0].agents[0].sequence_kl is not None
+    assert trainer.global_step >= 2 and module.last_rollout is not None
+    assert module.last_rollout.nodes[0].agents[0].sequence_kl is not None

@@ -107,9 +107,10 @@ class MultiAgentModule(LightningModule):
                 if name not in SECRET_FIELDS:  # a credential stays in its group: never an attribute or hyper-parameter
                     object.__setattr__(self, group.attribute_names.get(name, name), value)
                     self.field_values[name] = value
-        self.objective = self.objective_class(self)
+        self.objective = self.make_objective()
         self.check_config()
-        self.objective.check()
+        for objective in self.objectives():
+            objective.check()
         self.save_hyperparameters(effective_hparams(self.field_values, self.__dict__))
         self.sampling = self.group(SamplingFields).sampling
         self.task_reward = RewardCaller(
@@ -121,6 +122,15 @@ class MultiAgentModule(LightningModule):
         self.evaluation = self.objective.evaluation_class(self)
         self.init_state()
         self.env_step = 0  # joint actions evaluated so far (CoMLRL's x-axis), checkpointed
+
+    def make_objective(self) -> Objective:
+        """``module.objective``, the learning rule the module's loop trains with: ``objective_class``'s."""
+        return self.objective_class(self)
+
+    def objectives(self) -> list[Objective]:
+        """Every objective of the module (MARLHF: its RL objective and its reward-model stage's): their models are
+        the module's."""
+        return [self.objective]
 
     def group(self, kind: type[FieldGroup]) -> FieldGroup:
         """This module's field group of type ``kind``."""
@@ -152,10 +162,14 @@ class MultiAgentModule(LightningModule):
         """A LoRA team's plan (``team.lora_plan``), else None."""
         return self.team.lora
 
-    def build_engine(self, **options: Any) -> RolloutEngine:
-        """The module's rollout engine: the team's formatters, task reward, sampling settings, chat template and
-        generation backend, plus a family's ``options`` (samples per prompt, turns, joint mode, ...). The base
-        engine samples one single-turn trajectory per item: what evaluation needs."""
+    def build_engine(self) -> RolloutEngine:
+        """``module.engine``, what the module's loop and evaluation sample with; the base's samples one single-turn
+        trajectory per item (what evaluation needs). A loop overrides it with its options."""
+        return self.make_engine()
+
+    def make_engine(self, **options: Any) -> RolloutEngine:
+        """A rollout engine of the team: its formatters, task reward, sampling settings, chat template and
+        generation backend, plus ``options`` (samples per prompt, turns, joint mode, ...)."""
         return RolloutEngine(
             num_agents=self.num_agents,
             formatters=self.prompt_formatters,
@@ -183,7 +197,8 @@ class MultiAgentModule(LightningModule):
             for model in {id(m): m for m in models}.values():
                 self.apply_gradient_checkpointing(model)
             self._modules["agents"] = nn.ModuleList(models)
-            self.objective.build_models()
+            for objective in self.objectives():
+                objective.build_models()
         self.shard_models()
 
     def shard_models(self) -> None:
@@ -195,13 +210,14 @@ class MultiAgentModule(LightningModule):
                     shard(model, strategy.device_mesh["data_parallel"])
 
     def sharded_models(self) -> list[nn.Module]:
-        """The distinct models FSDP shards (every trained model): the agents and the objective's (critics)."""
-        return list({id(m): m for m in self.agents}.values()) + self.objective.models()
+        """The distinct models FSDP shards (every trained model): the agents and the objectives' (critics, a reward
+        model)."""
+        return list({id(m): m for m in self.agents}.values()) + [m for o in self.objectives() for m in o.models()]
 
-    def updated_models(self) -> list[nn.Module]:
-        """The sharded models the current update trains (their gradients are reduce-scattered): all of them, unless a
-        family's stage trains some only."""
-        return [m for m in self.sharded_models() if is_sharded(m)]
+    def updated_models(self, objective: Objective) -> list[nn.Module]:
+        """The sharded models an update of ``objective`` trains (their gradients are reduce-scattered)."""
+        agents = list({id(m): m for m in self.agents}.values()) if objective.trains_agents else []
+        return [m for m in agents + objective.models() if is_sharded(m)]
 
     @property
     def agents(self) -> nn.ModuleList:
@@ -249,7 +265,8 @@ class MultiAgentModule(LightningModule):
         with ranks.rank_zero_first() as writer:
             if writer:
                 save_agents(list(self.agents), self.tokenizers, output_dir, state_dicts=states)
-        self.objective.save_pretrained(Path(output_dir))
+        for objective in self.objectives():
+            objective.save_pretrained(Path(output_dir))
 
     def describe_step(self) -> str:
         """Where a run is, for error messages: the update and env_step counters."""
@@ -262,7 +279,7 @@ class MultiAgentModule(LightningModule):
 
     # ------------------------------------------------------------------ the optimizer and the update skeleton
     def optimizer_groups(self) -> list[dict[str, Any]]:
-        """AdamW parameter groups: one per distinct agent model, then the objective's (critics)."""
+        """AdamW parameter groups: one per distinct agent model, then the objectives' (critics, a reward model)."""
         return [
             {
                 "params": trainable_parameters(self.agents[ids[0]]),
@@ -271,7 +288,7 @@ class MultiAgentModule(LightningModule):
                 "agents": ids,
             }
             for ids in self.agent_groups()
-        ] + self.objective.parameter_groups()
+        ] + [group for o in self.objectives() for group in o.parameter_groups()]
 
     def configure_optimizers(self):
         return build_optimizer(
@@ -285,10 +302,12 @@ class MultiAgentModule(LightningModule):
             self._trainer.max_steps if self._trainer is not None else -1,
         )
 
-    def update(self, batch: Any) -> dict[str, float]:
-        """One team update on a mini-batch: one optimizer step, one ``global_step``. In a data-parallel run every
-        rank updates together, each on its own mini-batch (possibly empty), with gradients averaged over the ranks
-        by rows before clipping, so every rank holds the same weights after it."""
+    def update(self, batch: Any, objective: Objective | None = None) -> dict[str, float]:
+        """One team update of ``objective`` (default ``module.objective``) on a mini-batch: one optimizer step, one
+        ``global_step``. In a data-parallel run every rank updates together, each on its own mini-batch (possibly
+        empty), with gradients averaged over the ranks by rows before clipping, so every rank holds the same weights
+        after it."""
+        objective = objective or self.objective
         with self.record.timed("update"):
             self.generation_engine.release_memory()  # vLLM's sleep mode: the engines' memory is the update's now
             optimizer = self.optimizers()
@@ -297,11 +316,11 @@ class MultiAgentModule(LightningModule):
             # DDP's reducer expects one backward per forward; ours are one per agent, so it stays off and the
             # gradients are averaged once below.
             no_sync = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
-            sharded = self.updated_models()
+            sharded = self.updated_models(objective)
             # Sharded agents: FSDP averages over ranks; scaling by rows x D / all rows makes it row-weighted.
             scale = len(batch) * ranks.world_size() / max(ranks.reduce_sum(len(batch)), 1) if sharded else 1.0
             with no_sync():
-                for loss, diagnostics in self.objective.losses(batch) if len(batch) else ():  # one graph at a time
+                for loss, diagnostics in objective.losses(batch) if len(batch) else ():  # one graph at a time
                     self.manual_backward(loss * scale if sharded else loss)
                     for key, value in diagnostics.items():  # summed on the device, read once below (a tensor
                         # joins the running total's device: agents placed on different devices add to one loss)
@@ -315,7 +334,7 @@ class MultiAgentModule(LightningModule):
                     ranks.average_gradients((p for g in optimizer.param_groups for p in g["params"]), len(batch))
             metrics = {
                 **clip_and_measure(trained_parameters(self.trained_models(), optimizer), self.max_grad_norm),
-                **(self.batch_metrics(batch) if len(batch) else {}),
+                **(self.batch_metrics(batch, objective) if len(batch) else {}),
                 **{key: float(value) for key, value in sums.items()},
             }
             for group in optimizer.param_groups:  # the rate this update used
@@ -329,15 +348,15 @@ class MultiAgentModule(LightningModule):
                 scheduler.step_groups(trained)
         return {**metrics, **self.record.take_timings()}
 
-    def batch_metrics(self, batch: Any) -> dict[str, float]:
+    def batch_metrics(self, batch: Any, objective: Objective) -> dict[str, float]:
         """Metrics of the mini-batch itself, taken before the optimizer step (the objective's; a loop adds its own)."""
-        return self.objective.batch_metrics(batch)
+        return objective.batch_metrics(batch)
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
-        """(metric names, model) of every trained model: the agents, then the objective's. The first name is the
+        """(metric names, model) of every trained model: the agents, then the objectives'. The first name is the
         model's parameter group's."""
         agents = [([f"agent_{i}" for i in ids], self.agents[ids[0]]) for ids in self.agent_groups()]
-        return agents + self.objective.trained_models()
+        return agents + [trained for o in self.objectives() for trained in o.trained_models()]
 
     def count_env_steps(self, joint_actions: int) -> None:
         """Add the joint actions of a step — over every rank — to ``env_step``."""
@@ -370,7 +389,8 @@ class MultiAgentModule(LightningModule):
             # Model placement: each whole agent on its device (Lightning moved everything to one).
             for model, device in zip(self.agents, self.team.devices):
                 model.to(device)
-        self.objective.place_models()
+        for objective in self.objectives():
+            objective.place_models()
 
     def configure_callbacks(self):
         """The optional parts of a run this module's config turns on."""

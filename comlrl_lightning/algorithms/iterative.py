@@ -4,8 +4,8 @@ A preference module's rounds are one :class:`Rounds` object (``module.rounds``) 
 compose (``rounds_class = Rounds``); MADPO and MARLHF have none. One round ν:
 
 1. **Collect** — the data side (``PreferenceDataModule`` with ``data/rounds.py``), from the plan this module
-   hands it (:meth:`pair_plan`: the team policy, the comparator, the replay rules): per task the current agents
-   sample K_c candidates, the comparator K_cmp; both sides are scored by the oracle (the task reward after
+   hands it (``module.pairs.plan()``: the team policy, the comparator, the replay rules): per task the current
+   agents sample K_c candidates, the comparator K_cmp; both sides are scored by the oracle (the task reward after
    ``reward_processor``, or MARLHFIter's previous reward model); candidate k of one side meets candidate k of the
    other, either side can win, ties are dropped, ``pair_selection`` and ``preference_pairs_per_sample`` choose.
 2. **Shard**: ``<preference_replay_dir>/iteration_{ν+1:04d}.json``, written atomically, also for empty rounds.
@@ -70,10 +70,10 @@ def iterative_groups(groups: tuple[type[FieldGroup], ...]) -> tuple[type[FieldGr
 
 class Rounds:
     """``module.rounds`` of an iterative variant: collect → shard → replay → train, round after round (module
-    docstring). The module (a ``PreferenceModule``) keeps its fields (the ``ReplayFields`` and ``ComparatorFields``
-    groups, ``iterative_groups``) and ``epochs_per_iteration``; this object checks the comparator, fixes the fit's
-    epochs, adds the round callbacks, extends the module's pair plan with the rounds and keeps the policy
-    checkpoints' directory (in the module's checkpoint)."""
+    docstring). The module (MADPOIter or MARLHFIter, whose ``module.pairs`` creates it) keeps its fields (the
+    ``ReplayFields`` and ``ComparatorFields`` groups, ``iterative_groups``) and ``epochs_per_iteration``; this object
+    checks the comparator, fixes the fit's epochs, adds the round callbacks, extends the module's pair plan with the
+    rounds and keeps the policy checkpoints' directory (in the module's checkpoint)."""
 
     def __init__(self, module: Any):
         self.module = module

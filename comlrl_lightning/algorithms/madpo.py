@@ -12,7 +12,8 @@ this by stepping agents one after another with the others' margins detached; we 
 the joint loss, whose gradient with respect to each agent's weights is the same. No reference model.
 
 Collection happens in ``PreferenceDataModule.train_dataloader`` from the current agents (once per fit), with what
-the module hands the data module when the fit starts (``pair_plan``: the team policy and the selection rules);
+the module hands the data module when the fit starts (``module.pairs``, ``pairs.py``: the team policy and the
+selection rules);
 each Lightning epoch is one pass over the pairs in batches of ``train_batch_size`` pairs, one update each.
 """
 
@@ -28,138 +29,11 @@ from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import FieldGroup, JointActionFields, PreferenceFields, require
 from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
 from comlrl_lightning.algorithms.objective import Objective
+from comlrl_lightning.algorithms.pairs import Pairs
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
-from comlrl_lightning.data.preferences import PairPlan, PreferenceDataModule
-from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs
-from comlrl_lightning.rollout.tree import RolloutEngine
-
-
-class PreferenceModule(MultiAgentModule):
-    """What MADPO and MARLHF share: sampling candidates and turning their task-reward scores into pairs; their
-    iterative variants add rounds (``rounds_class``: ``module.rounds``, ``algorithms/iterative.py``)."""
-
-    field_groups = (*MultiAgentModule.field_groups, JointActionFields, PreferenceFields)
-    pair_selections = PAIR_SELECTIONS
-    rounds_class: ClassVar[type[Rounds] | None] = None  # the iterative variants: Rounds
-    keep_comparator_loaded = True  # an iterative variant's 'model' comparator stays loaded between rounds
-
-    def init_state(self) -> None:
-        super().init_state()
-        self.last_pair_batch: list[PreferencePair] = []
-
-    def build_engine(self, **options: Any) -> RolloutEngine:
-        """K_c aligned joint candidates per task, one turn (evaluation asks it for one trajectory per item)."""
-        return super().build_engine(
-            num_generations=self.preference_num_candidates, num_turns=1, joint_mode="aligned", **options
-        )
-
-    def check_config(self) -> None:
-        super().check_config()
-        name = self.algorithm_name
-        require(self.num_turns == 1, f"{name} currently supports num_turns=1 only.")
-        require(
-            self.joint_mode == "aligned", f"{name} preference generation currently supports aligned joint_mode only."
-        )
-        require(
-            self.pair_selection in self.pair_selections,
-            f"pair_selection must be one of: {', '.join(self.pair_selections)} (got {self.pair_selection!r}).",
-        )
-        self.rounds = self.rounds_class(self) if self.rounds_class is not None else None
-        if self.rounds is not None:
-            self.rounds.check()
-
-    # ------------------------------------------------------------------ what the data side collects
-    @property
-    def policy(self) -> TeamPolicy:
-        """The team as the data side sees it (the live agents sampling through the pair engine, the task reward
-        as the oracle); built once the models are loaded."""
-        if getattr(self, "_policy", None) is None:
-            self._policy = TeamPolicy(
-                self.engine,
-                self.policy_models(),
-                self.tokenizers,
-                reward=self.task_reward,
-                collaboration=self.collaboration,
-            )
-        return self._policy
-
-    @property
-    def pair_batch_size(self) -> int:
-        """Pairs per update."""
-        return self.train_batch_size
-
-    @property
-    def pair_passes(self) -> int:
-        """Passes over the pairs in one pair epoch."""
-        return 1
-
-    def pair_plan(self) -> PairPlan:
-        """What ``PreferenceDataModule`` collects and serves for this module (handed over in ``on_fit_start``)."""
-        plan = PairPlan(
-            self.policy,
-            self.preference_num_candidates,
-            self.pair_selection,
-            self.preference_pairs_per_sample,
-            self.pair_batch_size,
-            passes=self.pair_passes,
-            name=self.algorithm_name,
-            whole=self.sharded_models(),
-        )
-        return self.rounds.extend(plan) if self.rounds is not None else plan
-
-    # ------------------------------------------------------------------ the rounds of an iterative variant
-    def fit_epochs(self) -> int | None:
-        return self.rounds.fit_epochs() if self.rounds is not None else super().fit_epochs()
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "fit" and self.rounds is not None:
-            self.rounds.fix_epochs(self.trainer)
-
-    def configure_callbacks(self):
-        callbacks = list(super().configure_callbacks())
-        return callbacks + (self.rounds.callbacks() if self.rounds is not None else [])
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if self.rounds is not None:
-            checkpoint["comlrl_lightning"]["iterative"] = self.rounds.state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        state = checkpoint.get("comlrl_lightning", {}).get("iterative")
-        if state and self.rounds is not None:
-            self.rounds.load_state_dict(state)
-
-    def is_empty_round(self, batch: list[Any]) -> bool:
-        """The no-op batch ``PreferenceDataModule`` serves for a round without pairs (every rank's is empty)."""
-        return self.rounds is not None and not batch
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        data = self.trainer.datamodule
-        if not isinstance(data, PreferenceDataModule):
-            raise TypeError(
-                f"{self.algorithm_name} trains on preference pairs its data module collects: use "
-                f"comlrl_lightning.PreferenceDataModule as the data (got {type(data).__name__})."
-            )
-        data.attach(self.pair_plan())
-
-    def pair_records(self, max_nodes: int) -> list[dict[str, Any]]:
-        """What the agents wrote in the last batch of pairs (CompletionsLogger)."""
-        return [
-            {
-                "env_step": self.env_step,
-                "turn": 1,
-                "prompts": p.prompts,
-                "completions": [[w, l] for w, l in zip(p.winner_completions, p.loser_completions)],
-                "rewards": [p.winner_reward, p.loser_reward],
-            }
-            for p in self.last_pair_batch[:max_nodes]
-        ]
 
 
 @dataclass
@@ -236,7 +110,7 @@ class JointDPO(Objective):
         return sequence_logp[: len(pairs)] - sequence_logp[len(pairs) :]
 
 
-class MADPO(PreferenceModule):
+class MADPO(MultiAgentModule):
     """Multi-agent DPO on preference pairs collected from the agents and scored by the task reward.
 
     Training metrics: ``loss``, ``dpo/accuracy`` (share of pairs with Δ > 0), ``dpo/joint_margin_mean``,
@@ -245,20 +119,54 @@ class MADPO(PreferenceModule):
     """
 
     algorithm_name = "MADPO"
-    field_groups = (*PreferenceModule.field_groups, DPOFields)
+    field_groups = (*MultiAgentModule.field_groups, JointActionFields, PreferenceFields, DPOFields)
     objective_class = JointDPO
+    pair_selections = PAIR_SELECTIONS
+    rounds_class: ClassVar[type[Rounds] | None] = None  # the iterative variant: Rounds (module.rounds)
+    keep_comparator_loaded = True  # an iterative variant's 'model' comparator stays loaded between rounds
+    pair_passes = 1  # DPO passes over the pairs in one epoch
+
+    def check_config(self) -> None:
+        super().check_config()
+        self.pairs = Pairs(self, self.train_batch_size, self.pair_passes)  # what the data module collects
+        self.rounds = self.pairs.rounds
+        self.pairs.check()
+        self.pairs.check_rounds()
 
     def training_step(self, batch: list[PreferencePair], batch_idx: int):
-        if self.is_empty_round(batch):
+        if self.pairs.is_empty_round(batch):
             return
         metrics = self.update(batch)
         if self.use_environment_step:
             self.count_env_steps(self.environment_steps_per_pair * len(batch))
-        self.last_pair_batch = batch
+        self.pairs.last_batch = batch
         self.record.log_step([metrics], progress={"dpo_acc": "dpo/accuracy", "loss": "loss"})
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
-        return self.pair_records(max_nodes)
+        return self.pairs.records(max_nodes)
+
+    # ------------------------------------------------------------------ the pairs' part of the fit
+    def fit_epochs(self) -> int | None:
+        return self.pairs.fit_epochs()
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.pairs.setup(self.trainer, stage)
+
+    def configure_callbacks(self):
+        return [*super().configure_callbacks(), *self.pairs.callbacks()]
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self.pairs.attach(self.trainer.datamodule)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        self.pairs.save(checkpoint["comlrl_lightning"])
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.pairs.load(checkpoint.get("comlrl_lightning", {}))
 
 
 @dataclass

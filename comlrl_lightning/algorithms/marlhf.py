@@ -8,11 +8,13 @@ One Lightning fit, two stages:
    −log σ(s_w − s_l) for ``reward_num_train_epochs`` passes over the pairs, ``reward_train_batch_size`` pairs per
    update (``reward_learning_rate``; ``reward_freeze_backbone`` trains the head only).
 2. **RL** (epochs 1…). The reward model is frozen and replaces the task reward; its scores are used raw (no
-   ``reward_processor``). The learner is the backend module ``rl_algorithm`` names — ``magrpo`` | ``mareinforce``
-   | ``marloo`` | ``maremax`` (the MAGRPO family) or ``iac`` | ``maac`` (actor-critic; critics from
-   ``critic_model``/``critic_model_name``, default the agents' source) — built from this module's fields with the
-   backend's own defaults, held as ``self.rl`` (composition: the backend owns the agents and its critics, this
-   module the reward model and the stages). Reference-KL shaping, when enabled, applies in the RL stage only.
+   ``reward_processor``). The team trains with the objective of the backend ``rl_algorithm`` names — ``magrpo`` |
+   ``mareinforce`` | ``marloo`` | ``maremax`` (the MAGRPO family's ``GroupRelative``, with the backend's baseline)
+   or ``iac`` | ``maac`` (``ActorCritic``/``JointCritic``; critics from ``critic_model``/``critic_model_name``,
+   default the agents' source) — with the backend's own defaults for the rollout fields left null. One module,
+   one team: the RL objective is ``module.objective`` (the on-policy loop's), the reward-model stage's
+   ``module.reward_stage`` (:class:`BradleyTerry`, which owns the reward model), the pairs ``module.pairs``.
+   Reference-KL shaping, when enabled, applies in the RL stage only.
 
 Evaluation always uses the task reward. ``trainer.max_epochs`` counts the reward-model epoch plus the RL epochs;
 ``global_step`` counts reward-model updates and RL updates alike. Checkpoints hold the agents, critics, the reward
@@ -23,17 +25,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, ClassVar, Iterator, Literal
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from comlrl_lightning.agents import JointRewardModel, RewardModelReward, check_model_sources
-from comlrl_lightning.agents.sharding import full_state_dicts, is_sharded
+from comlrl_lightning.agents.sharding import full_state_dicts
 from comlrl_lightning.algorithms.actor_critic import IAC, MAAC
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import (
     CriticFields,
     FieldGroup,
+    JointActionFields,
+    PreferenceFields,
     ReferenceKLFields,
     RolloutFields,
     check_choice,
@@ -42,13 +46,13 @@ from comlrl_lightning.algorithms.fields import (
     type_hints,
 )
 from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
-from comlrl_lightning.algorithms.madpo import PreferenceModule
 from comlrl_lightning.algorithms.objective import Objective
+from comlrl_lightning.algorithms.on_policy import OnPolicyModule
+from comlrl_lightning.algorithms.pairs import Pairs
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
-from comlrl_lightning.core.pairs import PreferencePair
+from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
-from comlrl_lightning.data.preferences import PairPlan
 from comlrl_lightning.rollout.rewards import RewardCaller
 from comlrl_lightning.runs import ranks
 
@@ -127,7 +131,37 @@ class MARLHFFields(FieldGroup):
 
 
 class BradleyTerry(Objective):
-    """MARLHF's reward-model stage: the Bradley–Terry loss of the joint reward model on each pair."""
+    """MARLHF's reward-model stage: a fresh joint reward model (``module.reward_model``) learns −log σ(s_w − s_l) on
+    each pair's winner and loser joint texts. It trains the reward model only."""
+
+    trains_agents = False
+
+    def build_models(self) -> None:
+        m = self.host
+        m._modules["reward_model"] = JointRewardModel.from_pretrained(
+            m.reward_model_name or m.backbone, freeze_backbone=m.reward_freeze_backbone, max_length=m.reward_max_length
+        ).train()  # from_pretrained gives eval mode; epoch 0 trains it
+        self.reward = RewardCaller(RewardModelReward(m.reward_model, formatters=m.prompt_formatters))
+
+    def models(self) -> list[nn.Module]:
+        return [self.host.reward_model]
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        params = list(self.host.reward_model.parameters())
+        return [{"params": params, "name": "reward_model", "lr": self.host.reward_learning_rate, "agents": []}]
+
+    def trained_models(self) -> list[tuple[list[str], nn.Module]]:
+        return [(["reward_model"], self.host.reward_model)]
+
+    def place_models(self) -> None:
+        if self.host.reward_model_device is not None:
+            self.host.reward_model.to(self.host.reward_model_device)
+
+    def save_pretrained(self, root: Path) -> None:
+        """``reward_model/`` (backbone, tokenizer, head)."""
+        state = full_state_dicts([self.host.reward_model])[0]  # a sharded reward model: gathered whole (every rank)
+        if ranks.rank() == 0:  # a data-parallel run: written once
+            self.host.reward_model.save_pretrained(root / "reward_model", state_dict=state)
 
     def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Any]]]:
         """The reward-model stage's update: Bradley–Terry on winner vs loser joint texts."""
@@ -152,39 +186,55 @@ class BradleyTerry(Objective):
         )
 
 
-class MARLHF(PreferenceModule):
-    """A learned joint reward model (epoch 0), then ``rl_algorithm`` on its scores (module docstring)."""
+class MARLHF(OnPolicyModule):
+    """A learned joint reward model (epoch 0), then ``rl_algorithm``'s objective on its scores (module docstring).
+
+    One team, one module: the RL objective (``module.objective``) trains the agents (and its critics) in the RL
+    epochs through the on-policy loop; the reward-model objective (``module.reward_stage``, :class:`BradleyTerry`)
+    trains the reward model on the pairs ``module.pairs`` collects in epoch 0.
+    """
 
     algorithm_name = "MARLHF"
-    objective_class = BradleyTerry  # the reward-model stage's; the RL stage's is the backend's (self.rl.objective)
     field_groups = (
-        *PreferenceModule.field_groups,
+        *MultiAgentModule.field_groups,
+        JointActionFields,
+        PreferenceFields,
         RewardModelFields,
         CriticFields,
         RLStageFields,
         ReferenceKLFields,
         MARLHFFields,
     )
+    pair_selections = PAIR_SELECTIONS
+    rounds_class: ClassVar[type[Rounds] | None] = None  # the iterative variant: Rounds (module.rounds)
+    keep_comparator_loaded = True
 
     def prepare_fields(self, values: dict[str, Any]) -> dict[str, Any]:
-        """The RL stage's rollout fields left null take the backend's defaults (and only the given ones reach it)."""
-        given = values.get("rl_algorithm", MARLHFFields.rl_algorithm)
-        backend = BACKENDS[check_choice("rl_algorithm", type_hints(MARLHFFields)["rl_algorithm"], given)]
-        self.backend_fields = {k: values[k] for k in BACKEND_DEFAULTED if values.get(k) is not None}
+        """The RL stage's rollout fields left null take the backend's defaults."""
+        backend = BACKENDS[
+            check_choice("rl_algorithm", type_hints(MARLHFFields)["rl_algorithm"], values.get("rl_algorithm", "magrpo"))
+        ]
         defaults = declared_fields(backend)
-        return {
-            **values,
-            **{k: values.get(k) if values.get(k) is not None else defaults[k].default for k in BACKEND_DEFAULTED},
-        }
+        return {**values, **{k: defaults[k].default for k in BACKEND_DEFAULTED if values.get(k) is None}}
 
-    def init_state(self) -> None:
-        super().init_state()
-        self.rl = BACKENDS[self.rl_algorithm](**self.rl_fields(BACKENDS[self.rl_algorithm]))
-        self.evaluation = self.rl.evaluation  # the RL team's, with the task reward (and an actor-critic's critics)
-        self._learned_reward: RewardCaller | None = None
+    def make_objective(self) -> Objective:
+        """The RL backend's objective on this module's team; the reward-model stage's is ``reward_stage``."""
+        backend = BACKENDS[self.rl_algorithm]
+        baseline = declared_fields(backend).get("advantage_mode")  # the MAGRPO family's group baseline
+        self.advantage_mode = baseline.default if baseline is not None else None
+        self.reward_stage = BradleyTerry(self)
+        return backend.objective_class(self)
+
+    def objectives(self) -> list[Objective]:
+        return [self.objective, self.reward_stage]
 
     def check_config(self) -> None:
+        # The reward-model stage's pairs (the first epoch serves them); single turn, before the RL stage's rules.
+        self.pairs = Pairs(self, self.reward_train_batch_size, self.reward_num_train_epochs, pair_epochs=1)
+        self.rounds = self.pairs.rounds
+        self.pairs.check()
         super().check_config()
+        self.pairs.check_rounds()
         actor_critic = self.rl_algorithm in ("iac", "maac")
         require(
             actor_critic or self.num_generations >= 2, "num_generations must be >= 2 for MAGRPO-family MARLHF backends."
@@ -203,49 +253,17 @@ class MARLHF(PreferenceModule):
             "reward_model_name must be provided: the agents are model objects without a name "
             "(config._name_or_path) to load the reward model's backbone from.",
         )
+        if actor_critic:  # the critics' source: critic_model, else CoMLRL's critic_model_name, else the agents'
+            default = None if self.critic_sources is not None else self.backbone
+            self.critic_model = self.critic_model or self.critic_model_name or default
         needs_critic = self.rl_algorithm == "maac" or (self.rl_algorithm == "iac" and self.use_separate_critic)
         require(
-            not needs_critic
-            or self.critic_sources is not None
-            or self.critic_model
-            or self.critic_model_name
-            or self.backbone is not None,
+            not needs_critic or self.critic_sources is not None or self.critic_model is not None,
             "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without "
             "a name (config._name_or_path) to load the critics from.",
         )
 
-    def rl_fields(self, backend: type[MultiAgentModule]) -> dict[str, Any]:
-        """The backend's fields: this module's values for every field it accepts (its defaults for the rest)."""
-        accepted = declared_fields(backend)
-        values = {k: v for k, v in self.field_values.items() if k in accepted and k not in BACKEND_DEFAULTED}
-        values.update(self.backend_fields)
-        if self.rl_algorithm in ("iac", "maac"):
-            values["critic_model"] = (
-                self.critic_model
-                or self.critic_model_name
-                or (None if self.critic_sources is not None else self.backbone)
-            )
-        return values
-
-    # ------------------------------------------------------------------ the backend's parts
-    def configure_model(self) -> None:
-        self.rl.configure_model()
-        if "reward_model" not in self._modules:
-            self._modules["reward_model"] = JointRewardModel.from_pretrained(
-                self.reward_model_name or self.backbone,
-                freeze_backbone=self.reward_freeze_backbone,
-                max_length=self.reward_max_length,
-            ).train()  # from_pretrained gives eval mode; epoch 0 trains it
-            self._learned_reward = RewardCaller(RewardModelReward(self.reward_model, formatters=self.prompt_formatters))
-        self.shard_models()
-
-    def sharded_models(self):
-        return self.rl.sharded_models() + [self.reward_model]
-
-    def updated_models(self):
-        """The reward-model stage's updates train the reward model only (the RL stage updates through ``self.rl``)."""
-        return [m for m in (self.reward_model,) if is_sharded(m)]
-
+    # ------------------------------------------------------------------ the reward model
     @property
     def reward_model(self) -> JointRewardModel:
         if "reward_model" not in self._modules:
@@ -256,70 +274,12 @@ class MARLHF(PreferenceModule):
     def learned_reward(self) -> RewardCaller:
         """The reward model's raw scores as a team reward (what the RL stage trains on)."""
         self.reward_model  # noqa: B018  (loads it)
-        return self._learned_reward
-
-    @property
-    def agents(self):
-        return self.rl.agents
-
-    @property
-    def tokenizers(self):
-        return self.rl.tokenizers
-
-    @property
-    def env_step(self) -> int:
-        """The RL stage's count of joint actions (the reward-model stage evaluates none)."""
-        return self.rl.env_step
-
-    @env_step.setter
-    def env_step(self, value: int) -> None:
-        self.rl.env_step = value
-
-    def optimizer_groups(self) -> list[dict[str, Any]]:
-        self.configure_model()
-        return self.rl.optimizer_groups() + [
-            {
-                "params": list(self.reward_model.parameters()),
-                "name": "reward_model",
-                "lr": self.reward_learning_rate,
-                "agents": [],
-            }
-        ]
-
-    def trained_models(self):
-        return self.rl.trained_models() + [(["reward_model"], self.reward_model)]
-
-    def configure_callbacks(self):
-        callbacks = list(super().configure_callbacks())
-        if getattr(self.rl, "uses_reference", False):
-            from comlrl_lightning.callbacks import ReferenceModels
-
-            callbacks.append(ReferenceModels(self.rl.reference_devices, self.micro_batch_size, learner=self.rl))
-        return callbacks
+        return self.reward_stage.reward
 
     # ------------------------------------------------------------------ stages
     @property
     def in_reward_model_stage(self) -> bool:
         return self.current_epoch == 0
-
-    @property
-    def pair_batch_size(self) -> int:
-        return self.reward_train_batch_size
-
-    @property
-    def pair_passes(self) -> int:
-        return self.reward_num_train_epochs
-
-    def pair_plan(self) -> PairPlan:
-        plan = super().pair_plan()
-        plan.pair_epochs = 1  # the reward-model epoch serves pairs, the RL epochs task items
-        return plan
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        self.rl.on_fit_start()
-        if self.reward_model_device is not None:
-            self.reward_model.to(self.reward_model_device)
 
     def on_train_start(self) -> None:
         super().on_train_start()  # restores the RNG of a resumed run
@@ -330,36 +290,46 @@ class MARLHF(PreferenceModule):
         learning = self.in_reward_model_stage
         self.reward_model.train(learning).requires_grad_(learning and not self.reward_model.freeze_backbone)
         self.reward_model.reward_head.requires_grad_(learning)
-        self.rl.reward_override = None if learning else self.learned_reward
+        self.reward_override = None if learning else self.learned_reward
 
     def training_step(self, batch, batch_idx: int):
-        if self.is_empty_round(batch):
+        if self.pairs.is_empty_round(batch):
             return
-        if self.in_reward_model_stage:
-            metrics = self.update(batch)
-            self.last_pair_batch = batch
-            self.record.log_step([metrics], progress={"rm_acc": "reward_model/accuracy", "loss": "reward_model/loss"})
-            return
-        updates, sampled, progress = self.rl.train_step(batch, batch_idx)  # each update carries its timings
-        self.record.log_step(updates, sampled, progress)
+        if not self.in_reward_model_stage:
+            return super().training_step(batch, batch_idx)  # the RL objective's on-policy step
+        metrics = self.update(batch, self.reward_stage)
+        self.pairs.last_batch = batch
+        self.record.log_step([metrics], progress={"rm_acc": "reward_model/accuracy", "loss": "reward_model/loss"})
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
-        return self.pair_records(max_nodes) if self.in_reward_model_stage else self.rl.completion_records(max_nodes)
+        return self.pairs.records(max_nodes) if self.in_reward_model_stage else super().completion_records(max_nodes)
 
-    def save_pretrained(self, output_dir) -> None:
-        """The backend's export plus ``reward_model/`` (backbone, tokenizer, head)."""
-        self.rl.save_pretrained(output_dir)
-        state = full_state_dicts([self.reward_model])[0]  # a sharded reward model: gathered whole (every rank)
-        if ranks.rank() == 0:  # a data-parallel run: written once
-            self.reward_model.save_pretrained(Path(output_dir) / "reward_model", state_dict=state)
+    # ------------------------------------------------------------------ the pairs' part of the fit
+    def fit_epochs(self) -> int | None:
+        return self.pairs.fit_epochs()
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.pairs.setup(self.trainer, stage)
+
+    def configure_callbacks(self):
+        return [*super().configure_callbacks(), *self.pairs.callbacks()]
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()  # the RL stage's rollouts
+        self.pairs.attach(self.trainer.datamodule)  # the reward-model stage's pairs
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)  # the run state (env_step is the RL stage's), an iterative run's rounds
-        self.rl.save_buffer(checkpoint["comlrl_lightning"])  # the RL stage's records awaiting an update
+        super().on_save_checkpoint(checkpoint)  # the run state and the RL stage's buffer
+        self.pairs.save(checkpoint["comlrl_lightning"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A checkpoint of the release that held the RL stage as a nested module (``rl.agents.*``): the same team.
+        weights = checkpoint.get("state_dict", {})
+        for key in [k for k in weights if k.startswith("rl.")]:
+            weights[key.removeprefix("rl.")] = weights.pop(key)
         super().on_load_checkpoint(checkpoint)
-        self.rl.load_buffer(checkpoint.get("comlrl_lightning", {}))
+        self.pairs.load(checkpoint.get("comlrl_lightning", {}))
 
 
 ScoringReward = Literal["task", "reward_model", "oracle", "environment", "env", "model", "learned"]
@@ -433,7 +403,7 @@ class MARLHFIter(MARLHF):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        self.policy.reward = self.collection_reward()  # a resumed run may already have a trained reward model
+        self.pairs.policy.reward = self.collection_reward()  # a resumed run may already have a trained reward model
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
@@ -450,7 +420,7 @@ class MARLHFIter(MARLHF):
 
     def on_train_epoch_end(self) -> None:
         super().on_train_epoch_end()
-        self.policy.reward = self.collection_reward()  # for the next round's collection
+        self.pairs.policy.reward = self.collection_reward()  # for the next round's collection
 
     def reset_reward_model(self) -> None:
         """A fresh reward model for this round: initial weights and no optimizer state."""

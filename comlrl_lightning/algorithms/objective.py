@@ -29,6 +29,7 @@ class Objective(metaclass=abc.ABCMeta):
     per_agent_rewards: ClassVar[bool] = True  # on-policy: an N-value reward is one reward per agent
     needs_sampling_logprobs: ClassVar[bool] = False  # on-policy: keep the sampling policy's token log-probs
     passes: ClassVar[int] = 1  # on-policy: shuffled passes over every drained buffer
+    trains_agents: ClassVar[bool] = True  # False: its updates train its own models only (a reward model)
 
     def __init__(self, host: Any):
         self.host = host

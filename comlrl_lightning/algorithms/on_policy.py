@@ -23,6 +23,7 @@ from comlrl_lightning.agents import resolve_devices
 from comlrl_lightning.agents.memory import check_update_memory
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import JointActionFields, ReferenceKLFields, RolloutFields, require
+from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.core.losses import kl_estimate
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
 from comlrl_lightning.rollout.policy import TeamPolicy
@@ -84,9 +85,9 @@ class OnPolicyModule(MultiAgentModule):
             return torch.cat([F.pad(k, (0, width - k.shape[1])) for k in kept])
         return self.score_no_grad(agent, inputs)
 
-    def build_engine(self, **options: Any) -> RolloutEngine:
+    def build_engine(self) -> RolloutEngine:
         """The rollout tree: K samples per prompt, turns, joint actions, returns, early termination, transitions."""
-        return super().build_engine(
+        return self.make_engine(
             num_generations=self.num_generations,
             num_turns=self.num_turns,
             joint_mode=self.joint_mode,
@@ -96,7 +97,6 @@ class OnPolicyModule(MultiAgentModule):
             external_prompt_passthrough=self.external_prompt_passthrough,
             reward_per_node=self.objective.reward_per_node,
             per_agent_rewards=self.objective.per_agent_rewards,
-            **options,
         )
 
     def check_config(self) -> None:
@@ -317,10 +317,12 @@ class OnPolicyModule(MultiAgentModule):
             )
         return metrics
 
-    def batch_metrics(self, records: list[Any]) -> dict[str, float]:
+    def batch_metrics(self, records: list[Any], objective: Objective) -> dict[str, float]:
+        if objective is not self.objective:  # another stage's batch (MARLHF's pairs)
+            return super().batch_metrics(records, objective)
         # Updates done before this one minus updates done at sampling: 0 = sampled by the weights being updated.
         lag = float(self.global_step - min(r.policy_version for r in records))
-        return {"rollout/policy_lag": lag, **super().batch_metrics(records)}
+        return {"rollout/policy_lag": lag, **super().batch_metrics(records, objective)}
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         """What the agents wrote at the first ``max_nodes`` nodes of the last rollout (CompletionsLogger)."""

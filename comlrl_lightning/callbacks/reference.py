@@ -19,18 +19,15 @@ from comlrl_lightning.rollout.sampling import ScoringInputs, select_rows, token_
 
 
 class ReferenceModels(Callback):
-    """Holds one frozen copy per distinct agent model; ``token_logprobs(i, inputs)`` scores with agent i's. The copies
-    are of the agents of ``learner`` (default: the trained module), which reads them as ``learner.reference``
-    (MARLHF: its RL stage's module)."""
+    """Holds one frozen copy per distinct agent model; ``token_logprobs(i, inputs)`` scores with agent i's. The module
+    reads them as ``module.reference``."""
 
-    def __init__(self, devices: str | Sequence[str] | None = None, micro_batch_size: int | None = None, learner=None):
+    def __init__(self, devices: str | Sequence[str] | None = None, micro_batch_size: int | None = None):
         self.devices = devices
         self.micro_batch_size = micro_batch_size
-        self.learner = learner
         self.models: list[torch.nn.Module] | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        pl_module = self.learner or pl_module
         if self.models is not None:
             pl_module.reference = self
             return

@@ -5,7 +5,7 @@ weights, tokenizers and the way it samples (formatters, chat template, sampling 
 the reward that scores what it wrote. They get exactly that, as a ``TeamPolicy``, never the LightningModule: data
 flows from the policy to the data side and back to the module as batches, one way.
 
-A module builds its policy once its models are loaded (``OnPolicyModule.policy``, ``PreferenceModule.policy``).
+A module builds its policy once its models are loaded (``OnPolicyModule.policy``; a preference module's ``module.pairs.policy``).
 The models are the live agents, so what the policy samples always comes from the weights of the moment it is
 asked.
 """
