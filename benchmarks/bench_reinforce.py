@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # roofline.py
 
 from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF, PreferenceDataModule  # noqa: E402
 from comlrl_lightning.agents.memory import keep_freed_memory  # noqa: E402
-from comlrl_lightning.algorithms.optimization import clip_and_measure, trained_parameters  # noqa: E402
+from comlrl_lightning.algorithms.optimization import clip_and_measure, trained_models, trained_parameters  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
@@ -255,7 +255,7 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
                 logp = token_logprobs(model, batch.inputs)
                 loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
             loss.backward()
-        clip_and_measure(trained_parameters(module.trained_models(), optimizer), module.max_grad_norm)
+        clip_and_measure(trained_parameters(trained_models(module), optimizer), module.max_grad_norm)
         optimizer.step()
         weights_changed()  # what MultiAgentModule.update tells the generation copies
 

@@ -534,3 +534,23 @@ def test_reference_kl_with_an_actor_critic_backend_fits(algo, tmp_path):
     trainer, _ = fit_marlhf(module, tmp_path)
     assert trainer.global_step >= 2 and module.last_rollout is not None
     assert module.last_rollout.nodes[0].agents[0].sequence_kl is not None
+
+
+def test_a_checkpoint_of_the_nested_backend_loads_into_the_one_team():
+    """Checkpoints written when MARLHF nested its RL backend as a module (weights under ``rl.agents.*`` and
+    ``rl.critics.*``) restore the same team: the weights land on ``agents.*`` and ``critics.*``."""
+    saved = make_marlhf("iac", critic_model="tiny")
+    saved.configure_model()
+    with torch.no_grad():
+        for p in saved.parameters():
+            p.add_(torch.randn_like(p))
+    state = {k: v.clone() for k, v in saved.state_dict().items()}
+    nested = {(k if k.startswith("reward_model.") else f"rl.{k}"): v for k, v in state.items()}
+    assert any(k.startswith("rl.critics.") for k in nested) and any(k.startswith("rl.agents.") for k in nested)
+    checkpoint = {"state_dict": nested, "comlrl_lightning": {}, "global_step": 0}
+    restored = make_marlhf("iac", critic_model="tiny")
+    restored.configure_model()
+    restored.on_load_checkpoint(checkpoint)
+    restored.load_state_dict(checkpoint["state_dict"])
+    for key, value in restored.state_dict().items():
+        assert torch.equal(value, state[key]), key

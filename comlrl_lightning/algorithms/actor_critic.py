@@ -40,7 +40,7 @@ from comlrl_lightning.algorithms.evaluation import Evaluation, turn_table
 from comlrl_lightning.algorithms.fields import CriticFields, require
 from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
-from comlrl_lightning.algorithms.team import team_placement, trainable_parameters
+from comlrl_lightning.algorithms.team import apply_gradient_checkpointing, team_placement, trainable_parameters
 from comlrl_lightning.core.advantages import critic_advantages, discounted_returns, td_targets
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
 from comlrl_lightning.rollout.sampling import (
@@ -256,7 +256,7 @@ class ActorCritic(Objective):
             [CausalLMWithValueHead(c, value_head_hidden_dim=m.critic_value_head_hidden_dim) for c in models]
         ).train()
         for i, critic in enumerate(self.critics):
-            m.apply_gradient_checkpointing(critic)
+            apply_gradient_checkpointing(m.team, critic)
             vocab, tokens = critic.model.get_input_embeddings().num_embeddings, len(m.tokenizers[i])
             require(
                 vocab >= tokens,

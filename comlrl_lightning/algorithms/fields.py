@@ -807,7 +807,12 @@ def require_positive_or_none(value: Any, name: str) -> None:
 # ---------------------------------------------------------------------------------- a module's generated __init__
 def install_init(module_class: type, initialize: Callable[[Any, dict[str, Any]], None]) -> None:
     """Give ``module_class`` the keyword-only ``__init__`` of its fields (the signature and ``Args:`` the CLI reads),
-    which hands the keyword values to ``initialize(module, values)``."""
+    which hands the keyword values to ``initialize(module, values)``. A class that writes its own is refused."""
+    require(
+        "__init__" not in vars(module_class) or getattr(module_class.__init__, "generated", False),
+        f"{module_class.__name__} writes __init__: declare its fields in a group (a FieldGroup dataclass added to "
+        "field_groups) and its run state in init_state(); its __init__ is generated (docs/new_algorithm.md).",
+    )
 
     def __init__(self, **values: Any) -> None:
         initialize(self, values)
@@ -816,7 +821,20 @@ def install_init(module_class: type, initialize: Callable[[Any, dict[str, Any]],
     __init__.__doc__ = args_docstring(module_class)
     __init__.__qualname__ = f"{module_class.__qualname__}.__init__"
     __init__.__module__ = module_class.__module__
+    __init__.generated = True
     module_class.__init__ = __init__
+
+
+def store_fields(module: Any, groups: list[FieldGroup], secret: Sequence[str]) -> dict[str, Any]:
+    """Every field of ``groups`` as an attribute of ``module`` (the objects themselves; a credential named in
+    ``secret`` stays in its group: never an attribute or hyper-parameter); returns the stored values by field name."""
+    stored: dict[str, Any] = {}
+    for group in groups:
+        for name, value in group.values().items():
+            if name not in secret:
+                object.__setattr__(module, group.attribute_names.get(name, name), value)
+                stored[name] = value
+    return stored
 
 
 def effective_hparams(field_values: dict[str, Any], attributes: dict[str, Any]) -> dict[str, Any]:

@@ -5,18 +5,22 @@ strategies a team trains under (one device, DDP, FSDP2)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
-from comlrl_lightning.agents import load_agents, resolve_devices, resolve_single_device
+from comlrl_lightning.agents import load_agents, resolve_devices, resolve_single_device, save_agents
 from comlrl_lightning.agents.loading import validate_agent_sources
 from comlrl_lightning.agents.lora import LoRATeam, adapter_base, is_adapter_dir
+from comlrl_lightning.agents.memory import enable_checkpointing
+from comlrl_lightning.agents.sharding import full_state_dicts, is_sharded, shard
 from comlrl_lightning.algorithms.fields import require
 from comlrl_lightning.config_errors import ConfigurationError, require_config
 from comlrl_lightning.rollout.centralized import CentralizedCollaboration, TaggedCentralizedAdapter, check_adapter
 from comlrl_lightning.rollout.rewards import build_formatters, check_reward_signature
+from comlrl_lightning.runs import ranks
 
 MODEL_CONFIG_KEYS = (
     "dtype",
@@ -302,3 +306,47 @@ def check_first_items(datamodule: Any, stage: str | None, formatters: list[Any])
                 raise ConfigurationError(
                     f"{name} failed on the first item of the {split} ({type(err).__name__}: {text})"
                 ) from err
+
+
+def load_models(module: Any) -> None:
+    """``configure_model``: load the team (gradient checkpointing on each distinct model when asked) and the
+    objectives' models once; then, under FSDP2 (``ModelParallelStrategy``), shard every model of
+    ``module.sharded_models()`` not sharded yet. Idempotent."""
+    if "agents" not in module._modules:
+        models, module._tokenizers = load_team(module.team)
+        for model in {id(m): m for m in models}.values():
+            apply_gradient_checkpointing(module.team, model)
+        module._modules["agents"] = nn.ModuleList(models)
+        for objective in module.objectives():
+            objective.build_models()
+    strategy = module._trainer.strategy if module._trainer is not None else None
+    if type(strategy).__name__ == "ModelParallelStrategy":
+        for model in module.sharded_models():
+            if not is_sharded(model):
+                shard(model, strategy.device_mesh["data_parallel"])
+
+
+def apply_gradient_checkpointing(team: Team, model: nn.Module) -> None:
+    """Turn on ``model_config.gradient_checkpointing`` for a trained model (agent or critic)."""
+    if team.gradient_checkpointing:
+        enable_checkpointing(model)
+
+
+def place_models(module: Any) -> None:
+    """When a fit starts: each agent on its device (``agent_devices``), then each objective's models on theirs."""
+    if module.team.devices is not None:
+        for model, device in zip(module.agents, module.team.devices):
+            model.to(device)
+    for objective in module.objectives():
+        objective.place_models()
+
+
+def export(module: Any, root: Path) -> None:
+    """``save_pretrained``: ``root/agent_{i}/`` per agent (weights and tokenizer, HF format; sharded agents are
+    gathered on every rank, rank 0 writes), then each objective's models."""
+    states = full_state_dicts(list(module.agents))
+    with ranks.rank_zero_first() as writer:
+        if writer:
+            save_agents(list(module.agents), module.tokenizers, root, state_dicts=states)
+    for objective in module.objectives():
+        objective.save_pretrained(root)

@@ -67,3 +67,20 @@ def run_conventions(trainer: Any) -> list[Callback]:
     if trainer.state.fn == "fit" and checkpoints and all(is_default_checkpoint(c) for c in checkpoints):
         callbacks.append(RunCheckpoints(CHECKPOINT_EVERY))  # replaces ModelCheckpoint (a subclass's instance)
     return callbacks
+
+
+def module_callbacks(module: Any) -> list[Callback]:
+    """What a module's ``configure_callbacks`` returns: phase timing, the periodic evaluation (``eval_interval``,
+    ``eval_num_samples``), the completions log (``log_completions``), predictions, validate/test rows, sharded models
+    kept whole (after those that evaluate), and the CLI's conventions (:func:`run_conventions`)."""
+    from comlrl_lightning.callbacks import CompletionsLogger, EvaluationCallback, PhaseTimer, PredictionWriter
+    from comlrl_lightning.callbacks.evaluation import EvaluationRows
+    from comlrl_lightning.callbacks.sharding import WholeModels
+
+    callbacks: list[Callback] = [PhaseTimer()]
+    if module.eval_interval > 0 and module.eval_num_samples > 0:
+        callbacks.append(EvaluationCallback(module.eval_interval, module.eval_num_samples, at_end=module.eval_at_end))
+    if module.log_completions:
+        callbacks.append(CompletionsLogger())
+    callbacks += [PredictionWriter(), EvaluationRows(), WholeModels()]
+    return callbacks + run_conventions(module._trainer)
