@@ -146,15 +146,18 @@ def worker(args) -> dict:
                 "prompt_tokens": statistics.mean(len(n.agents[0].prompt_ids) for n in nodes),
             }
 
+        # MAGRPO's rows and advantages: its objective's since the objectives (a checkout before them: the module's).
+        policy_batch = getattr(module, "objective", module).policy_batch
+
         def score():
             with torch.no_grad(), precision():
                 for i, model in enumerate(module.agents):
-                    token_logprobs(model, module.objective.policy_batch(nodes, i).inputs)
+                    token_logprobs(model, policy_batch(nodes, i).inputs)
 
         def update():
             optimizer.zero_grad()
             for i, model in enumerate(module.agents):
-                batch = module.objective.policy_batch(nodes, i)
+                batch = policy_batch(nodes, i)
                 with precision():
                     logp = token_logprobs(model, batch.inputs)
                     loss, _ = policy_gradient_loss(
