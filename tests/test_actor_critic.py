@@ -18,6 +18,7 @@ from comlrl_lightning.agents import CausalLMWithValueHead
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.algorithms import actor_critic
 from comlrl_lightning.algorithms.actor_critic import AgentStep, JointSample
+from comlrl_lightning.algorithms.team import agent_groups
 from comlrl_lightning.envs import toy
 
 
@@ -326,7 +327,7 @@ def test_iac_gradient_matches_documented_objective(tmp_path):
     value_loss_coef · mean((target − V(prompt))²), V at the last prompt token — each computed one sequence at a
     time without padding, from independently recomputed rewards, old values and advantages."""
     module = make_ac(IAC, critic_type="v", rollout_buffer_size=4, max_new_tokens=5, value_loss_coef=0.6)
-    assert len(module.agent_groups()) == 2
+    assert len(agent_groups(module.agents)) == 2
     captured = {}
     update = module.update
 

@@ -904,4 +904,4 @@ def test_the_rounds_folders_travel_in_the_checkpoint(cls, tmp_path):
     restored = make_iter(cls)
     restored.on_load_checkpoint(checkpoint)
     assert restored.rounds.run_dirs.state_dict() == {"policy_checkpoints": str(tmp_path / "policy")}
-    assert restored.updates_done == 3
+    assert restored.run_state.updates_done == 3

@@ -196,13 +196,6 @@ class MultiAgentModule(LightningModule):
         self.agents  # noqa: B018  (loads the team with its tokenizers)
         return self._tokenizers
 
-    def agent_groups(self) -> list[list[int]]:
-        """Agent indices grouped by model identity (a group of several = shared weights)."""
-        groups: dict[int, list[int]] = {}
-        for i, model in enumerate(self.agents):
-            groups.setdefault(id(model), []).append(i)
-        return list(groups.values())
-
     def policy_model(self, i: int) -> nn.Module:
         """Agent i's language model for sampling and scoring (the backbone when a value head wraps it)."""
         model = self.agents[i]
@@ -258,12 +251,6 @@ class MultiAgentModule(LightningModule):
         """What the agents wrote in the last training step, for ``CompletionsLogger`` (a family with samples to
         show overrides it; the base has none)."""
         return []
-
-    @property
-    def updates_done(self) -> int:
-        """The updates that made the current weights: ``global_step`` during a fit, the checkpoint's when a
-        ``validate``/``test``/``predict`` run loaded one."""
-        return max(self.global_step, self.run_state.checkpoint_step)
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str) -> None:

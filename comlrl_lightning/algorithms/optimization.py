@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from comlrl_lightning.agents.sharding import is_sharded, reduce_gradients, refresh
-from comlrl_lightning.algorithms.team import trainable_parameters
+from comlrl_lightning.algorithms.team import agent_groups, trainable_parameters
 from comlrl_lightning.config_errors import ConfigurationError
 from comlrl_lightning.rollout import weights
 from comlrl_lightning.runs import ranks
@@ -154,7 +154,7 @@ def parameter_groups(module: Any) -> list[dict[str, Any]]:
             "name": f"agent_{ids[0]}",
             "agents": ids,
         }
-        for ids in module.agent_groups()
+        for ids in agent_groups(module.agents)
     ]
     return agents + [group for o in module.objectives() for group in o.parameter_groups()]
 
@@ -162,7 +162,7 @@ def parameter_groups(module: Any) -> list[dict[str, Any]]:
 def trained_models(module: Any) -> list[tuple[list[str], Any]]:
     """(metric names, model) of every model a module trains: each distinct agent model (``agent_<i>`` for every
     agent sharing it), then the objectives'. The first name is the model's parameter group's."""
-    agents = [([f"agent_{i}" for i in ids], module.agents[ids[0]]) for ids in module.agent_groups()]
+    agents = [([f"agent_{i}" for i in ids], module.agents[ids[0]]) for ids in agent_groups(module.agents)]
     return agents + [trained for o in module.objectives() for trained in o.trained_models()]
 
 

@@ -24,6 +24,12 @@ class RunState:
         self.checkpoint_step = 0  # the updates behind a loaded checkpoint's weights (what validate/test report)
         self.rng_to_restore: Any = None
 
+    @property
+    def updates_done(self) -> int:
+        """The updates that made the module's current weights: ``global_step`` during a fit, the checkpoint's when a
+        ``validate``/``test``/``predict`` run loaded one."""
+        return max(self.module.global_step, self.checkpoint_step)
+
     def state_dict(self) -> dict[str, Any]:
         """Every rank's RNG is gathered: Lightning writes rank 0's checkpoint, and each rank samples its own share."""
         module = self.module

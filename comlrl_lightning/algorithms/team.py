@@ -326,6 +326,14 @@ def load_models(module: Any) -> None:
                 shard(model, strategy.device_mesh["data_parallel"])
 
 
+def agent_groups(agents: Any) -> list[list[int]]:
+    """Agent indices grouped by model identity (a group of several = shared weights)."""
+    groups: dict[int, list[int]] = {}
+    for i, model in enumerate(agents):
+        groups.setdefault(id(model), []).append(i)
+    return list(groups.values())
+
+
 def apply_gradient_checkpointing(team: Team, model: nn.Module) -> None:
     """Turn on ``model_config.gradient_checkpointing`` for a trained model (agent or critic)."""
     if team.gradient_checkpointing:

@@ -107,7 +107,7 @@ class EvaluationRows(Callback):
         if self.records:
             metrics = pl_module.evaluation.metrics(self.records)
             metrics = {key.replace("eval/", prefix, 1): value for key, value in metrics.items()}
-            pl_module.log_dict({**metrics, "step": float(pl_module.updates_done)})  # Lightning's row step
+            pl_module.log_dict({**metrics, "step": float(pl_module.run_state.updates_done)})  # Lightning's row step
         self.records = []
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:

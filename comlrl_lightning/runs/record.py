@@ -59,7 +59,7 @@ class RunRecord:
         (what ``ModelCheckpoint(monitor=...)`` and early stopping read). Every rank calls it. Returns the row."""
         module = self.module
         row = {**ranks.mean_of_ranks(dict(metrics)), "env_step": float(module.env_step)}
-        step = module.updates_done if step is None else int(step)
+        step = module.run_state.updates_done if step is None else int(step)
         if module._trainer is None:
             return row
         row["epoch"] = module.current_epoch
