@@ -216,10 +216,15 @@ class MultiAgentModule(LightningModule):
         """Where a run is, for error messages: the update and env_step counters."""
         return f"update {self.global_step} (env_step {self.env_step})"
 
+    def parts(self) -> list[Any]:
+        """Composed parts that take part in the fit (``module.pairs``): ``setup(trainer, stage)``, ``callbacks()``,
+        ``attach(datamodule)`` when the fit starts, ``save(state)``/``load(state)`` in checkpoints, ``fit_epochs()``."""
+        return []
+
     def fit_epochs(self) -> int | None:
-        """Epochs a fit must run when the algorithm fixes them (iterative rounds), else None (``trainer.max_epochs``
+        """Epochs a fit must run when a part fixes them (iterative rounds), else None (``trainer.max_epochs``
         decides). The CLI uses it as the default of ``trainer.max_epochs``."""
-        return None
+        return next((e for e in (part.fit_epochs() for part in self.parts()) if e is not None), None)
 
     # ------------------------------------------------------------------ the optimizer and the update skeleton
     def configure_optimizers(self):
@@ -258,6 +263,8 @@ class MultiAgentModule(LightningModule):
         if self.trainer.datamodule is not None:  # before any model loads (configure_model is next)
             check_first_items(self.trainer.datamodule, stage, self.prompt_formatters)
         run_root(self.trainer)  # read on every rank now; later only rank 0 writes there
+        for part in self.parts():
+            part.setup(self.trainer, stage)
 
     def on_fit_start(self) -> None:
         mark_resumed(self.trainer)  # a resumed run's folder names its checkpoint (analysis.load_run)
@@ -265,18 +272,25 @@ class MultiAgentModule(LightningModule):
             keep_freed_memory()  # no page fault per fresh page, step after step (agents/memory.py)
         self.record.chart_against_env_step(self.loggers)
         place_models(self)  # each whole model on its device (Lightning moved everything to one)
+        for part in self.parts():
+            part.attach(self.trainer.datamodule)
 
     def configure_callbacks(self):
         """The parts of a run this module's config turns on (``callbacks/conventions.py``)."""
         from comlrl_lightning.callbacks.conventions import module_callbacks
 
-        return module_callbacks(self)
+        return module_callbacks(self) + [callback for part in self.parts() for callback in part.callbacks()]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["comlrl_lightning"] = self.run_state.state_dict()
+        for part in self.parts():
+            part.save(checkpoint["comlrl_lightning"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.run_state.load_state_dict(checkpoint.get("comlrl_lightning", {}), checkpoint.get("global_step", 0))
+        state = checkpoint.get("comlrl_lightning", {})
+        self.run_state.load_state_dict(state, checkpoint.get("global_step", 0))
+        for part in self.parts():
+            part.load(state)
 
     def on_train_start(self) -> None:
         self.run_state.restore_rng()

@@ -145,28 +145,8 @@ class MADPO(MultiAgentModule):
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         return self.pairs.records(max_nodes)
 
-    # ------------------------------------------------------------------ the pairs' part of the fit
-    def fit_epochs(self) -> int | None:
-        return self.pairs.fit_epochs()
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        self.pairs.setup(self.trainer, stage)
-
-    def configure_callbacks(self):
-        return [*super().configure_callbacks(), *self.pairs.callbacks()]
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        self.pairs.attach(self.trainer.datamodule)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        self.pairs.save(checkpoint["comlrl_lightning"])
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self.pairs.load(checkpoint.get("comlrl_lightning", {}))
+    def parts(self) -> list[Any]:
+        return [self.pairs]  # its setup, callbacks, data attachment and checkpoint entry run with the module's
 
 
 @dataclass

@@ -212,7 +212,11 @@ class MARLHF(OnPolicyModule):
     def prepare_fields(self, values: dict[str, Any]) -> dict[str, Any]:
         """The RL stage's rollout fields left null take the backend's defaults."""
         backend = BACKENDS[
-            check_choice("rl_algorithm", type_hints(MARLHFFields)["rl_algorithm"], values.get("rl_algorithm", "magrpo"))
+            check_choice(
+                "rl_algorithm",
+                type_hints(MARLHFFields)["rl_algorithm"],
+                values.get("rl_algorithm", MARLHFFields.rl_algorithm),
+            )
         ]
         defaults = declared_fields(backend)
         return {**values, **{k: defaults[k].default for k in BACKEND_DEFAULTED if values.get(k) is None}}
@@ -304,24 +308,8 @@ class MARLHF(OnPolicyModule):
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         return self.pairs.records(max_nodes) if self.in_reward_model_stage else super().completion_records(max_nodes)
 
-    # ------------------------------------------------------------------ the pairs' part of the fit
-    def fit_epochs(self) -> int | None:
-        return self.pairs.fit_epochs()
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        self.pairs.setup(self.trainer, stage)
-
-    def configure_callbacks(self):
-        return [*super().configure_callbacks(), *self.pairs.callbacks()]
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()  # the RL stage's rollouts
-        self.pairs.attach(self.trainer.datamodule)  # the reward-model stage's pairs
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)  # the run state and the RL stage's buffer
-        self.pairs.save(checkpoint["comlrl_lightning"])
+    def parts(self) -> list[Any]:
+        return [self.pairs]  # the reward-model stage's pairs: setup, callbacks, data attachment, checkpoint entry
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A checkpoint of the release that held the RL stage as a nested module (``rl.agents.*``): the same team.
@@ -329,7 +317,6 @@ class MARLHF(OnPolicyModule):
         for key in [k for k in weights if k.startswith("rl.")]:
             weights[key.removeprefix("rl.")] = weights.pop(key)
         super().on_load_checkpoint(checkpoint)
-        self.pairs.load(checkpoint.get("comlrl_lightning", {}))
 
 
 ScoringReward = Literal["task", "reward_model", "oracle", "environment", "env", "model", "learned"]

@@ -70,8 +70,8 @@ class Pairs:
             passes=self.passes,
             name=m.algorithm_name,
             whole=m.sharded_models(),
+            pair_epochs=self.pair_epochs,
         )
-        plan.pair_epochs = self.pair_epochs
         return self.rounds.extend(plan) if self.rounds is not None else plan
 
     def attach(self, data: Any) -> None:
