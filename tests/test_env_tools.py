@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,29 @@ def test_parser_edge_cases(item):
     # duplicates are kept by the parser and removed by dedupe
     uniq, dups = T.dedupe_calls(T.parse_calls(f"{A}\n{A}\n{B}").calls)
     assert dups == 1 and [c[1]["artist"] for c in uniq] == ["Taylor Swift", "Maroon 5"]
+
+
+def test_parser_caps_and_hostile_shapes(item):
+    """A completion over MAX_COMPLETION_CHARS characters or with over MAX_CALLS calls is one malformed answer,
+    scored as score_joint scores what it cannot parse; the shapes that were quadratic (a long line of backticks,
+    an unclosed call over many lines) parse as before, in one pass."""
+    over = "f(a=1)\n" + " " * T.MAX_COMPLETION_CHARS
+    p = T.parse_calls(over)
+    assert (p.calls, p.malformed, p.ok) == ([], 1, False)
+    calls = [f"f(a={i})" for i in range(T.MAX_CALLS + 1)]
+    for text in ("\n".join(calls), "[" + ", ".join(calls) + "]", "```\n" + "\n".join(calls) + "\n```"):
+        p = T.parse_calls(text)
+        assert (p.calls, p.malformed) == ([], 1)
+        assert len(T.parse_calls(text.replace(calls[-1], "")).calls) == T.MAX_CALLS
+    b = T.score_joint([over, f"{A}\n{B}"], item)
+    assert b["parse"] == 0.5 and b["malformed"] == 1 and b["exact"] == 1.0
+    # fences are found as the regex they replace found them
+    fence = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.S)
+    for text in ["`" * 100, "`" * 100 + "\nf(a=1)", "```py\nf()\n```x\n```\ng()", "a```\n```", "````\nf()`", "```"]:
+        assert T._fenced_blocks(text) == fence.findall(text), text
+    assert T.parse_calls("`" * 65536 + "\nf(a=1)").calls == [("f", {"a": 1})]
+    p = T.parse_calls("f(\n" + " a=1,\n" * 5000 + "g(b=2)")  # an unclosed call, then a new one
+    assert (p.calls, p.malformed) == ([("g", {"b": 2})], 1)
 
 
 def test_merge_overlap_and_conflict():

@@ -210,8 +210,11 @@ def bfcl_agent_1_prompt(item: Mapping[str, Any]) -> str:
 
 # --------------------------------------------------------------------------------------------- parsing
 
-_FENCE = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _CALL_START = re.compile(r"^\s*\[?\s*[A-Za-z_][\w.]*\s*\(")
+# Past these a completion is malformed (bfcl_magrpo's 128 tokens are ~500 characters and a few calls): the parse
+# and the scoring are linear, and these bound them (~64k tokens of text; 1024 calls, where BFCL asks for a few).
+MAX_COMPLETION_CHARS = 1 << 18
+MAX_CALLS = 1 << 10
 
 
 @dataclass
@@ -290,15 +293,36 @@ def _calls_of(expr: ast.AST, functions) -> list[tuple[str, dict[str, Any]]] | No
     return out
 
 
+def _fenced_blocks(text: str) -> list[str]:
+    """The bodies of the markdown fences of ``text`` (from the line after an opening fence to the next fence or
+    the end), found in one pass: a regex that backtracks over a long line of backticks is quadratic."""
+    blocks, pos = [], 0
+    while (start := text.find("```", pos)) >= 0:
+        newline = text.find("\n", start + 3)
+        if newline < 0:  # no line follows this fence (nor any fence after it)
+            break
+        end = text.find("```", newline + 1)
+        if end < 0:
+            blocks.append(text[newline + 1 :])
+            break
+        blocks.append(text[newline + 1 : end])
+        pos = end + 3
+    return blocks
+
+
 def parse_calls(text: str, functions: Sequence[Mapping[str, Any]] | None = None) -> ParsedCalls:
     """Parse one completion: markdown fences stripped; the whole answer as a ``[call, ...]`` list (or ``[]``),
     else one call per line (multi-line calls joined while brackets are open, up to the next unindented call
     line; a line's trailing comma and
     enclosing ``[`` / ``]`` ignored). Lines that start like a call but do not parse (or use non-literal
     arguments, ``*args``/``**kwargs``) are skipped and counted as malformed; other prose lines are ignored.
-    Positional arguments are named after the schema's parameters (``functions``) in order, else ``_arg<k>``."""
+    Positional arguments are named after the schema's parameters (``functions``) in order, else ``_arg<k>``.
+    A completion over :data:`MAX_COMPLETION_CHARS` characters or with over :data:`MAX_CALLS` calls is one
+    malformed answer (``ParsedCalls(malformed=1)``, as :func:`score_joint` scores what it cannot parse)."""
     text = text or ""
-    blocks = _FENCE.findall(text)
+    if len(text) > MAX_COMPLETION_CHARS:
+        return ParsedCalls(malformed=1)
+    blocks = _fenced_blocks(text)
     body = "\n".join(blocks) if blocks else text
     body = body.strip()
     result = ParsedCalls()
@@ -312,25 +336,29 @@ def parse_calls(text: str, functions: Sequence[Mapping[str, Any]] | None = None)
         result.empty = True
         return result
     if whole is not None:
+        if isinstance(whole, (ast.List, ast.Tuple)) and len(whole.elts) > MAX_CALLS:
+            return ParsedCalls(malformed=1)
         calls = _calls_of(whole, functions)
         if calls is not None:
             result.calls = calls
             return result
-    buf = ""
+    parts: list[str] = []  # the lines of the call being read, and its bracket depth (kept as lines come)
+    depth = 0
     for raw in body.splitlines() + [""]:
         line = raw.strip()
-        if buf and raw[:1].strip() and _CALL_START.match(line):  # an unclosed call, then a new unindented call
+        if parts and raw[:1].strip() and _CALL_START.match(line):  # an unclosed call, then a new unindented call
             result.malformed += 1
-            buf = ""
-        if not buf:
+            parts, depth = [], 0
+        if not parts:
             if not _CALL_START.match(line):
                 continue
-        buf = f"{buf} {line}".strip() if buf else line
-        depth = sum(buf.count(c) for c in "([{") - sum(buf.count(c) for c in ")]}")
+        if line:
+            parts.append(line)
+            depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
         if depth > 0 and raw != "":
             continue
-        chunk = buf.rstrip(",").strip()
-        buf = ""
+        chunk = " ".join(parts).rstrip(",").strip()
+        parts, depth = [], 0
         if chunk.startswith("[") and not chunk.endswith("]"):
             chunk = chunk[1:]
         if chunk.endswith("]") and not chunk.startswith("["):
@@ -343,6 +371,8 @@ def parse_calls(text: str, functions: Sequence[Mapping[str, Any]] | None = None)
             result.malformed += 1
         else:
             result.calls.extend(calls)
+            if len(result.calls) > MAX_CALLS:
+                return ParsedCalls(malformed=1)
     return result
 
 
