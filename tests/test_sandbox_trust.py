@@ -197,11 +197,28 @@ def test_without_namespaces_a_root_trainers_jobs_run_correctly_under_their_own_u
     assert run_tests("def f(x):\n    return 0\n", ["assert f(1) == 2"], **FAST).errors == ["AssertionError"]
 
 
-def test_without_namespaces_a_sandbox_sharing_the_trainers_uid_is_refused(no_namespaces, monkeypatch):
-    """No PID namespace and the trainer's own uid: a program could read the trainer's open files and memory
-    through /proc. The run stops with what to enable."""
+def test_without_namespaces_a_sandbox_sharing_the_trainers_uid_runs_only_under_landlock(
+    no_namespaces, monkeypatch, tmp_path
+):
+    """No PID namespace and the trainer's own uid (a non-root trainer on a machine without user namespaces):
+    Landlock keeps the program from the trainer's files and its /proc entry; where Landlock is missing too the
+    run stops with what to enable (it used to run on a WARNING as the trainer's own user)."""
     monkeypatch.setattr(sandbox, "_sandbox_ids", lambda: (os.geteuid(), os.getegid()))
-    with pytest.raises(SandboxUnavailable, match="user namespaces"):
+    secret = tmp_path / "trainer_secret.txt"
+    secret.write_text("the trainer's own file")
+    secret.chmod(0o600)
+    program = GUARD_OFF + (
+        "import os\ndef peek(path):\n    try:\n        return open(path).read()\n    except OSError as e:\n"
+        "        return type(e).__name__\n"
+    )
+    tests = [
+        f"assert peek({str(secret)!r}) == 'PermissionError'",
+        f"assert peek('/proc/{os.getpid()}/environ') == 'PermissionError'",
+    ]
+    r = run_tests(program, tests, **FAST)
+    assert r.passed == 2, r
+    monkeypatch.setenv(sandbox.NO_LANDLOCK_ENV, "1")
+    with pytest.raises(SandboxUnavailable, match="Landlock"):
         run_tests("def f():\n    return 1\n", ["assert f() == 1"], **FAST)
 
 

@@ -31,22 +31,25 @@ import importlib
 import io
 import json
 import os
+import pyexpat
 import random
 import resource
 import select
-import shutil
 import signal
 import socket
 import sys
 import time
 import traceback
 import xml.etree.ElementTree as ElementTree
+import xml.parsers.expat as expat
 
 MAX_MESSAGE = 8 << 20  # bytes of one request or reply on the channel
 MAX_RECEIVED = 64 << 20  # bytes one test may receive from its sandbox in all (a generator of 6 MB strings...)
 MAX_RANGE = 1 << 20  # elements of a range the sandbox may return (sorted(range(4 * 10**7)) is 1.5 GB here)
 MAX_EXCEPTION_CLASSES = 256  # distinct exception names of the sandbox kept as classes
 MAX_DEPTH = 100  # nesting of containers in one value
+MAX_NAME = 100  # characters of an exception name from the sandbox (an ASCII identifier, else SANDBOX_EXCEPTION)
+MAX_XML_BYTES = 1 << 20  # bytes (characters of a str) one XML parser of the evaluator takes: a file the program wrote
 EVALUATOR_MEMORY_MB = 256  # address space a trusted evaluator may add to what it has mapped when it starts
 TEST_MEMORY_MB = 512  # ... and for the tests it runs on top of that (a test decodes the program's values)
 KILL_GRACE_S = 0.5  # the trainer kills an evaluator this long after a test's timeout (an uninterruptible C call)
@@ -302,38 +305,139 @@ def die_with_parent():
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-# -------------------------------------------------------------------------------------------- read-only root
+# ------------------------------------------------------------------------------- the program's view (allow-list)
 
-SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
+LIBRARY_DIRS = ("/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32")
+SHARED_FILES = ("/usr/share/zoneinfo", "/etc/localtime", "/etc/timezone", "/etc/ld.so.cache", "/etc/mime.types")
+PACKAGE_TREES = ("python", "pypy", "node_modules", "site-packages", "dist-packages")  # names (prefixes) hidden
 DEVICES = ("null", "zero", "full", "random", "urandom")
+WORKDIR_INODES = 2048  # files and directories a test's working directory may hold (tmpfs nr_inodes)
 
 
-def python_paths():
-    """Directories the interpreter and its packages live in (bound read-only into the sandbox's root)."""
-    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(sys.executable))}
-    return sorted({os.path.realpath(d) for d in dirs if d})
+def _real(path):
+    return os.path.realpath(path)
 
 
 def _covered(path, roots):
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def build_root(root, workdir):
-    """Mount a small tmpfs at ``root`` holding read-only binds of the system and Python directories, the
-    harmless devices, an empty ``/proc`` and ``/tmp``, and the mount point ``workdir``; then make it read-only."""
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    bound = []
-    for path in [*SYSTEM_PATHS, *python_paths()]:
-        if not os.path.lexists(path) or _covered(path, bound):
-            continue
-        target = root + path
-        if os.path.islink(path) and path in SYSTEM_PATHS:  # merged /usr: /bin -> usr/bin
-            os.symlink(os.readlink(path), target)
-            continue
-        os.makedirs(target, exist_ok=True)
-        _bind_readonly(path, target, MS_NOSUID | MS_NODEV)
-        bound.append(path)
-    os.makedirs(root + "/dev")
+def stdlib_dirs():
+    """The standard library: its pure-Python directory, its zip (when there is one) and its compiled modules."""
+    dirs = [os.path.dirname(os.__file__), *(p for p in sys.path if p.endswith(("lib-dynload", ".zip")))]
+    return list(dict.fromkeys(_real(d) for d in dirs if os.path.exists(d)))
+
+
+def _is_package_tree(path):
+    return os.path.basename(path).startswith(PACKAGE_TREES)
+
+
+def mapped_libraries(allowed):
+    """Shared objects this process has loaded from outside ``allowed`` (a Python built with its own libraries):
+    the program's extension modules may need them. Never one from a package tree."""
+    found = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            path = parts[5].strip() if len(parts) == 6 else ""
+            if path.startswith("/") and ".so" in os.path.basename(path) and os.path.isfile(path):
+                found.add(_real(path))
+    return sorted(p for p in found if not _covered(p, allowed) and not any(map(_is_package_tree, p.split("/"))))
+
+
+class View:
+    """What a program may see of the machine (an allow-list; docs/sandbox.md#what-a-program-sees): the system's
+    shared libraries, time-zone data, the standard library, the packages a job names (``packages``: directories
+    and files resolved by the trainer) and nothing else -- no package tree of any Python (site-packages,
+    dist-packages, ``/usr/lib/python3``), no data set, cache, home directory or host data folder.
+
+    ``readable``: paths readable with what lies beneath; ``hidden``: package trees inside them, masked;
+    ``packages``: put back on top of the masks."""
+
+    def __init__(self, packages=()):
+        self.stdlib, self.readable, trees = _machine_view()
+        self.packages = sorted(
+            {_real(p) for p in packages if os.path.exists(p) and not _covered(_real(p), self.stdlib)}
+        )
+        self.hidden = [tree for tree in trees if tree not in self.packages]
+
+    def sys_path(self):
+        """This interpreter's import path as the program may use it: the standard library and the directories
+        that hold a named package."""
+        return [
+            p
+            for p in sys.path
+            if _covered(_real(p), self.stdlib) or any(_covered(k, [_real(p)]) for k in self.packages)
+        ]
+
+    def rules(self):
+        """The view as Landlock rules ``(path, rights)`` on real paths: each readable path, split around the
+        hidden ones (Landlock grants what lies beneath a rule and cannot take a subtree back), then each package.
+        A directory split so keeps the right to list what lies beneath it (imports list their directory): the
+        names in a hidden tree can be listed, none of its files read."""
+        out, listed = [], []
+        todo = list(self.readable)
+        while todo:
+            path = todo.pop()
+            if path in self.hidden:
+                continue
+            if any(_covered(h, [path]) for h in self.hidden):
+                listed.append((path, FS_READ_DIR))
+                todo += _entries(path)
+            else:
+                out.append(path)
+        packages = [p for p in self.packages if not _covered(p, out)]
+        listed += [(os.path.dirname(p), FS_READ_DIR) for p in packages]  # the import path entry that holds it
+        return sorted(set(listed)) + [(p, READ) for p in sorted(out) + packages]
+
+
+_MACHINE_VIEW = None
+
+
+def _machine_view():
+    """``(stdlib, readable, package trees in them)`` of this machine, computed once in the launcher (its forks
+    inherit it): the standard library, the shared libraries and time-zone data, and the package trees to mask."""
+    global _MACHINE_VIEW
+    if _MACHINE_VIEW is None:
+        stdlib = stdlib_dirs()
+        bases = list(dict.fromkeys([*(_real(d) for d in LIBRARY_DIRS if os.path.isdir(d)), *stdlib]))
+        readable = list(dict.fromkeys([*bases, *mapped_libraries(bases)]))
+        readable += [p for p in map(_real, SHARED_FILES) if os.path.exists(p) and not _covered(p, readable)]
+        trees = [
+            entry
+            for base in bases
+            for entry in _entries(base)
+            if _is_package_tree(entry) and not any(_covered(s, [entry]) for s in stdlib)
+        ]
+        _MACHINE_VIEW = (stdlib, readable, trees)
+    return _MACHINE_VIEW
+
+
+def _entries(path):
+    try:
+        return sorted(os.path.join(path, name) for name in os.listdir(path))
+    except OSError:
+        return []
+
+
+def build_root(root, workdir, view):
+    """Mount a small tmpfs at ``root`` holding the program's :class:`View` (read-only binds at their own paths,
+    the package trees masked by empty read-only tmpfs, the named packages on top), the harmless devices, an
+    empty ``/proc`` and ``/tmp``, and the mount point ``workdir``; then make it read-only."""
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    for path in LIBRARY_DIRS:  # merged /usr: /lib -> usr/lib
+        if os.path.islink(path) and os.path.isdir(path):
+            os.symlink(os.readlink(path), root + path)
+    for path in view.readable:
+        _bind_readonly(path, root + path, MS_NOSUID | MS_NODEV)
+    masks = [path for path in view.hidden if os.path.isdir(root + path)]
+    for path in masks:
+        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=1024,mode=0755")
+    for path in view.packages:
+        _bind_readonly(path, root + path, MS_NOSUID | MS_NODEV)
+    for path in masks:
+        mount(None, root + path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.makedirs(root + "/dev", exist_ok=True)
     for name in DEVICES:
         if os.path.exists("/dev/" + name):
             open(f"{root}/dev/{name}", "w").close()
@@ -355,9 +459,92 @@ _ST_TO_MS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NO
 
 
 def _bind_readonly(source, target, extra, readonly=True):
+    """Bind ``source`` at ``target`` (made first: a directory, or an empty file for a file), read-only."""
+    if not os.path.lexists(target):
+        if os.path.isdir(source):
+            os.makedirs(target)
+        else:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            open(target, "w").close()
     mount(source, target, None, MS_BIND)
     locked = sum(ms for st, ms in _ST_TO_MS.items() if os.statvfs(target).f_flag & st)  # must be kept
     mount(None, target, None, MS_REMOUNT | MS_BIND | extra | locked | (MS_RDONLY if readonly else 0))
+
+
+# ---------------------------------------------------------------------------------------------- Landlock
+
+# Linux's Landlock LSM (5.13+): an unprivileged process restricts what it and its children may do on the
+# filesystem to an allow-list of paths -- no namespace, no privilege needed. The system call numbers are the same
+# on every architecture.
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH = 1, 1
+LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL = 1, 2
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_REMOVE_DIR, FS_REMOVE_FILE, FS_MAKE_DIR, FS_MAKE_REG, FS_MAKE_SYM = 1 << 4, 1 << 5, 1 << 7, 1 << 8, 1 << 12
+FS_REFER, FS_TRUNCATE = 1 << 13, 1 << 14
+FS_ABI_ACCESS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}  # every right of an ABI
+FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE  # the rights a rule on a file may carry
+READ = FS_READ_FILE | FS_READ_DIR
+WRITE = READ | FS_WRITE_FILE | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_DIR | FS_MAKE_REG | FS_MAKE_SYM
+WRITE |= FS_REFER | FS_TRUNCATE
+DEVICE_RULES = [("/dev/" + name, FS_READ_FILE | FS_WRITE_FILE) for name in DEVICES]
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi():
+    """The Landlock ABI version this kernel gives (0: none, or switched off at boot)."""
+    _libc.syscall.restype = ctypes.c_long
+    abi = _libc.syscall(
+        ctypes.c_long(LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
+    )
+    return max(int(abi), 0)
+
+
+def landlock_ruleset(abi, rules):
+    """A Landlock ruleset fd from ``rules`` (``(path, rights)``; no exec anywhere): from ABI 6 also no signal
+    and no abstract socket out of the domain."""
+    handled = FS_ABI_ACCESS[max(v for v in FS_ABI_ACCESS if v <= abi)]
+    attr = _RulesetAttr(handled, 0, (LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL) * (abi >= 6))
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    fd = _libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size), 0)
+    if fd < 0:
+        _check(-1, "landlock_create_ruleset")
+    try:
+        for path, rights in rules:
+            try:
+                target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                allowed = rights & handled & (~0 if os.path.isdir(path) else FILE_RIGHTS)
+                if not allowed:
+                    continue
+                rule = _PathBeneath(allowed, target)
+                _check(
+                    _libc.syscall(
+                        ctypes.c_long(LANDLOCK_ADD_RULE), fd, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
+                    ),
+                    f"landlock_add_rule {path}",
+                )
+            finally:
+                os.close(target)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def landlock_restrict(fd):
+    """Confine this process and its future children to the ruleset ``fd`` (no_new_privs must be set)."""
+    _check(_libc.syscall(ctypes.c_long(LANDLOCK_RESTRICT_SELF), fd, 0), "landlock_restrict_self")
 
 
 # ----------------------------------------------------------------------------------------------- seccomp
@@ -432,6 +619,11 @@ DENIED_SYSCALLS = (
     "iopl",
     "ioperm",
     "fanotify_init",
+    # extended attributes: tmpfs charges them to kernel memory outside every limit (64 kB per file)
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "setxattrat",
     # the network
     "socket",
     "socketpair",
@@ -456,6 +648,7 @@ DENIED_SYSCALLS = (
     "mq_getsetattr",
 )
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+F_SETOWN, F_SETSIG, F_SETOWN_EX, F_SETLEASE, F_NOTIFY = 8, 10, 15, 1024, 1026
 
 
 def compile_seccomp():
@@ -475,6 +668,8 @@ def compile_seccomp():
         except (OSError, ValueError, RuntimeError):  # a syscall this architecture does not have
             pass
     rules.add_rule(deny, "kill", sc.Arg(0, sc.NE, 0))
+    for command in (F_SETOWN, F_SETSIG, F_SETOWN_EX, F_SETLEASE, F_NOTIFY):  # signals by way of a file
+        rules.add_rule(deny, "fcntl", sc.Arg(1, sc.EQ, command))
     rules.add_rule(deny, "prlimit64", sc.Arg(0, sc.NE, 0))
     read_fd, write_fd = os.pipe()
     try:
@@ -527,7 +722,10 @@ def install_guard(workdir, report_fd=VIOLATION_FD):
     import subprocess
 
     state = {"busy": False}
-    mypid = str(os.getpid())
+    try:  # this process as the mounted /proc numbers it (the host's /proc in a PID namespace without mounts)
+        mypid = os.readlink("/proc/self")
+    except OSError:
+        mypid = str(os.getpid())
     deny = {
         "os.fork",
         "os.forkpty",
@@ -740,6 +938,7 @@ def sandbox_main(cfg, req_fd, rep_fd, out_fd, violation_fd, python_dirs):
         os.dup2(fd, target)
     os.closerange(VIOLATION_FD + 1 + len(kept), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     os.set_blocking(VIOLATION_FD, False)  # the guard never waits on the evaluator
+    sys.path[:] = [p for p in sys.path if p in cfg["sys_path"]]  # the view's: no package tree of the trainer's
     import_through(kept)
     if cfg["chdir"]:  # a fresh tmpfs per test, mounted over the path; else the spawner's cwd is the workdir
         os.chdir(cfg["workdir"])
@@ -760,6 +959,10 @@ def import_through(fds):
     links of ``/proc/self/fd``), where this uid could not reach them by path."""
     if fds:
         sys.path[:] = [_through_fd(entry, fds) for entry in sys.path]
+        for module in list(sys.modules.values()):  # the packages imported already find their submodules so too
+            path = getattr(module, "__path__", None)
+            if type(path) is list:
+                path[:] = [_through_fd(entry, fds) for entry in path]
         sys.path_importer_cache.clear()
 
 
@@ -943,19 +1146,20 @@ class Server:
 # ------------------------------------------------------------------------------------------- spawner process
 
 
-def spawner_main(sock, cfg, python_dirs):
+def spawner_main(sock, cfg, python_dirs, ruleset):
     """Fork one sandbox per ``spawn`` request; on ``reap`` kill every process of the job but this one. As PID 1
-    of the job's PID namespace it mounts that namespace's ``/proc`` first."""
+    of the job's PID namespace it mounts that namespace's ``/proc`` first; then it confines itself, and so every
+    sandbox it forks, to the Landlock ``ruleset`` (None where the kernel has no Landlock)."""
     die_with_parent()
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    keep = sorted({sock.fileno(), *python_dirs.values()})
+    keep = sorted({sock.fileno(), *python_dirs.values(), *([ruleset] if ruleset is not None else [])})
     for low, high in zip([2, *keep], [*keep, resource.getrlimit(resource.RLIMIT_NOFILE)[0]]):
         os.closerange(max(low + 1, 3), high)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     proc = False
-    if os.getpid() == 1:
+    if os.getpid() == 1 and cfg["chdir"]:  # a root of its own (without one the evaluator shares this /proc)
         try:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
             proc = True
@@ -966,6 +1170,10 @@ def spawner_main(sock, cfg, python_dirs):
     except OSError:
         pass
     prctl(PR_SET_DUMPABLE, 0)
+    if ruleset is not None:
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        landlock_restrict(ruleset)
+        os.close(ruleset)
     sock.send(b"ready proc=%d" % proc)
     child = 0
     while True:
@@ -1008,13 +1216,13 @@ def _kill_all(child):
 class Spawner:
     """The evaluator's end of the spawner."""
 
-    def __init__(self, cfg, python_dirs):
+    def __init__(self, cfg, python_dirs, ruleset=None):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
             mine.close()
             try:
-                spawner_main(theirs, cfg, python_dirs)
+                spawner_main(theirs, cfg, python_dirs, ruleset)
             finally:
                 os._exit(0)
         theirs.close()
@@ -1071,15 +1279,35 @@ _BUILTIN_EXCEPTIONS = {
 _SYNTHETIC_EXCEPTIONS = {}
 
 
-def exception_class(name, base):
+SANDBOX_EXCEPTION = "SandboxException"  # the name of a sandbox's exception whose own name is not an identifier
+_ITERATION_ENDS = ("StopIteration", "StopAsyncIteration")
+
+
+def error_name(name):
+    """``name`` when it is an ASCII identifier of at most :data:`MAX_NAME` characters, else
+    :data:`SANDBOX_EXCEPTION`: a name the sandbox chose reaches the test, the trainer's error list and a
+    multi-turn feedback prompt as an identifier only, never as a line of text."""
+    if type(name) is str and len(name) <= MAX_NAME and name.isascii() and name.isidentifier():
+        return name
+    return SANDBOX_EXCEPTION
+
+
+def exception_class(name, base, iterating=False):
     """The local class for an exception type of the sandbox: the builtin itself (``ValueError``), else a class
     of that name deriving from the builtin base (``class InsufficientFunds(ValueError)``). Types that do not
-    derive from Exception (``SystemExit``) become Exception subclasses, so they fail the test that meets them."""
+    derive from Exception (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``) become Exception
+    subclasses, so they fail the test that meets them; so do ``StopIteration`` and ``StopAsyncIteration`` (and
+    their subclasses) unless ``iterating`` (the answer to ``next``, where they mean "exhausted"): raised by a
+    call, the real one would silently end the test's ``map``/``filter``/generator (``all(map(f, cases))``
+    would pass). A name that is not an identifier (:func:`error_name`) becomes ``SandboxException``."""
     if type(name) is not str or type(base) is not str:
         raise ValueError("malformed exception")
+    name = error_name(name)
+    if base in _ITERATION_ENDS and not iterating:
+        base = "Exception"
     if name == base and name in _BUILTIN_EXCEPTIONS:
         return _BUILTIN_EXCEPTIONS[name]
-    key = (name[:100], _BUILTIN_EXCEPTIONS.get(base, Exception))
+    key = (name, _BUILTIN_EXCEPTIONS.get(base, Exception))
     if key in _SYNTHETIC_EXCEPTIONS:
         return _SYNTHETIC_EXCEPTIONS[key]
     kind = type(key[0], (key[1],), {"__module__": "sandbox"})
@@ -1119,7 +1347,7 @@ class Channel:
                 view = view[os.write(self.req_w, view) :]
         except OSError:
             self.fail("Crash")
-        return self.reply(self.read_line(), values if op == "call" else None)
+        return self.reply(self.read_line(), values if op == "call" else None, op == "next")
 
     def argument(self, value):
         if isinstance(value, Remote):
@@ -1189,10 +1417,11 @@ class Channel:
                 raise ValueError
         except (ValueError, TypeError, RecursionError):
             self.fail("ProtocolError")
-        return (error[:100] if error else None), syntax_ok is True, layers
+        return (error_name(error) if error is not None else None), syntax_ok is True, layers
 
-    def reply(self, line, call=None):
-        """The result of a request (``call``: its target, arguments and keywords, for the write-back)."""
+    def reply(self, line, call=None, iterating=False):
+        """The result of a request (``call``: its target, arguments and keywords, for the write-back;
+        ``iterating``: the request was ``next``, whose StopIteration ends the test's loop)."""
         try:
             msg = json.loads(line)
             if type(msg) is not list or not msg:
@@ -1200,12 +1429,12 @@ class Channel:
             if msg[0] == "ok" and len(msg) == 3:
                 result, exc, changed = decode(msg[1], self.resolve), None, msg[2]
             elif msg[0] == "raise" and len(msg) == 6:
-                result, exc, changed = None, self.exception(*msg[1:5]), msg[5]
+                result, exc, changed = None, self.exception(*msg[1:5], iterating), msg[5]
             else:
                 raise ValueError
             if call is not None and changed is not None:
                 self.write_back(call[1], call[2], *changed)
-        except TooLarge:
+        except (TooLarge, ResultTooLarge):  # ResultTooLarge: an XML element over MAX_XML_BYTES
             self.fail("ResultTooLarge")
         except Exception:
             self.fail("ProtocolError")
@@ -1228,8 +1457,8 @@ class Channel:
                 local.clear()
                 (local.extend if isinstance(local, collections.deque) else local.update)(new)
 
-    def exception(self, name, base, args, message):
-        kind = exception_class(name, base)
+    def exception(self, name, base, args, message, iterating=False):
+        kind = exception_class(name, base, iterating)
         try:
             return kind(*(decode(args, self.resolve) if args is not None else (str(message),)))
         except Exception:
@@ -1499,7 +1728,7 @@ class Timer:
 # ------------------------------------------------------------------------------------- evaluator: isolation
 
 NAMESPACES = ("user_ns", "mount_ns", "pid_ns", "net_ns", "ipc_ns", "uts_ns")
-KERNEL_LAYERS = (*NAMESPACES, "read_only_root", "tmpfs_workdir", "proc", "no_new_privs", "seccomp")  # for strict
+KERNEL_LAYERS = (*NAMESPACES, "read_only_root", "tmpfs_workdir", "proc", "landlock", "no_new_privs", "seccomp")
 
 
 def world_readable(path):
@@ -1511,33 +1740,45 @@ def world_readable(path):
 class Isolation:
     """Confines the evaluator, and so the spawner and every sandbox it forks (see the module docstring of
     ``comlrl_lightning.envs.sandbox``), as far as the kernel allows; gives each test a fresh working directory.
-    ``cfg["namespaces"]`` False skips the namespaces, as on a machine that refuses them."""
+    Every layer is decided here, by what this trusted process set up -- never by what a sandbox reports.
+    ``cfg["namespaces"]``, ``cfg["mounts"]`` and ``cfg["landlock"]`` False behave as on a machine that refuses
+    namespaces, mounts in them, or Landlock (the suite forces each deployment so)."""
 
     def __init__(self, cfg):
         self.workdir, self.disk_mb = cfg["workdir"], cfg["disk_mb"]
-        self.layers = dict.fromkeys((*NAMESPACES, "read_only_root", "tmpfs_workdir"), False)
+        self.view = View(cfg.get("packages", ()))
+        self.layers = dict.fromkeys((*NAMESPACES, "read_only_root", "tmpfs_workdir", "landlock"), False)
         self.trainer_uid = os.geteuid()
+        self.abi = landlock_abi() if cfg.get("landlock", True) else 0
+        self.ruleset = None  # a Landlock ruleset fd: the spawner confines itself (and so every sandbox) with it
         self.python_dirs = {}  # path -> fd: the Python directories the sandbox uid reaches through its fds only
         # Opened while this process may still reach it: TMPDIR can lie under a directory only the trainer enters.
         self.workdir_fd = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY)
         if cfg.get("namespaces", True):
-            self.setup(cfg["uid"], cfg["gid"])
+            self.setup(cfg["uid"], cfg["gid"], cfg.get("mounts", True))
         else:
             self.without_namespaces(os.geteuid() == 0, cfg["uid"], cfg["gid"], False, False)
         if self.layers["read_only_root"]:
             os.close(self.workdir_fd)
             self.workdir_fd = None
+            if self.abi:  # the root is the view: read it all; write only below the working directory's mount point
+                rules = [("/", READ), (os.path.dirname(self.workdir), WRITE), *DEVICE_RULES]
+                self.ruleset = landlock_ruleset(self.abi, rules)
+        self.layers["landlock"] = self.ruleset is not None
         self.layers["uid"] = os.geteuid()
 
-    def setup(self, uid, gid):
+    def setup(self, uid, gid, mounts=True):
         root, built, dropped = os.geteuid() == 0, False, False
         try:
             if root:  # build the read-only root while privileged, then drop to the sandbox uid for the user ns
                 unshare(CLONE_NEWNS)
                 mount(None, "/", None, MS_REC | MS_PRIVATE)
                 built = True
-                build_root(self.workdir, self.workdir)
-                os.chdir(self.workdir)  # the new root, entered while every directory above it can be searched
+                if mounts:
+                    build_root(self.workdir, self.workdir, self.view)
+                    os.chdir(self.workdir)  # the new root, entered while every directory above it can be searched
+                else:
+                    self.host_view(root)  # while this process can still open the view
                 os.setgroups([])
                 os.setresgid(gid, gid, 0)
                 os.setresuid(uid, uid, 0)
@@ -1555,64 +1796,152 @@ class Isolation:
             if root:
                 os.setresgid(gid, gid, gid)
                 os.setresuid(uid, uid, uid)
-            else:
+            if not mounts:
+                raise OSError(errno.EPERM, "mount refused")
+            if not root:
                 mount(None, "/", None, MS_REC | MS_PRIVATE)
-                build_root(self.workdir, self.workdir)
+                build_root(self.workdir, self.workdir, self.view)
                 os.chdir(self.workdir)
             os.chroot(".")
             os.chdir("/")
-        except OSError:
+        except OSError:  # mounts refused in the namespaces (Docker's default AppArmor profile): Landlock or nothing
             if not root and os.path.ismount(self.workdir):
                 umount(self.workdir)
-            os.fchdir(self.workdir_fd)
+            try:  # by path where it can: the fd was opened in the mount namespace before these
+                os.chdir(self.workdir)
+            except OSError:
+                os.fchdir(self.workdir_fd)
+            if not root:
+                self.host_view(root)
             return
         self.layers["read_only_root"] = True
 
     def without_namespaces(self, root, uid, gid, built, dropped):
-        """No namespaces: a root trainer's jobs still run under a uid of their own (the Python installation
-        reached through directory fds opened now, where that uid could not read it by path); a non-root
-        trainer's would run as the trainer itself, which the evaluator refuses (``evaluator_main``)."""
+        """No namespaces: the view is Landlock's alone (where the kernel has it; ``evaluator_main`` refuses the
+        job where not). A root trainer's jobs still run under a uid of their own, the Python installation reached
+        through directory fds opened now where that uid could not read it by path."""
         if dropped:
             os.setresuid(0, 0, 0)
             os.setresgid(0, 0, 0)
         if built and os.path.ismount(self.workdir):
             umount(self.workdir)
         os.fchdir(self.workdir_fd)
+        if self.ruleset is None:
+            self.host_view(root)
         if root:
-            self.python_dirs = {
-                path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in python_paths() if not world_readable(path)
-            }
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
             prctl(PR_SET_DUMPABLE, 0)  # the sandbox shares this uid: this process's memory stays unreadable
 
+    def host_view(self, root):
+        """Without a root of its own the program sees the host's filesystem through Landlock: read the view's
+        rules, write only below the working directory. A root trainer also opens now the view's directories that
+        the job's uid cannot reach by path."""
+        if root and not self.python_dirs:
+            dirs = [d for d in self.view.stdlib + self.view.packages if os.path.isdir(d) and not world_readable(d)]
+            self.python_dirs = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in dirs}
+        if self.abi and self.ruleset is None:
+            self.ruleset = landlock_ruleset(self.abi, [*self.view.rules(), (self.workdir, WRITE), *DEVICE_RULES])
+
     def fresh_workdir(self):
-        """An empty working directory for the next test: a new ``noexec`` tmpfs of ``disk_mb`` MB, or the host
-        directory emptied (entered through its fd: the path may lead through a directory this uid cannot
-        search)."""
+        """An empty working directory for the next test: a new ``noexec`` tmpfs of ``disk_mb`` MB and
+        :data:`WORKDIR_INODES` files (what a test can pin of the kernel's memory is bounded by them; extended
+        attributes are refused by seccomp), or the host directory emptied (entered through its fd: the path may
+        lead through a directory this uid cannot search)."""
         if self.layers["read_only_root"]:
             os.chdir("/")
             if os.path.ismount(self.workdir):  # the last test's (mounted by this runner or an earlier one)
                 umount(self.workdir)
-            mount("tmpfs", self.workdir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={self.disk_mb}m,mode=0700")
+            options = f"size={self.disk_mb}m,nr_inodes={WORKDIR_INODES},mode=0700"
+            mount("tmpfs", self.workdir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
             self.layers["tmpfs_workdir"] = True
             os.chdir(self.workdir)
             return
         os.fchdir(self.workdir_fd)
-        for entry in os.scandir("."):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.name, onerror=force_remove)
-            else:
-                os.unlink(entry.name)
+        empty_directory(self.workdir_fd)
 
 
-def force_remove(func, path, exc_info):
-    """``shutil.rmtree`` error handler: the program may have made things read-only."""
+def empty_directory(fd):
+    """Remove everything below the directory ``fd`` without recursion and holding one directory fd at a time (a
+    chain of thousands of directories can neither overflow the stack nor exhaust the fds), never following a
+    symbolic link: a directory is entered relative to its parent and left through its ``..``. Only for a tree
+    nothing else changes any more (the job's processes are gone). What cannot be removed is left."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    current, pending, names = os.dup(fd), [None], []  # per level: subdirectories still to empty (None: unread)
     try:
-        os.chmod(os.path.dirname(path), 0o700)
-        os.chmod(path, 0o700)
-        func(path)
+        while True:
+            if pending[-1] is None:
+                pending[-1] = _unlink_files(current)
+            if pending[-1]:
+                name = pending[-1].pop()
+                try:
+                    os.chmod(name, 0o700, dir_fd=current)  # the program may have taken its permissions away
+                except OSError:
+                    pass
+                try:
+                    child = os.open(name, flags, dir_fd=current)
+                except OSError:
+                    continue  # cannot enter it: left
+                os.close(current)
+                current = child
+                pending.append(None)
+                names.append(name)
+                continue
+            if len(pending) == 1:
+                return
+            parent = os.open("..", flags, dir_fd=current)
+            os.close(current)
+            current = parent
+            pending.pop()
+            try:
+                os.rmdir(names.pop(), dir_fd=current)
+            except OSError:
+                pass
+    finally:
+        os.close(current)
+
+
+def _unlink_files(fd):
+    """Unlink every entry of the directory ``fd`` but its subdirectories, whose names are returned."""
+    subdirs = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.name)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return subdirs
+
+
+def remove_tree(path):
+    """Remove ``path`` and everything below it (:func:`empty_directory`); a file or link is unlinked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return
+    try:
+        os.fchmod(fd, 0o700)
+    except OSError:
+        pass
+    try:
+        empty_directory(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
     except OSError:
         pass
 
@@ -1660,7 +1989,6 @@ class Evaluation:
         self.deadline = time.monotonic() + cfg["timeout_total"]
         self.capture = Capture()
         self.timer = Timer()
-        self.layers = {}
 
     def remaining(self):
         return self.deadline - time.monotonic()
@@ -1673,10 +2001,9 @@ class Evaluation:
         try:
             self.timer.arm(min(self.cfg["timeout_per_test"] + START_GRACE_S, self.remaining()), channel)
             try:
-                error, syntax_ok, layers = channel.ready()
+                error, syntax_ok, _ = channel.ready()  # what the sandbox says of its layers is not used
             finally:
                 self.timer.disarm()
-            self.layers = self.layers or layers
         except Abort:
             error, syntax_ok = channel.failure, True
         channel.capture = self.capture
@@ -1727,12 +2054,74 @@ class Evaluation:
                 self.timer.disarm()
             error = None
         except BaseException as exc:
-            error = type(exc).__name__[:100]
+            error = error_name(type(exc).__name__)
         if channel.failure:
             return channel.failure
         if channel.count_violations() != before:
             return "SandboxViolation"
         return error
+
+
+class ResultTooLarge(Exception):
+    """XML over :data:`MAX_XML_BYTES` given to a parser of the evaluator (see :func:`bound_xml_parsers`)."""
+
+
+class _BoundedExpat:
+    """A ``pyexpat`` parser that refuses input past :data:`MAX_XML_BYTES` (minidom, pulldom, sax and
+    plain expat parse through one); everything else is the parser's own."""
+
+    def __init__(self, parser):
+        object.__setattr__(self, "_parser", parser)
+        object.__setattr__(self, "_fed", 0)
+
+    def __getattr__(self, name):
+        return getattr(self._parser, name)
+
+    def __setattr__(self, name, value):  # handlers and options go to the parser
+        setattr(self._parser, name, value)
+
+    def Parse(self, data, isfinal=False):
+        fed = self._fed + len(data)
+        if fed > MAX_XML_BYTES:
+            raise ResultTooLarge(f"XML over {MAX_XML_BYTES} bytes")
+        object.__setattr__(self, "_fed", fed)
+        return self._parser.Parse(data, isfinal)
+
+    def ParseFile(self, file):
+        while data := file.read(1 << 16):
+            self.Parse(data)
+        return self.Parse(b"", True)
+
+
+def bound_xml_parsers():
+    """Make the XML parsers a test reaches in this process refuse input past :data:`MAX_XML_BYTES` with
+    :class:`ResultTooLarge` (the test fails with that name): a test that parses a file the program wrote
+    (ClassEval's XML tests) would otherwise grow the evaluator by ~20 times the file (16 MB of ``<a/>``: +340
+    MB with ElementTree; minidom passes the evaluator's memory limit). Called after the spawner is forked, so
+    the program's own parsing is not bounded."""
+    create = pyexpat.ParserCreate
+
+    def parser_create(*args, **kwargs):
+        return _BoundedExpat(create(*args, **kwargs))
+
+    pyexpat.ParserCreate = expat.ParserCreate = parser_create
+
+    class XMLParser(ElementTree.XMLParser):
+        """ElementTree's parser (``parse``, ``fromstring``, ``iterparse``, ``XMLPullParser`` make one), counting
+        what it is fed."""
+
+        def feed(self, data):
+            self._fed = getattr(self, "_fed", 0) + len(data)
+            if self._fed > MAX_XML_BYTES:
+                raise ResultTooLarge(f"XML over {MAX_XML_BYTES} bytes")
+            return super().feed(data)
+
+        def _parse_whole(self, source):  # ElementTree.parse's shortcut past feed
+            while data := source.read(1 << 16):
+                self.feed(data)
+            return self.close()
+
+    ElementTree.XMLParser = XMLParser
 
 
 def mapped_mb():
@@ -1768,21 +2157,26 @@ def evaluator_main(payload_fd, result_fd, stderr_fd):
     if "tempfile" in sys.modules:
         sys.modules["tempfile"].tempdir = None
     isolation = Isolation(cfg)
-    layers = dict(isolation.layers)
-    if not layers["pid_ns"] and layers["uid"] == isolation.trainer_uid:
-        report({"phase": "unavailable", "uid": layers["uid"]})  # the program would run as the trainer
+    layers = dict(isolation.layers, rlimits=True, no_new_privs=True, seccomp=SECCOMP_PROGRAM is not None)
+    if not (layers["read_only_root"] or layers["landlock"]):
+        report({"phase": "unavailable", "layers": layers})  # the program would see the host's filesystem
         return
-    missing = [k for k in (*NAMESPACES, "read_only_root") if not layers[k]]
+    missing = [k for k in KERNEL_LAYERS if k not in ("proc", "tmpfs_workdir") and not layers[k]]
     if cfg["isolation"] == "strict" and (missing or layers["uid"] == 0):
         report({"phase": "refused", "missing": missing + ["unprivileged uid"] * (layers["uid"] == 0)})
         return
     cfg["chdir"] = layers["read_only_root"]
-    spawner = Spawner(cfg, isolation.python_dirs)  # forked before the tests are read: no sandbox holds them
+    cfg["sys_path"] = isolation.view.sys_path()
+    # forked before the tests are read: no sandbox holds them
+    spawner = Spawner(cfg, isolation.python_dirs, isolation.ruleset)
+    if isolation.ruleset is not None:
+        os.close(isolation.ruleset)
     import_through(isolation.python_dirs)  # the trusted tests import too
     limit_memory(cfg["mapped_mb"] + EVALUATOR_MEMORY_MB + TEST_MEMORY_MB)  # the sandboxes set their own (forked)
     job = read_part(payload_fd)
     os.close(payload_fd)
     random.seed()  # the launcher's state is shared by every fork
+    bound_xml_parsers()  # after the spawner's fork: the tests' parsers, not the program's
     evaluation = Evaluation(cfg, job, isolation, spawner, report)
     sys.stdout = sys.stderr = evaluation.capture
     try:
@@ -1790,7 +2184,7 @@ def evaluator_main(payload_fd, result_fd, stderr_fd):
     finally:
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         spawner.close()
-    layers.update(evaluation.layers, proc=spawner.proc, tmpfs_workdir=isolation.layers["tmpfs_workdir"])
+    layers.update(proc=spawner.proc, tmpfs_workdir=isolation.layers["tmpfs_workdir"], audit_hook=True)
     report({"phase": "done", "stdout": evaluation.capture.text(), "layers": layers})
 
 
@@ -1827,6 +2221,7 @@ def launcher_main(sock_fd):
     for name in PRELOAD:
         importlib.import_module(name)
     SECCOMP_PROGRAM = compile_seccomp()
+    _machine_view()  # once: every evaluator is a fork
     gc.freeze()  # the forks share these pages: keep the collector from writing to them
     sock = socket.socket(fileno=sock_fd)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # evaluators are reaped by the kernel

@@ -59,20 +59,26 @@ without all of :data:`KERNEL_LAYERS` and an unprivileged uid.
    are invisible (no ``/proc/<ppid>/environ``, no ``kill``/``pidfd_send_signal``/``setpriority``/
    ``sched_setaffinity`` on them), and killing PID 1 kills every process of the job, detached or not. IPC:
    the job's own namespace (and seccomp refuses its system calls, layer 5).
-4. **Read-only root** (``read_only_root``, ``proc``, ``tmpfs_workdir``). The evaluator chroots into a small
-   tmpfs holding read-only, ``nosuid``/``nodev`` binds of ``/usr``, ``/bin``, ``/lib*``, ``/etc`` and the
-   Python installation, the devices ``null``/``zero``/``full``/``random``/``urandom`` only, a ``/proc`` of the
-   job's PID namespace and, per test, a fresh ``noexec`` tmpfs working directory of ``disk_mb`` MB: writes, deletes,
-   renames, ``chmod``/``utime``, links, FIFOs and device nodes anywhere else fail in the kernel however the
-   path is spelt (``dir_fd``, symlinks, races), and the disk cannot be filled. Data sets and caches are not
-   even visible.
+4. **A root of its own** (``read_only_root``, ``proc``, ``tmpfs_workdir``). The evaluator chroots into a small
+   read-only tmpfs holding the program's *view*, an allow-list (docs/sandbox.md#what-a-program-sees): read-only,
+   ``nosuid``/``nodev`` binds of the system's shared libraries and time-zone data, the standard library and the
+   packages the job names (``packages``; none by default), every Python package tree in them masked; the devices
+   ``null``/``zero``/``full``/``random``/``urandom`` only, a ``/proc`` of the job's PID namespace and, per test, a
+   fresh ``noexec`` tmpfs working directory of ``disk_mb`` MB and ``WORKDIR_INODES`` inodes: writes, deletes,
+   renames, ``chmod``/``utime``, links, FIFOs and device nodes anywhere else fail in the kernel however the path
+   is spelt (``dir_fd``, symlinks, races), and neither the disk nor the kernel's memory can be filled through it.
+   The training environment, its packages' data (an answer key shipped in a package), data sets, caches and
+   home directories are not visible.
+4b. **Landlock** (``landlock``): the same view as kernel rules (read the view, write the working directory,
+   execute nothing), which the spawner takes on before any program runs; in a deployment without a root of its
+   own it is what keeps the program to the view.
 5. **no_new_privs and seccomp** (``no_new_privs``, ``seccomp``; the filter is compiled once by libseccomp
    through ``pyseccomp``): the sandbox gets ``EPERM`` for ``fork``/``vfork``/``clone``/``execve`` (every spawn
    route: ``subprocess``, ``_posixsubprocess``, ``posix``, ``os.posix_spawn``, ``pty``), ``ptrace`` and
    cross-process memory, signals to anything but its own process group, ``pidfd_*``, ``setpriority``,
    ``sched_set*``, ``setsid``/``setpgid``, ``prctl``, ``mount``/``unshare``/``setns``/``chroot``,
    ``mknod``, sockets, System V IPC and POSIX message queues, ``bpf``, ``perf_event_open``, ``io_uring``,
-   ``userfaultfd``, keyrings, modules,
+   ``userfaultfd``, keyrings, modules, extended attributes, ``fcntl`` signals (``F_SETOWN``/``F_SETSIG``),
    ``kexec``, clock and host settings; system calls of another architecture kill it.
 6. **Resource limits** in the sandbox: ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (16 MB),
    ``RLIMIT_NOFILE`` (64), ``RLIMIT_NPROC`` (0: no new process or thread), ``RLIMIT_CORE`` (0); wall-clock
@@ -87,14 +93,14 @@ without all of :data:`KERNEL_LAYERS` and an unprivileged uid.
 
 What is not guaranteed
 ----------------------
-Where the kernel refuses user namespaces (some containers, hardened distributions) layers 3-4 are missing: the
-working directory is a host temp dir emptied between tests (entered through a directory fd), other files are
-protected by the job's own uid and the audit hook only, the disk is not capped and the working directory is
-executable; the job uid's files in ``/dev/shm``, ``/tmp`` and ``/var/tmp`` are removed after the job. A root
-trainer's job still runs under its own uid, reaching a Python installation that uid cannot read by path through
-directory fds opened before the drop. A non-root trainer without namespaces is refused (:class:`SandboxUnavailable`,
-saying what to enable): the program would run as the trainer's own user. Without ``pyseccomp``/libseccomp layer 5
-is ``no_new_privs`` only. The first use in a process runs a canary program whose tests must pass, and raises
+Where the kernel refuses user namespaces, or mounts inside them (some containers, hardened distributions), layer 4
+is missing and Landlock alone keeps the program to its view: the working directory is a host temp dir emptied
+between tests (without recursion, entered through a directory fd), the disk is not capped and the names (never
+the files) of a masked tree below a listed directory can be listed. A root trainer's job still runs under its own
+uid, reaching a Python installation that uid cannot read by path through directory fds opened before the drop.
+Where there is neither a root of its own nor Landlock the run is refused (:class:`SandboxUnavailable`, saying what
+to enable): the program would see the host's files. The evaluator decides this from what it set up itself, never
+from what a sandbox reports. Without ``pyseccomp``/libseccomp layer 5 is ``no_new_privs`` only. The first use in a process runs a canary program whose tests must pass, and raises
 :class:`SandboxUnavailable` where they do not. The kernel itself is shared: a kernel exploit is out of scope (use a
 VM or gVisor for that). The evaluator runs the tests as trusted code: tests that execute what the program returns
 are only as safe as that. docs/sandbox.md has the threat model and what each deployment gets.
@@ -106,12 +112,12 @@ import ast
 import atexit
 import builtins
 import fcntl
+import functools
 import json
 import logging
 import os
 import secrets
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -124,7 +130,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from comlrl_lightning.envs._sandbox_worker import KERNEL_LAYERS, KILL_GRACE_S, force_remove
+from comlrl_lightning.envs._sandbox_worker import KERNEL_LAYERS, KILL_GRACE_S, remove_tree
 
 __all__ = ["ExecutionResult", "Job", "run_tests", "run_many", "isolation_layers", "KERNEL_LAYERS", "SandboxUnavailable"]
 
@@ -136,8 +142,12 @@ STDOUT_LIMIT = 4096  # bytes of program/test output kept in the result
 SANDBOX_UID_BASE = 1 << 30  # a root trainer runs each job under its own uid/gid in [base, base + 65536)
 _STARTUP_S = 5.0  # evaluator start-up allowance on top of timeout_total before the trainer kills it
 _REPORT_LIMIT = 1 << 20  # bytes of one evaluator report line
-NO_NAMESPACES_ENV = "COMLRL_SANDBOX_NO_NAMESPACES"  # "1": run as on a machine that refuses namespaces (tests)
-_LEFTOVER_DIRS = ("/dev/shm", "/tmp", "/var/tmp")  # where a job without namespaces could leave files behind
+# "1": run as on a machine that refuses namespaces / mounts inside them / Landlock (the suite forces deployments)
+NO_NAMESPACES_ENV = "COMLRL_SANDBOX_NO_NAMESPACES"
+NO_MOUNTS_ENV = "COMLRL_SANDBOX_NO_MOUNTS"
+NO_LANDLOCK_ENV = "COMLRL_SANDBOX_NO_LANDLOCK"
+_FORCING = (NO_NAMESPACES_ENV, NO_MOUNTS_ENV, NO_LANDLOCK_ENV)
+_LEFTOVER_DIRS = ("/dev/shm", "/tmp", "/var/tmp", "/run/lock")  # world-writable trees a job's uid might reach
 
 
 class SandboxUnavailable(RuntimeError):
@@ -188,6 +198,55 @@ class Job:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 names += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
         return tuple(name for name in dict.fromkeys(names) if not hasattr(builtins, name))
+
+
+@functools.lru_cache(maxsize=64)
+def package_paths(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The files and directories of the installed packages ``names`` (import names: ``numpy``, ``docx``) and of
+    every distribution they require (unconditionally), as installed: what a job's view adds to the standard
+    library. Raises ValueError naming a package that is not installed."""
+    import importlib.metadata as metadata
+    import importlib.util
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    by_import = metadata.packages_distributions()
+    paths: set[str] = set()
+    todo: list[str] = []
+    for name in names:
+        if name.split(".")[0] in sys.stdlib_module_names:
+            continue
+        if name in by_import:
+            todo += by_import[name]
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or not (spec.submodule_search_locations or spec.origin):
+            raise ValueError(
+                f"packages: {name!r} is not installed in this environment (the sandbox shows a program only the "
+                "standard library and the installed packages named here)"
+            )
+        paths.update(spec.submodule_search_locations or [spec.origin])
+    seen: set[str] = set()
+    while todo:
+        dist_name = canonicalize_name(todo.pop())
+        if dist_name in seen:
+            continue
+        seen.add(dist_name)
+        try:
+            dist = metadata.distribution(dist_name)
+        except metadata.PackageNotFoundError:  # an optional requirement that is not installed
+            continue
+        for file in dist.files or ():
+            top = file.parts[0]
+            if top in ("..", "__pycache__") or top.endswith((".dist-info", ".egg-info", ".pth")):
+                continue
+            paths.add(str(dist.locate_file(top)))
+        for text in dist.requires or ():
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return tuple(sorted(paths))
 
 
 _CANARY = Job("def canary(x):\n    return x + 1\n", ["assert canary(1) == 2", "assert canary(-1) == 0"])
@@ -258,10 +317,6 @@ def _sandbox_ids() -> tuple[int, int]:
     return uid, uid
 
 
-def _rmtree(path: str) -> None:
-    shutil.rmtree(path, onerror=force_remove)
-
-
 def _kill(pidfd: int | None) -> None:
     if pidfd is None:
         return
@@ -285,9 +340,12 @@ def run_tests(
     disk_mb: int = 64,
     max_timeouts: int = 3,
     isolation: Isolation = "best_effort",
+    packages: Sequence[str] = (),
 ) -> ExecutionResult:
     """Run ``program``, then each test against it (see the module docstring); ``setup`` and ``entry_points`` as
-    in :class:`Job`.
+    in :class:`Job`. ``packages``: the installed packages (import names) the program and its tests may import
+    besides the standard library, with what they require (:func:`package_paths`); nothing else of the Python
+    environment is visible to them.
 
     Never raises because of user code; infrastructure failures (cannot start a process, ...) are logged and
     reported as ``"Crash"`` for every test. Raises :class:`SandboxUnavailable` where this machine cannot run a
@@ -300,6 +358,7 @@ def run_tests(
         memory_mb=int(memory_mb),
         disk_mb=int(disk_mb),
         max_timeouts=int(max_timeouts),
+        packages=list(package_paths(tuple(packages))),
     )
     if isolation == "strict":
         _require_kernel_layers()
@@ -343,10 +402,10 @@ def _run(job: Job, limits: dict[str, Any], isolation: str) -> tuple[ExecutionRes
             if not program.get("syntax_ok", True):
                 return ExecutionResult(0, total, 0, ["SyntaxError"] * total, False, stdout), outcome.layers
             if program.get("error") is not None:
-                errors = [str(program["error"])[:100]] * total
+                errors = [_error_name(program["error"])] * total
                 return ExecutionResult(0, total, errors.count("Timeout"), errors, True, stdout), outcome.layers
         elif program is None or program.get("error") is not None:  # a later evaluator could not load it again
-            errors_out += ["Crash" if program is None else str(program["error"])[:100]] * (total - len(errors_out))
+            errors_out += ["Crash" if program is None else _error_name(program["error"])] * (total - len(errors_out))
             break
         errors_out += outcome.tests
         if outcome.ended_in is None:  # finished, or ended between tests or out of the job's time: the rest is filled
@@ -391,7 +450,7 @@ def _run_once(job: Job, limits: dict[str, Any], isolation: str) -> _Outcome:
         uid=uid,
         gid=gid,
         isolation=isolation,
-        namespaces=os.environ.get(NO_NAMESPACES_ENV, "") != "1",
+        **{key: os.environ.get(env, "") != "1" for key, env in zip(("namespaces", "mounts", "landlock"), _FORCING)},
     )
     rest = {"tests": list(job.tests), "setup": job.setup, "entry_points": list(job.names())}
     out, done = _Outcome(), None
@@ -421,12 +480,25 @@ def _run_once(job: Job, limits: dict[str, Any], isolation: str) -> _Outcome:
                 if tail:
                     logger.warning("sandbox evaluator stopped early: %s", tail)
     finally:
-        _rmtree(workdir)
-        if os.geteuid() == 0 and not ((done or {}).get("layers") or {}).get("read_only_root"):
-            _remove_leftovers(uid)
+        try:
+            remove_tree(workdir)
+        finally:
+            confined = ((done or {}).get("layers") or {}).get  # the evaluator's own account, never the sandbox's
+            if os.geteuid() == 0 and not (confined("read_only_root") or confined("landlock")):
+                _remove_leftovers(uid)
     out.stdout = str((done or {}).get("stdout", ""))[:STDOUT_LIMIT]
     out.layers = (done or {}).get("layers") or {}
     return out
+
+
+def _error_name(error: Any) -> str:
+    """An error the evaluator reported, as the trainer keeps it: an ASCII identifier of at most 100 characters
+    (an exception's name or a verdict), else ``SandboxException``, so that no text of the program reaches the
+    error list or a multi-turn feedback prompt (the evaluator already names errors so; this is the second
+    check)."""
+    if isinstance(error, str) and len(error) <= 100 and error.isascii() and error.isidentifier():
+        return error
+    return "SandboxException"
 
 
 def _follow(fd: int, limits: dict[str, Any], out: _Outcome) -> dict[str, Any] | None:
@@ -447,7 +519,7 @@ def _follow(fd: int, limits: dict[str, Any], out: _Outcome) -> dict[str, Any] | 
             test.update(i=msg["i"], deadline=time.monotonic() + float(msg["seconds"]) + KILL_GRACE_S)
         elif phase == "test" and out.program is not None and msg.get("i") == len(out.tests):
             err = msg.get("error")
-            out.tests.append(None if err is None else str(err)[:100])
+            out.tests.append(None if err is None else _error_name(err))
             test.update(i=None, deadline=job_deadline)
         elif phase == "done":
             return msg
@@ -463,11 +535,13 @@ def _follow(fd: int, limits: dict[str, Any], out: _Outcome) -> dict[str, Any] | 
 
 
 _UNAVAILABLE = (
-    "the sandbox cannot isolate generated programs on this machine: the kernel refuses user namespaces and the "
-    "trainer is not root, so a program would run as the trainer's own user (its files, processes and open files "
-    "readable). Enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
-    "also kernel.apparmor_restrict_unprivileged_userns=0; in Docker, a seccomp profile that allows unshare/clone "
-    "with namespace flags), or run the trainer as root so that each job gets a uid of its own "
+    "the sandbox cannot show generated programs only what they may see on this machine: it could neither build "
+    "a root of its own (user and mount namespaces: refused, or mounts refused inside them) nor confine the "
+    "program with Landlock, so a program would see the host's files (data sets, answer keys, home directories). "
+    "Enable one of them: Landlock (Linux 5.13 or later with 'landlock' in the lsm= boot parameter or "
+    "CONFIG_LSM; most distributions have it on), or unprivileged user namespaces with mounts (sysctl "
+    "kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ also kernel.apparmor_restrict_unprivileged_userns=0; "
+    "in Docker, --security-opt seccomp=unconfined and apparmor=unconfined, or CAP_SYS_ADMIN) "
     "(docs/sandbox.md#deployments)."
 )
 
@@ -490,24 +564,27 @@ def _send_payload(fd: int, parts: Sequence[dict[str, Any]]) -> None:
 
 
 def _remove_leftovers(uid: int) -> None:
-    """What a job's uid left in the shared temporary directories (``/dev/shm`` segments, files in ``/tmp``):
-    without namespaces its files there outlive it. Only a job's own uid (one of a root trainer's sandbox uids,
-    never the trainer's or any other user's) has its files removed."""
+    """What a job's uid left in the shared temporary trees (``/dev/shm`` segments, files anywhere below ``/tmp``,
+    ``/var/tmp``, ``/run/lock``) when neither a root of its own nor Landlock kept it in its working directory (an
+    evaluator that died before it said which it had). Walks every directory the job could traverse (any user may
+    search it), without recursion; only the job's own uid (one of a root trainer's sandbox uids, never the
+    trainer's or any other user's) has its files removed."""
     if not SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + (1 << 16) or uid == os.geteuid():
         return
-    for folder in _LEFTOVER_DIRS:
+    todo = list(_LEFTOVER_DIRS)
+    while todo:
+        folder = todo.pop()
         try:
             entries = list(os.scandir(folder))
         except OSError:
             continue
         for entry in entries:
             try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    _rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
+                info = entry.stat(follow_symlinks=False)
+                if info.st_uid == uid:
+                    remove_tree(entry.path)
+                elif entry.is_dir(follow_symlinks=False) and info.st_mode & 0o001:
+                    todo.append(entry.path)
             except OSError:
                 pass
 
@@ -547,7 +624,7 @@ def isolation_layers() -> dict[str, Any]:
     by running a canary program whose tests must pass, and logged once. Raises :class:`SandboxUnavailable` where
     the sandbox would be unsafe or where the canary fails (a run would otherwise train on every test failing)."""
     global _layers
-    key = os.environ.get(NO_NAMESPACES_ENV, "")
+    key = ",".join(os.environ.get(env, "") for env in _FORCING)
     with _layers_lock:
         if _layers is None or _layers[0] != key:
             try:
@@ -584,7 +661,12 @@ def _log_layers(layers: dict[str, Any]) -> None:
     line = f"sandbox isolation: uid {layers.get('uid')}; layers: {', '.join(present) or 'none'}"
     if missing:
         logger.warning(
-            "%s; MISSING: %s (the Python audit hook is the only guard against what they stop)", line, ", ".join(missing)
+            "%s; MISSING: %s (%s; docs/sandbox.md#deployments)",
+            line,
+            ", ".join(missing),
+            "Landlock keeps the program to its view"
+            if layers.get("landlock")
+            else "a root of its own keeps the program to its view",
         )
     else:
         logger.info(line)
