@@ -258,14 +258,15 @@ def test_another_processs_proc_entry_is_refused_before_its_magic_links_are_follo
     assert r.errors == ["SandboxViolation"], r
 
 
-@pytest.mark.parametrize("namespaces", [True, False])
+@pytest.mark.parametrize("namespaces", [True, False, "no_mounts"])
 def test_a_private_temporary_directory_does_not_fail_every_test(namespaces, monkeypatch, tmp_path):
     """TMPDIR under a directory only the trainer may enter (a per-job private tmp on a cluster): the sandbox
-    uid could not reach its working directory and every test of a correct program ended as ``Crash``."""
-    if not namespaces:
+    uid could not reach its working directory and every test of a correct program ended as ``Crash`` (without
+    mounts in the namespaces: the evaluator's working directory was one of the mount namespace before)."""
+    if namespaces is not True:
         if os.geteuid() != 0:
-            pytest.skip("without namespaces only a root trainer runs jobs")
-        monkeypatch.setenv(sandbox.NO_NAMESPACES_ENV, "1")
+            pytest.skip("a root trainer's jobs run under a uid of their own")
+        monkeypatch.setenv(sandbox.NO_MOUNTS_ENV if namespaces == "no_mounts" else sandbox.NO_NAMESPACES_ENV, "1")
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     monkeypatch.setattr(tempfile, "tempdir", str(private))

@@ -322,8 +322,12 @@ ATTACKS = {
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_invented_attacks_are_denied(attack, deployment):
     program = ATTACK_HEAD + f"def go():\n    return attempt({ATTACKS[attack]})\n"
+    tmp = sandbox.tempfile.gettempdir()
+    mode = os.stat(tmp).st_mode
     r = run_tests(program, ["print('RESULT', go())"], **FAST)
     assert r.errors == [] and "RESULT denied" in r.stdout, (attack, r)
+    # the trainer's clean-up of a working directory renamed away once made /tmp 0700 (chmod of its parent)
+    assert os.stat(tmp).st_mode == mode
 
 
 def test_a_chain_of_directories_deeper_than_the_stack_is_cleaned_up(monkeypatch, tmp_path):

@@ -1758,12 +1758,13 @@ class Isolation:
             self.setup(cfg["uid"], cfg["gid"], cfg.get("mounts", True))
         else:
             self.without_namespaces(os.geteuid() == 0, cfg["uid"], cfg["gid"], False, False)
-        if self.layers["read_only_root"]:
-            os.close(self.workdir_fd)
-            self.workdir_fd = None
-            if self.abi:  # the root is the view: read it all; write only below the working directory's mount point
-                rules = [("/", READ), (os.path.dirname(self.workdir), WRITE), *DEVICE_RULES]
-                self.ruleset = landlock_ruleset(self.abi, rules)
+        os.close(self.workdir_fd)
+        self.workdir_fd = None
+        if not self.layers["read_only_root"]:  # the working directory as entered (in the namespaces, if any)
+            self.workdir_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+        elif self.abi:  # the root is the view: read it all; write only below the working directory's mount point
+            rules = [("/", READ), (os.path.dirname(self.workdir), WRITE), *DEVICE_RULES]
+            self.ruleset = landlock_ruleset(self.abi, rules)
         self.layers["landlock"] = self.ruleset is not None
         self.layers["uid"] = os.geteuid()
 
@@ -1779,6 +1780,7 @@ class Isolation:
                     os.chdir(self.workdir)  # the new root, entered while every directory above it can be searched
                 else:
                     self.host_view(root)  # while this process can still open the view
+                    os.chdir(self.workdir)  # by path, so that the next namespace takes the working directory along
                 os.setgroups([])
                 os.setresgid(gid, gid, 0)
                 os.setresuid(uid, uid, 0)
@@ -1807,11 +1809,11 @@ class Isolation:
         except OSError:  # mounts refused in the namespaces (Docker's default AppArmor profile): Landlock or nothing
             if not root and os.path.ismount(self.workdir):
                 umount(self.workdir)
-            try:  # by path where it can: the fd was opened in the mount namespace before these
-                os.chdir(self.workdir)
-            except OSError:
-                os.fchdir(self.workdir_fd)
-            if not root:
+            if not root:  # (a root trainer entered it before the namespaces, which took it along)
+                try:  # by path where it can: the fd was opened in the mount namespace before these
+                    os.chdir(self.workdir)
+                except OSError:
+                    os.fchdir(self.workdir_fd)
                 self.host_view(root)
             return
         self.layers["read_only_root"] = True
