@@ -18,7 +18,9 @@ a module fitted by a plain ``lightning.Trainer`` whose bar is Lightning's defaul
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from datetime import timedelta
 from typing import Any, Mapping
 
 from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
@@ -66,6 +68,20 @@ def rate(seconds_per_update: float | None) -> str:
 
 def value(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def evaluation_label(trainer, num_items: int) -> str:
+    """What a bar counting updates shows while an evaluation runs: ``Update 3: evaluating 4 items`` (the count
+    beside it stays the updates')."""
+    return f"Update {trainer.global_step}: evaluating {num_items} items"
+
+
+def training_done(trainer, first_step: int, seconds: float) -> str:
+    """``training done: 5 updates in 4m06s``, or for a resumed run ``training done: 2 updates this run (5 in all)
+    in 1m40s``."""
+    done = trainer.global_step - first_step
+    count = f"{done} updates this run ({trainer.global_step} in all)" if first_step else f"{done} updates"
+    return f"training done: {count} in {duration(seconds)}"
 
 
 def evaluation_line(trainer, metrics: Mapping[str, float], final: bool) -> str:
@@ -147,7 +163,7 @@ class UpdateTQDMProgressBar(_Counting, TQDMProgressBar):
     def on_evaluation_start(self, trainer, num_items: int, final: bool) -> None:
         bar = self._train_progress_bar
         if bar is not None and not bar.disable:
-            bar.set_description(f"Evaluating {num_items} items")
+            bar.set_description(evaluation_label(trainer, num_items))
             bar.refresh()
 
     def on_evaluation_end(self, trainer, metrics: Mapping[str, float], final: bool) -> None:
@@ -160,7 +176,7 @@ class UpdateTQDMProgressBar(_Counting, TQDMProgressBar):
 
 if _RICH_AVAILABLE:
     from lightning.pytorch.callbacks import RichProgressBar
-    from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
+    from lightning.pytorch.callbacks.progress.rich_progress import CustomTimeColumn, ProcessingSpeedColumn
     from rich.text import Text
 
     class UpdateSpeedColumn(ProcessingSpeedColumn):
@@ -174,6 +190,18 @@ if _RICH_AVAILABLE:
             text = "" if not speed else f"{speed:.2f}it/s" if speed >= 1 else f"{1 / speed:.1f}s/it"
             return Text(text, style=self.style)
 
+    class UpdateTimeColumn(CustomTimeColumn):
+        """``0:04:10 • 0:12:30``: elapsed, and the time left from the measured seconds per update (rich's own
+        estimate looks at the last 30 s only, so an update slower than that left it at ``-:--:--``)."""
+
+        def render(self, task) -> Text:
+            eta = task.fields.get("eta")
+            if eta is None:
+                return super().render(task)
+            elapsed = task.finished_time if task.finished else task.elapsed
+            shown = "-:--:--" if elapsed is None else str(timedelta(seconds=int(elapsed)))
+            return Text(f"{shown} • {timedelta(seconds=int(eta))}", style=self.style)
+
     class UpdateRichProgressBar(_Counting, RichProgressBar):
         """The rich variant (Lightning's default bar when ``rich`` is installed)."""
 
@@ -185,9 +213,9 @@ if _RICH_AVAILABLE:
             return train_description(self.trainer)
 
         def configure_columns(self, trainer) -> list:
+            replace = {ProcessingSpeedColumn: UpdateSpeedColumn, CustomTimeColumn: UpdateTimeColumn}
             return [
-                UpdateSpeedColumn(style=c.style) if isinstance(c, ProcessingSpeedColumn) else c
-                for c in super().configure_columns(trainer)
+                replace[type(c)](style=c.style) if type(c) in replace else c for c in super().configure_columns(trainer)
             ]
 
         def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -200,7 +228,9 @@ if _RICH_AVAILABLE:
                 self._initialize_train_progress_bar_id()
             if self.progress is not None and self.train_progress_bar_id is not None and counts_updates(trainer):
                 self.progress.update(
-                    self.train_progress_bar_id, seconds_per_update=self.pace.seconds_per_update(trainer)
+                    self.train_progress_bar_id,
+                    seconds_per_update=self.pace.seconds_per_update(trainer),
+                    eta=self.pace.eta(trainer),
                 )
             self._update(self.train_progress_bar_id, train_completed(trainer, batch_idx))
             self._update_metrics(trainer, pl_module)
@@ -213,7 +243,7 @@ if _RICH_AVAILABLE:
                 self.refresh()
 
         def on_evaluation_start(self, trainer, num_items: int, final: bool) -> None:
-            self._describe(f"Evaluating {num_items} items")
+            self._describe(evaluation_label(trainer, num_items))
 
         def on_evaluation_end(self, trainer, metrics: Mapping[str, float], final: bool) -> None:
             self._describe(train_description(trainer))
@@ -232,6 +262,10 @@ class UpdateLineProgressBar(_Counting, ProgressBar):
         self._enabled = True
         self._last_line = 0.0
         self._last_step = 0
+        self._doing = ""  # what the run is in: "update 4/24", "evaluation of 4 items at update 3"
+        self._since = 0.0
+        self._heartbeat: threading.Thread | None = None
+        self._stopped = threading.Event()
 
     def disable(self) -> None:
         self._enabled = False
@@ -245,13 +279,45 @@ class UpdateLineProgressBar(_Counting, ProgressBar):
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self._enabled:
+            self._last_line = time.monotonic()
             print(*args, **kwargs, flush=True)
+
+    def _in(self, doing: str) -> None:
+        self._doing, self._since = doing, time.monotonic()
+
+    def _beat(self) -> None:
+        """A line at least every ``min_interval`` seconds whatever the run is in (a first rollout, an evaluation or
+        a pair collection can take minutes): ``... update 4/24 in progress for 2m30s (last update: 12.3 s)``."""
+        while not self._stopped.wait(min(self.min_interval, 5.0)):
+            if self._doing and time.monotonic() - self._last_line >= self.min_interval:
+                trainer = self._trainer
+                last = rate(self.pace.seconds_per_update(trainer)) if trainer is not None else ""
+                self.print(
+                    f"... {self._doing} in progress for {duration(time.monotonic() - self._since)}"
+                    + (f" ({last})" if last else "")
+                )
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_step, self._last_line = trainer.global_step, time.monotonic()
         limit = f"{trainer.max_steps} updates" if counts_updates(trainer) else f"{trainer.max_epochs} epochs"
         self.print(f"training: {limit}" + (f", from update {trainer.global_step}" if trainer.global_step else ""))
+        self._in(self._next_update(trainer))
+        if trainer.is_global_zero and self._heartbeat is None:
+            self._stopped.clear()
+            self._heartbeat = threading.Thread(target=self._beat, name="progress-heartbeat", daemon=True)
+            self._heartbeat.start()
+
+    def _stop_heartbeat(self) -> None:
+        self._stopped.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+        self._heartbeat = None
+
+    @staticmethod
+    def _next_update(trainer) -> str:
+        total = f"/{trainer.max_steps}" if counts_updates(trainer) else ""
+        return f"update {trainer.global_step + 1}{total}"
 
     def _metrics(self, trainer, pl_module) -> str:
         return " | ".join(f"{k} {value(v)}" for k, v in self.get_metrics(trainer, pl_module).items())
@@ -285,15 +351,30 @@ class UpdateLineProgressBar(_Counting, ProgressBar):
             f"ETA {duration(eta)}" if eta is not None else "",
         ]
         self.print(" | ".join(p for p in parts if p))
-        self._last_step, self._last_line = step, now
+        self._last_step = step
+        if updated:
+            self._in(self._next_update(trainer))
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.print(f"training done: {trainer.global_step} updates in {duration(time.monotonic() - self.pace.started)}")
+        self._in("")  # the heartbeat goes on through a final evaluation; teardown stops it
+        self.print(training_done(trainer, self.pace.first_step, time.monotonic() - self.pace.started))
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._stop_heartbeat()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._stop_heartbeat()
+        super().teardown(trainer, pl_module, stage)
 
     def on_evaluation_start(self, trainer, num_items: int, final: bool) -> None:
-        self.print(
-            f"{'final evaluation' if final else 'evaluation'} of {num_items} items at update {trainer.global_step} ..."
-        )
+        what = f"{'final evaluation' if final else 'evaluation'} of {num_items} items at update {trainer.global_step}"
+        self.print(what + " ...")
+        self._resume = self._doing
+        self._in(what)
+
+    def on_evaluation_end(self, trainer, metrics: Mapping[str, float], final: bool) -> None:
+        super().on_evaluation_end(trainer, metrics, final)
+        self._in(getattr(self, "_resume", "") if not final else "")
 
     def _stage_start(self, what: str, batches: Any) -> None:
         self._last_line = time.monotonic()
