@@ -11,12 +11,14 @@ it (a config names the run with the logger's ``name``, the directory comes from 
 (``max_steps`` runs) or epochs and shows the team reward and the loss; in a log file, a line per update.
 
 ``--ckpt_path last|best|PATH`` means the same in every subcommand: ``last`` is the newest checkpoint of the newest
-run of the config's name, ``best`` the best one that run's ``ModelCheckpoint`` recorded (with no ``monitor``: its
-newest), ``PATH`` a checkpoint file (or a sharded checkpoint's folder). A checkpoint that is missing, truncated or not
-a checkpoint stops the run before any model loads, in one line. ``validate``, ``test`` and ``predict`` log into an
-evaluation folder of the run they evaluate, ``<run>/<subcommand>/version_<m>/`` (the run is the checkpoint's
-``version_<n>``; ``<default_root_dir>/<name>`` without a checkpoint), never a new ``version_<n>`` beside the
-training runs. Ctrl-C or SIGTERM during ``fit`` writes a checkpoint and exits with 128 + the signal's number.
+run of the config's name (CSV/TensorBoard: ``<name>/version_<n>/``; W&B: ``<project>/<run id>/``), ``best`` the
+best one that run's ``ModelCheckpoint`` recorded (with no ``monitor``: its newest), ``PATH`` a checkpoint file (or a
+sharded checkpoint's folder). A checkpoint that is missing, truncated or not a checkpoint stops the run before any
+model loads, in one line; so does a ``default_root_dir`` that cannot be written. ``validate``, ``test`` and
+``predict`` log into an evaluation folder of the run they evaluate, ``<run>/<subcommand>/version_<m>/`` (the run is
+the checkpoint's ``version_<n>``; ``<default_root_dir>/<name>`` without a checkpoint), never a new ``version_<n>``
+beside the training runs. Ctrl-C or SIGTERM during ``fit`` stops it within seconds, writes the checkpoint of the last
+completed update and exits with 128 + the signal's number (``callbacks/checkpoints.py``).
 """
 
 from __future__ import annotations
@@ -37,12 +39,28 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from comlrl_lightning.agents.loading import ModelLoadError
 from comlrl_lightning.algorithms import MultiAgentModule
 from comlrl_lightning.algorithms.team import check_first_items
-from comlrl_lightning.callbacks.checkpoints import CHECKPOINT_EVERY, RunCheckpoints
+from comlrl_lightning.callbacks.checkpoints import (
+    CHECKPOINT_EVERY,
+    CheckpointNotWritten,
+    RunCheckpoints,
+    offer_save_pretrained,
+)
 from comlrl_lightning.callbacks.progress import progress_bar
-from comlrl_lightning.config_errors import CONFIG_ERRORS, SECRET_FIELDS, ConfigurationError, describe, redact, tidy
+from comlrl_lightning.config_errors import (
+    CONFIG_ERRORS,
+    SECRET_FIELDS,
+    ConfigurationError,
+    describe,
+    fields_hint,
+    redact,
+    tidy,
+    unknown_option_hint,
+)
+from comlrl_lightning.cpu_threads import fit_threads_to_free_cores, runs_on_cpu
 from comlrl_lightning.data import TaskDataModule
 from comlrl_lightning.quiet import quiet_known_noise
 from comlrl_lightning.runs.files import run_root
+from comlrl_lightning.runs.stop import StopRequested
 
 DEFAULT_ROOT_DIR = "outputs"
 FOLLOW_ROOT_DIR = "<trainer.default_root_dir>"  # a logger's save_dir that follows trainer.default_root_dir
@@ -92,12 +110,17 @@ class ComlrlArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(redact(message), ex)
-        sys.stderr.write(
-            f"error: {redact(tidy(message))}\n"
-            "  (`python -m comlrl_lightning fit --help` lists the fields; `--print_config` shows a config's "
-            "values)\n"
-        )
+        message = redact(tidy(message))
+        message += unknown_option_hint(message, _option_names(self))  # trainer.max_stepz: did you mean ...?
+        sys.stderr.write(f"error: {message}\n  ({fields_hint(message)}; `--print_config` shows a config's values)\n")
         sys.exit(2)
+
+
+def _option_names(parser: Any) -> list[str]:
+    """The dotted names a parser and its subcommands take (``trainer.max_steps``, ...)."""
+    subcommands = getattr(parser, "_subcommands_action", None)
+    parsers = [parser, *(subcommands._name_parser_map.values() if subcommands else ())]
+    return [action.dest for p in parsers for action in p._actions]
 
 
 def _secrets(config: Any) -> tuple[str, ...]:
@@ -110,6 +133,19 @@ def _secrets(config: Any) -> tuple[str, ...]:
 
 
 class ComlrlCLI(LightningCLI):
+    def __init__(self, *args: Any, **kwargs: Any):
+        given = kwargs.get("args")
+        given = sys.argv[1:] if given is None else given
+        self.asked_subcommand = given[0] if isinstance(given, (list, tuple)) and given else None
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:
+        """Lightning's four subcommands, or only the one the command line starts with: each one's parser is built at
+        every start (~0.05 s of CPU each; a third of a configuration error's time)."""
+        every = LightningCLI.subcommands()
+        asked = getattr(self, "asked_subcommand", None)
+        return {asked: every[asked]} if asked in every else every
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--checkpoint_every_n_updates",
@@ -175,7 +211,7 @@ class ComlrlCLI(LightningCLI):
                     if "name" in init_args:
                         init_args.name = self.subcommand
         share_run_folder(loggers)
-        problem = accelerator_problem(config.get("trainer.accelerator"))
+        problem = folder_problem(root, loggers) or accelerator_problem(config.get("trainer.accelerator"))
         if problem:
             self._parser(self.subcommand).error(problem)
         if config.get("checkpoint_every_n_updates", 0) < 0:
@@ -185,6 +221,8 @@ class ComlrlCLI(LightningCLI):
         limit = config.get("checkpoint_total_limit", 1)
         if limit is not None and limit < 1:
             self._parser(self.subcommand).error(f"checkpoint_total_limit must be >= 1 or null (got {limit}).")
+        if runs_on_cpu(config.get("trainer.accelerator")):
+            fit_threads_to_free_cores()  # cores busy with other processes: fewer intra-op threads (cpu_threads.py)
 
     def instantiate_classes(self) -> None:
         """A class that rejects its configuration (the algorithms check every field before any model loads) ends
@@ -213,11 +251,22 @@ class ComlrlCLI(LightningCLI):
                 if subcommand in EVALUATION_SUBCOMMANDS:  # evaluating needs none of the callbacks that trained it
                     warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks")
                 super()._run_subcommand(subcommand)
+        except StopRequested as stopped:  # Ctrl-C / SIGTERM discarded a phase; its checkpoint is written
+            self.trainer.comlrl_interrupted_by = stopped.signum  # command() exits with 128 + it
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, RunCheckpoints):  # Lightning's clean-up re-installed the fit's handlers
+                    callback.restore_signal_handlers()
         except (ModelLoadError, ConfigurationError) as err:
             if os.environ.get("COMLRL_DEBUG"):
                 raise
             config = self.config[subcommand] if subcommand else self.config
             self._parser(subcommand).error(describe(err, config, _secrets(config)))
+        except CheckpointNotWritten as err:  # a full disk: where the weights are, not a traceback (checkpoints.py)
+            if os.environ.get("COMLRL_DEBUG"):
+                raise
+            sys.stderr.write(f"error: {err}\n")
+            offer_save_pretrained(self.model)  # at a terminal only
+            sys.exit(1)
         except RuntimeError as err:  # a checkpoint of another team (other models, LoRA vs full copies, ...)
             if os.environ.get("COMLRL_DEBUG") or not str(err).startswith("Error(s) in loading state_dict"):
                 raise
@@ -289,19 +338,69 @@ def run_name(loggers: Any) -> str:
 
 
 def last_checkpoint(root: str, loggers: Any, given: str = "last") -> Path:
-    """``--ckpt_path last``: the ``last.ckpt`` of the newest run version under ``<root>/<logger name>/`` (a resumed
-    run logs into a new version directory, where Lightning's own "last" would find nothing and start over)."""
-    name = run_name(loggers)
-    found = sorted(
-        Path(root, name).glob("version_*/checkpoints/last.ckpt"),
-        key=lambda p: int(p.parent.parent.name.split("_")[-1]) if p.parent.parent.name.split("_")[-1].isdigit() else -1,
-    )
+    """``--ckpt_path last``: the ``last.ckpt`` of the newest run of the config's name (:func:`run_checkpoints`; a
+    resumed CSV/TensorBoard run logs into a new version directory, where Lightning's own "last" would find nothing
+    and start over)."""
+    found, where = run_checkpoints(root, loggers)
     if not found:
         raise FileNotFoundError(
-            f"ckpt_path {given}: no checkpoint under {Path(root, name)}/version_*/checkpoints/ "
+            f"ckpt_path {given}: no checkpoint under {where} "
             "(pass the path of a .ckpt file, or start without --ckpt_path)."
         )
     return found[-1]
+
+
+def run_checkpoints(root: str, loggers: Any) -> tuple[list[Path], str]:
+    """The ``last.ckpt`` of every run of the config's name, oldest first, and where they were looked for: the run
+    folder of the first logger (where ``ModelCheckpoint`` writes, runs/files.py). CSV and TensorBoard:
+    ``<save_dir>/<name>/version_<n>/`` (the config's ``version`` only, when it names one), by version; W&B:
+    ``<save_dir>/<project>/<run id>/`` of the runs whose ``config.yaml`` names the config's W&B ``name`` (or its
+    ``id``'s folder), by time; no logger: ``<default_root_dir>/``."""
+    first = loggers[0] if isinstance(loggers, list) and loggers else loggers
+    if not first:  # logger: false
+        folder = Path(root).expanduser()
+        return [p for p in [folder / "checkpoints" / "last.ckpt"] if p.is_file()], f"{folder}/checkpoints/"
+    init_args = getattr(first, "init_args", None) or {}
+    save_dir = Path(init_args.get("save_dir") or root).expanduser()
+    if str(getattr(first, "class_path", "")).endswith("WandbLogger"):
+        folder = save_dir / (init_args.get("project") or os.environ.get("WANDB_PROJECT") or "lightning_logs")
+        run_id, name = init_args.get("version") or init_args.get("id"), init_args.get("name")
+        found = [
+            p for p in folder.glob(f"{run_id or '*'}/checkpoints/last.ckpt") if _wandb_run_named(p.parents[1], name)
+        ]
+        named = f" of a W&B run named {name!r}" if name and not run_id else ""
+        return sorted(found, key=lambda p: p.stat().st_mtime), f"{folder}/{run_id or '*'}/checkpoints/{named}"
+    folder = save_dir / (init_args.get("name", "lightning_logs") or "")
+    version = init_args.get("version")
+    if version is not None:  # the config's own run folder
+        folder = folder / (version if isinstance(version, str) else f"version_{version}")
+        return [p for p in [folder / "checkpoints" / "last.ckpt"] if p.is_file()], f"{folder}/checkpoints/"
+
+    def number(path: Path) -> int:
+        suffix = path.parents[1].name.split("_")[-1]
+        return int(suffix) if suffix.isdigit() else -1
+
+    return sorted(folder.glob("version_*/checkpoints/last.ckpt"), key=number), f"{folder}/version_*/checkpoints/"
+
+
+def _wandb_run_named(folder: Path, name: Any) -> bool:
+    """Whether the W&B run folder ``folder`` is a run named ``name``: its ``config.yaml`` (the CLI writes one into
+    every run folder) names it; a folder without one (a run of the Python API) counts as any name."""
+    config = folder / "config.yaml"
+    if not name or not config.is_file():
+        return True
+    import yaml
+
+    try:
+        loggers = ((yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("trainer") or {}).get("logger")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return True
+    names = [
+        (logger.get("init_args") or {}).get("name")
+        for logger in (loggers if isinstance(loggers, list) else [loggers])
+        if isinstance(logger, dict) and str(logger.get("class_path", "")).endswith("WandbLogger")
+    ]
+    return not names or name in names
 
 
 def best_checkpoint(root: str, loggers: Any) -> Path:
@@ -395,6 +494,29 @@ def share_run_folder(loggers: Any) -> None:
             taken = [int(p.name[8:]) for p in Path(save_dir, name).glob("version_*") if p.name[8:].isdigit()]
             for init_args in members:
                 init_args.version = max(taken, default=-1) + 1
+
+
+def folder_problem(root: str, loggers: Any) -> str | None:
+    """``trainer.default_root_dir`` (or a logger's own ``save_dir``) that cannot be created or written to, in one
+    line, before any model loads (Lightning would fail on it at the first write, with a traceback)."""
+    folders = {"trainer.default_root_dir": root}
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        save_dir = (getattr(logger, "init_args", None) or {}).get("save_dir")
+        if save_dir and str(save_dir) != str(root):
+            folders.setdefault("trainer.logger.init_args.save_dir", save_dir)
+    for field, folder in folders.items():
+        if "://" in str(folder):  # a remote filesystem: its own permissions
+            continue
+        wanted = Path(str(folder)).expanduser().absolute()
+        existing = next(p for p in (wanted, *wanted.parents) if p.exists())
+        if not existing.is_dir():
+            reason = f"{existing} is a file, not a folder"
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            reason = f"{existing} is read-only for this user"
+        else:
+            continue
+        return f"{field} {str(folder)!r} cannot be written ({reason}): give a folder you can write to."
+    return None
 
 
 def accelerator_problem(accelerator: Any) -> str | None:

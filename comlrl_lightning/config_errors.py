@@ -8,7 +8,11 @@ reaches the user as an 80-line traceback. :func:`describe` reduces both to the m
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
 import re
+from collections.abc import Iterable
 from typing import Any
 
 SECRET_FIELDS = ("comparator_api_key",)  # literal credentials: never printed, logged or saved
@@ -33,6 +37,10 @@ COMLRL_RUN_SETTINGS = {
     "save_steps": "--checkpoint_every_n_updates",
 }
 _NOT_ACCEPTED = re.compile(r"Option '([A-Za-z_][A-Za-z0-9_]*)' is not accepted")
+# a key of a config file or a flag the parser does not know (trainer.max_stepz, ...)
+_UNKNOWN_OPTION = re.compile(r"does not accept option '([A-Za-z_][\w.]*)'|unrecognized arguments: --([A-Za-z_][\w.]*)")
+_CLASS_NAMED = re.compile(r"[(\[]((?:[A-Za-z_][A-Za-z0-9_]*\.)+[A-Za-z_][A-Za-z0-9_]*)[)\]]")
+DEFAULT_MODEL_CLASS = "comlrl_lightning.MAGRPO"  # the class the fields hint names when a message names none
 # Exceptions that, raised while the config's classes are built, mean "this configuration is wrong".
 CONFIG_ERRORS = (ValueError, TypeError, OSError, ImportError, LookupError, MemoryError)
 
@@ -83,7 +91,63 @@ def tidy(message: str) -> str:
     unknown = _NOT_ACCEPTED.search(body)
     if unknown and unknown.group(1) in COMLRL_RUN_SETTINGS:  # a CoMLRL config name: say where it lives here
         body += f"; CoMLRL's {unknown.group(1)} is {COMLRL_RUN_SETTINGS[unknown.group(1)]} here"
+    elif unknown and classes:  # a misspelt field: the closest of the class's own
+        body += did_you_mean(unknown.group(1), init_fields(classes[-1]))
     return f"{head}: {body}" if head and body else head or body
+
+
+def init_fields(class_path: str) -> list[str]:
+    """The keyword fields of the class at ``class_path`` (what its ``init_args`` take); [] if it does not import."""
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        parameters = inspect.signature(getattr(importlib.import_module(module_name), name)).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]
+
+
+def did_you_mean(unknown: str, names: Iterable[str]) -> str:
+    """``"; did you mean 'num_generations'?"`` for the name closest to ``unknown`` (case-insensitive), or ``""``."""
+    names = list(names)
+    lowered = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(unknown.lower(), list(lowered), n=1, cutoff=0.75)
+    return f"; did you mean {lowered[close[0]]!r}?" if close else ""
+
+
+def unknown_option_hint(message: str, options: Iterable[str]) -> str:
+    """For a parser's "does not accept option 'trainer.max_stepz'": the closest of ``options`` (dotted names)."""
+    unknown = _UNKNOWN_OPTION.search(str(message))
+    if not unknown:
+        return ""
+    name = unknown.group(1) or unknown.group(2)
+    return did_you_mean(name, [o for o in options if o.rpartition(".")[0] == name.rpartition(".")[0]])
+
+
+def _named_class(message: str) -> str | None:
+    """The first ``(pkg.Class)``/``[pkg.Class]`` of a message that imports as a class."""
+    for match in _CLASS_NAMED.finditer(message):
+        module_name, _, name = match.group(1).rpartition(".")
+        try:
+            if inspect.isclass(getattr(importlib.import_module(module_name), name)):
+                return match.group(1)
+        except (ImportError, AttributeError, ValueError):
+            continue
+    return None
+
+
+def fields_hint(message: str) -> str:
+    """The command that lists the fields a message is about. ``fit --help`` lists the trainer's and the run's fields
+    but shows the model and the data only as ``--model CONFIG | CLASS_PATH_OR_NAME``: their fields are listed by
+    ``fit --model.help <class>`` / ``fit --data.help <class>`` (the class the message names, else MAGRPO's or
+    TaskDataModule's)."""
+    message = str(message)
+    unknown = _UNKNOWN_OPTION.search(message)
+    section = ((unknown.group(1) or unknown.group(2)) if unknown else message).split(".")[0].split(" ")[0]
+    section = section.split(":")[0]
+    if section not in ("model", "data"):
+        return "`python -m comlrl_lightning fit --help` lists the trainer's and the run's fields"
+    default = DEFAULT_MODEL_CLASS if section == "model" else "comlrl_lightning.TaskDataModule"
+    return f"`python -m comlrl_lightning fit --{section}.help {_named_class(message) or default}` lists its fields"
 
 
 def _raised_in_package(error: BaseException) -> bool:

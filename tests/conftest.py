@@ -26,6 +26,7 @@ def pytest_configure(config):
 LONGEST_FIRST = (
     "test_scale_out.py",
     "test_learning.py",
+    "test_stop_signals.py",  # 99 s: four CLI runs in processes of their own, each resumed
     "test_bad_configs.py",
     "test_notebooks.py",
     "test_configs.py",

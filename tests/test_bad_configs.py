@@ -55,15 +55,26 @@ CASES = [
         "number of formatters (3) must match num_agents (2)",
     ),
     ("magrpo", [M + "max_new_tokens=0"], "max_new_tokens must be >= 1"),
+    (
+        "magrpo",
+        [M + "max_new_tokens=100000"],
+        "max_new_tokens = 100000 does not fit the context of the model 'smollm2-135m-instruct'",
+    ),
     ("magrpo", [M + "temperature=0"], "temperature must be > 0"),
     ("magrpo", [M + "top_p=1.5"], "top_p must be in (0, 1]"),
     ("magrpo", [M + "top_k=0"], "top_k must be >= 1"),
     ("magrpo", [M + "generation_kwargs={do_sample: false}"], "generation_kwargs must not set ['do_sample']"),
     ("magrpo", [M + "num_generations=many"], "num_generations"),
     ("magrpo", [M + "no_such_field=1"], "no_such_field"),
+    ("magrpo", [M + "num_generaton=4"], "'num_generaton' is not accepted; did you mean 'num_generations'?"),
+    ("magrpo", [D + "prompts_per_stp=2"], "'prompts_per_stp' is not accepted; did you mean 'prompts_per_step'?"),
+    ("magrpo", ["--trainer.max_stepz=3"], "--trainer.max_stepz=3; did you mean 'trainer.max_steps'?"),
     ("magrpo", [M + "collaboration_mode=hybrid"], "collaboration_mode must be one of: decentralized, centralized"),
     # ------------------------------------------------------------------ agents, optimizer, devices
+    ("magrpo", [M + "agents=null"], "agents is required (got None)"),  # never a random test model by default
     ("magrpo", [M + "agents=./no/such/model"], "agents = './no/such/model' looks like a local path"),
+    ("magrpo", [M + "agents={tmp}/not_a_dataset_dir"], "not_a_dataset_dir' is an empty folder"),
+    ("magrpo", [M + "agents=[tiny,{tmp}/not_a_dataset_dir]"], "agents[1] = "),
     ("magrpo", [M + "agents=[smollm2-135m-instruct,./no/such/model]"], "agents[1] = './no/such/model'"),
     ("magrpo", [M + "num_agents=0"], "num_agents must be >= 1"),
     ("magrpo", [M + "agents=[tiny,tiny]", M + "num_agents=3"], "agents length (2) must match num_agents (3)"),
@@ -90,6 +101,7 @@ CASES = [
     ("magrpo", [D + "dataset={tmp}/items.txt"], "unsupported extension .txt"),
     ("magrpo", [D + "dataset={tmp}/empty.jsonl"], "has no items"),
     ("magrpo", [D + "dataset={tmp}/truncated.json"], "could not be read as json"),
+    ("magrpo", [D + "dataset={tmp}/malformed.jsonl"], "could not be read as json: line 2, column 11"),
     ("magrpo", [D + "dataset={tmp}/not_a_dataset_dir"], "not one written by Dataset.save_to_disk"),
     ("magrpo", [D + "dataset=null"], "dataset is required"),
     ("magrpo", [D + "eval_dataset=./no/such/eval.jsonl"], "does not exist"),
@@ -104,6 +116,7 @@ CASES = [
     ("magrpo", ["--checkpoint_every_n_updates=-1"], "checkpoint_every_n_updates must be >= 0"),
     ("magrpo", ["--checkpoint_total_limit=0"], "checkpoint_total_limit must be >= 1 or null (got 0)"),
     ("magrpo", ["--ckpt_path=last"], "ckpt_path last: no checkpoint under"),
+    ("magrpo", ["--trainer.default_root_dir={tmp}/items.txt/run"], "trainer.default_root_dir '"),
     ("magrpo", ["--ckpt_path=./no/such.ckpt"], "ckpt_path './no/such.ckpt' is not a checkpoint"),
     ("magrpo", ["--trainer.max_steps=many"], "max_steps"),
     ("magrpo", ["--trainer.no_such_option=1"], "no_such_option"),
@@ -284,6 +297,7 @@ def files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "truncated.json").write_text('[{"topic": "a kite"}, {"topic": "a bo')
     (tmp_path / "not_a_dataset_dir").mkdir()
+    (tmp_path / "malformed.jsonl").write_text('{"topic": "a kite"}\n{"topic": "a bo\n')
     (tmp_path / "other_keys.jsonl").write_text('{"subject": "a kite"}\n')  # the formatters read 'topic'
     torch.save({"state_dict": {}, "global_step": 3}, tmp_path / "whole.ckpt")
     whole = (tmp_path / "whole.ckpt").read_bytes()

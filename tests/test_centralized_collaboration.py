@@ -516,3 +516,18 @@ def test_parse_failure_rate_is_logged(tmp_path):
 
     assert rates(build(CentralizedMAGRPO, eval_interval=0), "tagged") == [1.0, 1.0]
     assert rates(build(CentralizedMAGRPO, eval_interval=0, centralized_adapter=HalfAdapter()), "half") == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("name", ["CentralizedMAGRPO", "MADPO", "MARLHF", "MADPOIter", "MARLHFIter"])
+def test_a_centralized_teams_saved_hyper_parameters_rebuild_its_roles(name):
+    """As CoMLRL: a centralized team saves its number of roles as num_agents (one actor model), so a module rebuilt
+    from its saved hyper-parameters has the same roles."""
+    import comlrl_lightning as cl
+    from comlrl_lightning.envs.toy import story_reward
+
+    module_class = getattr(cl, name)
+    module = module_class(agents="tiny", reward_func=story_reward, num_agents=2, collaboration_mode="centralized")
+    assert module.num_agents == 1 and module.hparams["num_agents"] == 2
+    saved = {key: value for key, value in module.hparams.items() if key != "reward_func"}  # an import path
+    rebuilt = module_class(**saved, reward_func=story_reward)
+    assert rebuilt.collaboration.num_roles == 2 and rebuilt.num_agents == 1

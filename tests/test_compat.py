@@ -508,7 +508,7 @@ def test_parallel_training_null_and_none_mean_none(value):
 
     assert compat.MAGRPOConfig(num_turns=1, parallel_training=value).parallel_training == "none"
     assert compat.IACConfig(num_turns=1, parallel_training=value).parallel_training == "none"
-    assert MAGRPO(reward_func=length_reward, parallel_training=value).parallel_training == "none"
+    assert MAGRPO(agents="tiny", reward_func=length_reward, parallel_training=value).parallel_training == "none"
 
 
 @pytest.mark.parametrize(
@@ -584,7 +584,7 @@ def test_parallel_training_ddp_says_only_none_and_mp_and_where_data_parallel_goe
     from comlrl_lightning import MAGRPO
 
     with pytest.raises(ValueError, match=r"parallel_training only supports: none, mp\..*trainer\.strategy: ddp"):
-        MAGRPO(reward_func=length_reward, parallel_training="ddp")
+        MAGRPO(agents="tiny", reward_func=length_reward, parallel_training="ddp")
 
 
 @pytest.mark.parametrize("trainer_class", TRAINERS, ids=lambda t: t.__name__)
@@ -645,3 +645,87 @@ def test_parallel_training_null_from_yaml(tmp_path):
         ).model.parallel_training
         == "none"
     )
+
+
+# ----------------------------------------------------------------------------------------------- CoMLRL's own expectations
+def test_actor_critic_trainers_have_their_critics_right_after_construction():
+    """CoMLRL's IAC/MAAC trainers hold their critics once built (docs/compat.md lists ``critics``)."""
+    iac = make_trainer(compat.IACTrainer, agent_model="tiny", critic_model="tiny", args=compat.IACConfig(num_turns=1))
+    assert len(iac.critics) == 2 and iac.critics[0] is not iac.critics[1]
+    shared = make_trainer(
+        compat.IACTrainer, agent_model="tiny", args=compat.IACConfig(num_turns=1, use_separate_critic=False)
+    )
+    assert len(shared.critics) == 0  # the value heads sit on the actors
+    maac = make_trainer(
+        compat.MAACTrainer, agent_model="tiny", critic_model="tiny", args=compat.MAACConfig(num_turns=1)
+    )
+    assert len(maac.critics) == 1
+
+
+@pytest.mark.parametrize("config", [compat.MADPOIterConfig, compat.MARLHFIterConfig], ids=lambda c: c.__name__)
+def test_a_centralized_iterative_config_generates_its_comparators_centralized(config):
+    assert config().comparator_generation_mode == "decentralized"
+    args = config(collaboration_mode="centralized")
+    assert args.comparator_generation_mode == "centralized"
+    trainer = make_trainer(
+        compat.MADPOIterTrainer if config is compat.MADPOIterConfig else compat.MARLHFIterTrainer,
+        agent_model="tiny",
+        args=args,
+    )
+    assert trainer.module.comparator_generation_mode == "centralized"
+
+
+def test_messages_carry_comlrl_sentences():
+    """Where our message says more, CoMLRL's sentence is still in it (a migrating user searches for it)."""
+    from comlrl_lightning.agents import load_agents
+
+    models, tokenizers = load_agents("tiny", num_agents=2)
+    iac = dict(args=compat.IACConfig(num_turns=1, use_separate_critic=False))
+    cases = [
+        (lambda: make_trainer(agents=[]), "Either agent_model or agents must be provided."),
+        (lambda: make_trainer(compat.IACTrainer, agents=[], **iac), "Either agent_model or agents must be provided."),
+        (
+            lambda: make_trainer(compat.IACTrainer, agent_model=models[0], **iac),
+            "Multi-agent IAC requires `agent_model` to be a pretrained identifier string.",
+        ),
+        (
+            lambda: make_trainer(
+                compat.MAACTrainer, agent_model=models[0], critic_model="tiny", args=compat.MAACConfig(num_turns=1)
+            ),
+            "Multi-agent MAAC requires `agent_model` to be a pretrained identifier string.",
+        ),
+        (
+            lambda: make_trainer(agents=list(models)),
+            "Tokenizer(s) must be provided when agents are model objects.",
+        ),
+        (
+            lambda: make_trainer(compat.IACTrainer, agents=list(models), **iac),
+            "Tokenizer must be provided when using agents.",
+        ),
+        (
+            lambda: compat.MARLHFConfig(joint_mode="cross"),
+            "MARLHF reward model currently supports aligned joint_mode only.",
+        ),
+        (
+            lambda: compat.CentralizedMAGRPOConfig(collaboration_mode="decentralized"),
+            "CentralizedMAGRPOConfig requires centralized collaboration.",
+        ),
+        (
+            lambda: make_trainer(agent_model="tiny", formatters=lambda item: 3).module.prompt_formatters[0](ITEMS[0]),
+            "Formatter must return a string prompt.",
+        ),
+        (
+            lambda: (
+                make_trainer(
+                    compat.IACTrainer,
+                    agent_model="tiny",
+                    critic_model="no-org/no-such-critic",
+                    args=compat.IACConfig(num_turns=1),
+                ).critics
+            ),
+            "Failed to load critic model from identifier 'no-org/no-such-critic'.",
+        ),
+    ]
+    for build, sentence in cases:
+        with pytest.raises((ValueError, TypeError, OSError), match=re.escape(sentence)):
+            build()

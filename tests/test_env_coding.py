@@ -242,7 +242,7 @@ def test_reward_levels_executed(che_item):
 
 @needs_sandbox
 def test_reward_timeout_penalty(che_item):
-    R = C.CodingReward(timeout_per_test=0.5, workers=1, max_timeouts=1)
+    R = C.CodingReward(timeout_per_test=1.0, workers=1, max_timeouts=1)  # the program's load gets 1 s + 1 s grace
     main = "def x_or_y(n, x, y):\n    p = aux(n)\n    while True:\n        pass\n    return x if p else y"
     [b] = C.coding_reward_breakdown([AUX_PRIME], [main], [che_item], reward=R)
     # 1.0 + 0.5 + 0/5 − 0.2 (timeout) = 1.3

@@ -314,7 +314,7 @@ def tiny_model():
         ({"value_loss_coef": 0}, "value_loss_coef must be > 0."),
         ({"value_clip_range": 0}, "value_clip_range must be > 0 or null."),
         ({"num_turns": 2}, "MARLHF currently supports num_turns=1 only."),
-        ({"joint_mode": "cross"}, "MARLHF preference generation currently supports aligned joint_mode only."),
+        ({"joint_mode": "cross"}, "MARLHF reward model currently supports aligned joint_mode only."),
         ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2."),
         ({"reward_func": None}, "reward_func must be a callable"),
         (

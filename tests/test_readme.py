@@ -82,6 +82,27 @@ def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys):
     assert len(ran) >= 8, ran
 
 
+def test_a_configuration_error_names_the_readme_command_that_lists_the_fields(tmp_path, monkeypatch, capsys):
+    """A misspelt model field: the message names the closest field, and its hint a command of the README (run as
+    written above) whose output lists that field (``fit --help`` shows the model only as ``--model CONFIG``)."""
+    from comlrl_lightning.cli import main
+
+    monkeypatch.chdir(REPO)
+    config = ["--config", "configs/magrpo.yaml", "--trainer.default_root_dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *config, "--model.init_args.num_generaton=4"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "did you mean 'num_generations'?" in err, err
+    hint = re.search(r"`(python -m comlrl_lightning [^`]*)` lists its fields", err)
+    assert hint and hint.group(1) in readme_commands(), err
+    with pytest.raises(SystemExit) as exit_info:
+        main(shlex.split(hint.group(1))[3:])
+    assert exit_info.value.code == 0 and "--model.num_generations" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    assert "--model.num_generations" not in capsys.readouterr().out  # what the hint said before
+
+
 def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     """The Python API example with the tiny model: a plain ``Trainer(max_steps=20)`` gets a metrics row per update,
     a readable bar (lines, as stdout is not a terminal here) and last.ckpt; save_pretrained writes the team."""

@@ -259,7 +259,7 @@ class TestBuildFormatters:
     @pytest.mark.parametrize("ret", [None, 3, ["x"], b"bytes"])
     def test_non_str_return_is_type_error(self, ret):
         (f,) = build_formatters(lambda item: ret, 1)
-        with pytest.raises(TypeError, match="formatter .* must return a string prompt"):
+        with pytest.raises(TypeError, match="Formatter must return a string prompt. formatter .* returned"):
             f({"prompt": "x"})
 
     def test_a_missing_key_names_the_formatter_the_item_and_the_key(self):

@@ -209,7 +209,7 @@ def test_every_logger_gets_its_own_run_folder_wandb_and_several_loggers(tmp_path
 # ----------------------------------------------------------------------------------------------- progress in a log file
 def test_a_fit_logged_to_a_file_prints_a_line_per_update_and_sigterm_saves_and_exits_143(tmp_path):
     """``fit > fit.log`` (as under SLURM or nohup): a plain line per update and the evaluations, as they happen. A
-    SIGTERM (a cluster pre-empting the job) after update 3: the step finishes, a checkpoint is written, exit 143."""
+    SIGTERM (a cluster pre-empting the job) after update 3: a checkpoint of the last completed update, exit 143."""
     import time
 
     log = tmp_path / "fit.log"
@@ -246,7 +246,7 @@ def test_a_fit_logged_to_a_file_prints_a_line_per_update_and_sigterm_saves_and_e
     assert re.search(r"^evaluation at update \d+ \(env_step \d+\): eval/turn_1/reward_mean ", text, re.M), text
     assert "\r" not in text and "final evaluation" not in text  # no evaluation delays a pre-empted job
     assert proc.returncode == 143, err[-2000:]
-    assert "SIGTERM: finishing this step, then writing a checkpoint" in err
+    assert "SIGTERM: stopping at the next safe point, then writing the checkpoint of the last completed update" in err
     step = torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)[
         "global_step"
     ]

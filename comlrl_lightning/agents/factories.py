@@ -46,6 +46,7 @@ import torch
 __all__ = [
     "MODEL_FACTORIES",
     "TOKENIZER_FACTORIES",
+    "FACTORY_MAX_POSITIONS",
     "TINY_CORPUS",
     "TINY_CHAT_TEMPLATE",
     "TINY_PRESETS",
@@ -651,6 +652,12 @@ TOKENIZER_FACTORIES: dict[str, Callable[..., Any]] = {
     "tiny": _tiny_tokenizer_factory("tiny"),
     "tiny-5m": _tiny_tokenizer_factory("tiny-5m"),
     SMOLLM2_NAME: smollm2_135m_instruct_tokenizer,
+}
+# The positions each factory's model attends over (its config's max_position_embeddings; a tiny factory's
+# ``max_position_embeddings`` keyword changes it): read without building the model (loading.max_positions).
+FACTORY_MAX_POSITIONS: dict[str, int] = {
+    **{name: preset["max_position_embeddings"] for name, preset in TINY_PRESETS.items()},
+    SMOLLM2_NAME: 8192,
 }
 
 

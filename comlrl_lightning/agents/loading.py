@@ -33,7 +33,7 @@ from typing import Any, Union
 
 import torch
 
-from .factories import MODEL_FACTORIES, TOKENIZER_FACTORIES
+from .factories import FACTORY_MAX_POSITIONS, MODEL_FACTORIES, TOKENIZER_FACTORIES
 from .lora import adapter_base, is_adapter_dir
 
 __all__ = [
@@ -127,6 +127,7 @@ def _normalize_source(entry: Any, index: int | None, field: str = "agents") -> A
                 f"directory (written by save_pretrained), a hub id, or a factory name ({_factory_names()})."
             )
         _refuse_team_folder(text, where, field)
+        _refuse_folder_without_model(text, where)
         return text
     if is_model_object(entry):
         return entry
@@ -158,6 +159,21 @@ def _refuse_team_folder(text: str, where: str, field: str) -> None:
             f"{where} = {text!r} is a team folder written by save_pretrained (it holds "
             f"{', '.join(d + '/' for d in members)}): give one folder per agent, {field}: [{folders}]."
         )
+
+
+def _refuse_folder_without_model(text: str, where: str) -> None:
+    """A folder given as a model that holds none (no ``config.json``, no LoRA ``adapter_config.json``): an empty
+    folder, a run folder, a typo'd parent. ``from_pretrained`` would fail on it after the other models loaded."""
+    folder = os.path.expanduser(text)
+    if not os.path.isdir(folder) or any(
+        os.path.isfile(os.path.join(folder, f)) for f in ("config.json", "adapter_config.json")
+    ):
+        return
+    what = "an empty folder" if not os.listdir(folder) else "a folder without a model (no config.json in it)"
+    raise ValueError(
+        f"{where} = {text!r} is {what}: give a folder written by save_pretrained, a hub id, or a factory name "
+        f"({_factory_names()})."
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -212,8 +228,8 @@ def _normalize_tokenizer_specs(
     missing = [i for i, (src, tok) in enumerate(zip(sources, specs)) if tok is None and not isinstance(src, str)]
     if missing:
         raise ValueError(
-            f"Tokenizer(s) must be provided when {field} are model objects "
-            f"(no tokenizer for {field} {missing}): pass `{tokenizer_field}` (one shared or one per model)."
+            f"Tokenizer(s) must be provided when {field} are model objects. No tokenizer for {field} {missing}: "
+            f"pass `{tokenizer_field}` (one shared or one per model)."
         )
     return specs
 
@@ -271,6 +287,72 @@ def validate_agent_sources(
         _check_factory_kwargs(src, kwargs)
     _normalize_special_tokens(special_tokens)
     return sources
+
+
+# Config attributes holding a model's context length, by architecture (GPT-2: n_positions, ...).
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+
+
+def config_without_weights(source: Any) -> Any:
+    """The (text) config of the model ``source`` loads as, without its weights: a loaded model's own, a folder's or a
+    cached hub id's ``config.json`` (``AutoConfig``), a LoRA folder's base's; None when it cannot be told here (a
+    factory name, a hub id this machine cannot reach, a ``.gguf`` file)."""
+    config: Any = None
+    if is_model_object(source):
+        config = getattr(_unwrap(source), "config", None)
+    elif isinstance(source, (str, os.PathLike)) and str(source) not in MODEL_FACTORIES:
+        source = str(source)
+        if source.endswith(".gguf"):
+            return None
+        if is_adapter_dir(source):  # a LoRA agent's folder: its base's config
+            return config_without_weights(adapter_base(source))
+        try:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(os.path.expanduser(source))
+        except Exception:  # noqa: BLE001 - unknown here: loading the model reports it
+            return None
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return config
+
+
+def max_positions(source: Any, model_kwargs: Mapping[str, Any] | None = None) -> tuple[str, int] | None:
+    """``(config key, positions)``: how many positions (prompt and completion together) the model ``source`` attends
+    over, read from its config without loading weights (``AutoConfig``; a factory's known size; a loaded model's
+    config); None when it cannot be told (a hub id this machine cannot reach, a ``.gguf`` file)."""
+    if isinstance(source, str) and source in MODEL_FACTORIES:
+        size = (model_kwargs or {}).get("max_position_embeddings", FACTORY_MAX_POSITIONS.get(source))
+        return ("max_position_embeddings", int(size)) if isinstance(size, int) else None
+    config = config_without_weights(source)
+    for key in POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return key, value
+    return None
+
+
+def context_problem(
+    sources: Sequence[Any], max_new_tokens: Any, model_kwargs: Mapping[str, Any] | None = None
+) -> str | None:
+    """``max_new_tokens`` that no agent's context can hold (it must leave a position for the prompt), in one line
+    naming the field, the value and the model's limit; None when it fits or the limit is unknown."""
+    if not isinstance(max_new_tokens, int):
+        return None
+    checked: set[Any] = set()
+    for i, source in enumerate(sources):
+        key = id(source) if not isinstance(source, str) else source
+        if key in checked:
+            continue
+        checked.add(key)
+        limit = max_positions(source, model_kwargs)
+        if limit is not None and max_new_tokens >= limit[1]:
+            name = repr(source) if isinstance(source, str) else f"agents[{i}]"
+            return (
+                f"max_new_tokens = {max_new_tokens} does not fit the context of the model {name} ({limit[0]} = "
+                f"{limit[1]}, prompt and completion together): give max_new_tokens below {limit[1]}."
+            )
+    return None
 
 
 def _normalize_dtype(dtype: Any) -> Any:
@@ -384,6 +466,9 @@ def _hub_error(source: str, what: str, err: BaseException) -> OSError:
             f"Could not load the {what} {source!r} from the Hugging Face hub or a local path: {err} "
             f"Check the id, or pass a local path or one of the factory names: {names}."
         )
+    role = "critic" if what.startswith("critic") else "actor" if what.startswith("agents") else None
+    if role is not None:  # CoMLRL's sentence first (a user migrating from it searches for it)
+        message = f"Failed to load {role} model from identifier {source!r}. {message}"
     return ModelLoadError(message)
 
 

@@ -508,6 +508,12 @@ class IAC(OnPolicyModule):
     field_defaults = {"num_generations": 1, "discount": 0.9, "top_k": None, "rollout_buffer_size": 8}
     objective_class = ActorCritic
 
+    @property
+    def critics(self) -> nn.ModuleList:
+        """The critics (loading the team first if it has not loaded yet, as ``agents`` does); empty when the value
+        heads sit on the actors."""
+        return self.objective.critics
+
 
 class JointCritic(ActorCritic):
     """MAAC's objective: one centralized critic over the joint text, on the team target."""

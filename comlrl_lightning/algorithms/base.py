@@ -44,7 +44,7 @@ from comlrl_lightning.algorithms.fields import (
 )
 from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.algorithms.optimization import build_optimizer, parameter_groups, run_update
-from comlrl_lightning.algorithms.resume import RunState
+from comlrl_lightning.algorithms.resume import RunState, report_changed_fields
 from comlrl_lightning.algorithms.team import (
     assemble_team,
     check_first_items,
@@ -97,7 +97,10 @@ class MultiAgentModule(LightningModule):
         self.check_config()
         for objective in self.objectives():
             objective.check()
-        self.save_hyperparameters(effective_hparams(self.field_values, self.__dict__))
+        hparams = effective_hparams(self.field_values, self.__dict__)
+        if self.collaboration is not None:  # a centralized team: ONE actor model, num_agents roles (as CoMLRL saves)
+            hparams["num_agents"] = self.collaboration.num_roles
+        self.save_hyperparameters(hparams)
         self.sampling = self.group(SamplingFields).sampling
         self.task_reward = RewardCaller(
             self.team.reward_func, self.reward_processor, self.reward_timeout, where=self.describe_step
@@ -281,6 +284,7 @@ class MultiAgentModule(LightningModule):
         if self.keep_freed_cpu_memory and self.device.type == "cpu":
             keep_freed_memory()  # no page fault per fresh page, step after step (agents/memory.py)
         self.record.chart_against_env_step(self.loggers)
+        self.run_state.mark_completed(at_fit_start=True)  # what a stop before the first step keeps (resume.py)
         place_models(self)  # each whole model on its device (Lightning moved everything to one)
         for part in self.parts():
             part.attach(self.trainer.datamodule)
@@ -297,6 +301,7 @@ class MultiAgentModule(LightningModule):
             part.save(checkpoint["comlrl_lightning"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        report_changed_fields(self, checkpoint)  # a resumed fit whose fields differ from the checkpoint's
         state = checkpoint.get("comlrl_lightning", {})
         self.run_state.load_state_dict(state, checkpoint.get("global_step", 0))
         for part in self.parts():
@@ -304,6 +309,10 @@ class MultiAgentModule(LightningModule):
 
     def on_train_start(self) -> None:
         self.run_state.restore_rng()
+        self.run_state.mark_completed()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.run_state.mark_completed()  # after the step's checkpoint, if any: what a stop in the next step keeps
 
     # ------------------------------------------------------------------ evaluation (module.evaluation)
     # The ``validate`` and ``test`` subcommands: ``EvaluationRows`` writes the records these return as one row.

@@ -18,7 +18,7 @@ from comlrl_lightning.agents.sharding import gathered
 from comlrl_lightning.core.advantages import suffix_returns
 from comlrl_lightning.rollout.rewards import call_filtered
 from comlrl_lightning.rollout.tree import episode
-from comlrl_lightning.runs import ranks
+from comlrl_lightning.runs import ranks, stop
 
 
 class Evaluation:
@@ -35,8 +35,14 @@ class Evaluation:
         """Evaluation metrics over ``items`` (in batches of ``batch_size``) with the task reward; each rank of a
         data-parallel run plays its share of the items."""
         mine = ranks.shard(items)
-        with gathered(self.module.sharded_models()):
-            records = [self.record(mine[s : s + batch_size]) for s in range(0, len(mine), batch_size)]
+        starts = range(0, len(mine), batch_size)
+        records = []
+        # An evaluation changes nothing a checkpoint holds: Ctrl-C / SIGTERM may throw it away (runs/stop.py).
+        with stop.discardable(f"the evaluation at update {self.module.global_step}", len(starts), "batches") as phase:
+            with gathered(self.module.sharded_models()):
+                for start in starts:
+                    records.append(self.record(mine[start : start + batch_size]))
+                    phase.done += 1
         return self.metrics(records)
 
     @torch.no_grad()

@@ -237,9 +237,9 @@ class AgentFields(FieldGroup):
     """The team and where it runs.
 
     Args:
-        agents: the team: one source for ``num_agents`` independent copies (a factory name ``tiny``/``tiny-5m``/
-            ``smollm2-135m-instruct``, a hub id or a local path), or a list with one source or loaded model per
-            agent (the same model object twice shares weights).
+        agents: the team (required): one source for ``num_agents`` independent copies (a factory name
+            ``smollm2-135m-instruct``, ``tiny``/``tiny-5m`` for random test models, a hub id or a local path), or a
+            list with one source or loaded model per agent (the same model object twice shares weights).
         num_agents: team size (default: the length of the ``agents`` list, else 2).
         tokenizers: one tokenizer for all agents, one per agent, a source string, or null (each agent's own).
         model_config: loading options: ``dtype``, ``attn_implementation``, ``special_tokens``, ``model_kwargs``,
@@ -258,7 +258,7 @@ class AgentFields(FieldGroup):
 
     attribute_names: ClassVar[dict[str, str]] = {"agents": "agent_sources", "tokenizers": "tokenizer_sources"}
 
-    agents: str | Sequence[Any] = "tiny"
+    agents: str | Sequence[Any] | None = None  # required: a run never falls back to a random test model
     num_agents: int | None = None
     tokenizers: Any = None
     model_config: dict[str, Any] | None = None
@@ -273,6 +273,11 @@ class AgentFields(FieldGroup):
         self.parallel_training = normalize_parallel_training(self.parallel_training)  # null -> none; ddp: where
 
     def check(self) -> None:
+        require(
+            self.agents is not None,
+            "agents is required (got None): name the team's models (smollm2-135m-instruct, a hub id or a local path, a "
+            "list for one per agent; tiny is a random 138K-parameter test model that learns nothing useful).",
+        )
         lora_rank = self.lora_rank
         require(
             lora_rank is None or (isinstance(lora_rank, int) and lora_rank >= 1),

@@ -195,6 +195,7 @@ class MARLHF(OnPolicyModule):
     """
 
     algorithm_name = "MARLHF"
+    aligned_only = "MARLHF reward model currently supports aligned joint_mode only."  # CoMLRL's words (pairs.py)
     field_groups = (
         *MultiAgentModule.field_groups,
         JointActionFields,

@@ -38,7 +38,7 @@ from comlrl_lightning.rollout.sampling import (
     trim_prompt_padding,
 )
 from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
-from comlrl_lightning.runs import ranks
+from comlrl_lightning.runs import ranks, stop
 
 
 class OnPolicyModule(MultiAgentModule):
@@ -180,7 +180,11 @@ class OnPolicyModule(MultiAgentModule):
             self.count_env_steps(0)  # the other ranks' joint actions
             return None
         stamps = dict(policy_version=self.global_step, env_step=self.env_step, reward=self.rollout_reward())
-        rollout = batch.resolve(**stamps) if isinstance(batch, RolloutBatch) else self.policy.rollout(batch, **stamps)
+        # Sampling changes nothing a checkpoint holds: Ctrl-C / SIGTERM may throw it away (runs/stop.py).
+        with stop.discardable(f"the rollout of {len(batch)} task(s) after update {self.global_step}"):
+            rollout = (
+                batch.resolve(**stamps) if isinstance(batch, RolloutBatch) else self.policy.rollout(batch, **stamps)
+            )
         self.count_env_steps(rollout.num_joint_actions)
         for phase, seconds in rollout.timings.items():
             self.record.phase_seconds[phase] += seconds

@@ -35,7 +35,12 @@ class Pairs:
         require(m.num_turns == 1, f"{m.algorithm_name} currently supports num_turns=1 only.")
         require(
             m.joint_mode == "aligned",
-            f"{m.algorithm_name} preference generation currently supports aligned joint_mode only.",
+            getattr(
+                m,
+                "aligned_only",
+                f"{m.algorithm_name} preference generation currently supports aligned joint_mode only.",
+            )
+            + f" Got joint_mode={m.joint_mode!r}.",
         )
         require(
             m.pair_selection in m.pair_selections,

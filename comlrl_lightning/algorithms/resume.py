@@ -4,11 +4,17 @@ waiting for the next update's row, the user's stateful objects (``user_state.py`
 
 It is saved under ``checkpoint["comlrl_lightning"]``; a family adds its own entries there (the rollout buffer, an
 iterative run's folders, MARLHF's reward-model round) in its ``on_save_checkpoint`` after the module's.
+
+A stop in the middle of a step (Ctrl-C / SIGTERM, ``callbacks/checkpoints.py``) throws that step's partial work away:
+the checkpoint it writes holds the RNG and the user's objects' states of the last completed step
+(:meth:`RunState.mark_completed`, :meth:`RunState.as_last_completed`), not the ones the discarded work moved on.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import contextlib
+import logging
+from typing import Any, Iterator, Mapping
 
 from comlrl_lightning.algorithms.user_state import load_user_states, save_user_states
 from comlrl_lightning.callbacks.checkpoints import wandb_identity
@@ -23,6 +29,10 @@ class RunState:
         self.module = module
         self.checkpoint_step = 0  # the updates behind a loaded checkpoint's weights (what validate/test report)
         self.rng_to_restore: Any = None
+        # The RNG and user states after the last completed step (mark_completed); "rng" None: the fit's start, where a
+        # resumed run keeps the RNG its seed gave it. What the checkpoint of a stop holds (as_last_completed).
+        self.completed: dict[str, Any] = {"rng": None, "user_state": None}
+        self._discarding = False
 
     @property
     def updates_done(self) -> int:
@@ -33,12 +43,13 @@ class RunState:
     def state_dict(self) -> dict[str, Any]:
         """Every rank's RNG is gathered: Lightning writes rank 0's checkpoint, and each rank samples its own share."""
         module = self.module
+        rng = self.completed["rng"] if self._discarding else rng_state()
         return {
             "env_step": module.env_step,
-            "rng": rng_state(),
-            "rank_rng": ranks.gather(rng_state()),
+            "rng": rng,
+            "rank_rng": ranks.gather(rng) if rng is not None else None,
             "sampled_since_update": list(module.record.pending),
-            "user_state": save_user_states(module.field_values),
+            "user_state": self.completed["user_state"] if self._discarding else save_user_states(module.field_values),
             "wandb": wandb_identity(module.loggers),
         }
 
@@ -52,8 +63,49 @@ class RunState:
         # A run with more processes than the checkpointed one: the extra ranks keep their own seeded streams.
         self.rng_to_restore = per_rank[ranks.rank()] if ranks.rank() < len(per_rank) else None
 
+    def mark_completed(self, at_fit_start: bool = False) -> None:
+        """Remember the RNG and the user's objects' states as they are now, after a completed step (or when
+        training starts). ``at_fit_start``: before any phase of the fit, the RNG a loaded checkpoint will restore
+        (None for a fresh fit: resuming it starts from the seeded RNG, as the fresh fit did)."""
+        rng = self.rng_to_restore if at_fit_start else rng_state()
+        self.completed = {"rng": rng, "user_state": save_user_states(self.module.field_values)}
+
+    @contextlib.contextmanager
+    def as_last_completed(self) -> Iterator[None]:
+        """While a stop's checkpoint is written: :meth:`state_dict` gives the states :meth:`mark_completed` kept."""
+        self._discarding = True
+        try:
+            yield
+        finally:
+            self._discarding = False
+
     def restore_rng(self) -> None:
         """At the start of training, after Lightning's own start-up (which may draw random numbers)."""
         if self.rng_to_restore:
             set_rng_state(self.rng_to_restore)
             self.rng_to_restore = None
+
+
+def changed_fields(saved: Any, current: Mapping[str, Any]) -> list[str]:
+    """``name saved -> current`` for every hyper-parameter a run resumed from a checkpoint changed (the checkpoint's
+    ``hyper_parameters``: the fields it was trained with)."""
+    if not isinstance(saved, Mapping):
+        return []
+    return [
+        f"{key} {saved[key]!r} -> {value!r}" for key, value in current.items() if key in saved and saved[key] != value
+    ]
+
+
+def report_changed_fields(module: Any, checkpoint: Mapping[str, Any]) -> None:
+    """A fit resumed with fields that differ from the checkpoint's config goes on with the new values, and says so
+    (once, on rank 0): a changed ``num_generations`` or learning rate is not the run the checkpoint continued."""
+    trainer = getattr(module, "_trainer", None)
+    if trainer is None or trainer.state.fn != "fit" or ranks.rank() != 0:
+        return
+    changes = changed_fields(checkpoint.get("hyper_parameters"), dict(module.hparams))
+    if changes:
+        logging.getLogger(__name__).warning(
+            "Resuming %s with fields changed from the checkpoint's config: %s (the run goes on with the new values).",
+            trainer.ckpt_path or "a checkpoint",
+            "; ".join(changes),
+        )

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from comlrl_lightning.agents import load_agents, resolve_devices, resolve_single_device, save_agents
-from comlrl_lightning.agents.loading import validate_agent_sources
+from comlrl_lightning.agents.loading import context_problem, validate_agent_sources
 from comlrl_lightning.agents.lora import LoRATeam, adapter_base, is_adapter_dir
 from comlrl_lightning.agents.memory import enable_checkpointing
 from comlrl_lightning.agents.sharding import full_state_dicts, is_sharded, shard
@@ -94,6 +94,8 @@ def assemble_team(values: Mapping[str, Any]) -> Team:
         special_tokens=config.get("special_tokens"),
     )
     team.num_agents = len(team.sources)
+    problem = context_problem(team.sources, values.get("max_new_tokens"), config.get("model_kwargs"))
+    require(problem is None, problem or "")  # read from the models' configs, no weights loaded
     team.devices, team.learning_rates = placement(values, team.num_agents)
     roles = team.collaboration.num_roles if team.collaboration is not None else team.num_agents
     check_reward_signature(values["reward_func"], roles)

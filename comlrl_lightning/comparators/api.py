@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from comlrl_lightning.choices import Choice
+from comlrl_lightning.runs import stop
 
 __all__ = [
     "API_FORMATS",
@@ -475,6 +476,7 @@ class ApiComparator:
         last: Optional[_RetryableError] = None
         deadline = None if cfg.deadline_s is None else self._clock() + cfg.deadline_s
         for attempt in range(attempts):
+            stop.check()  # a safe point per request (runs/stop.py); one under way finishes or times out
             try:
                 with self._semaphore:
                     return self._post_once(data, headers)
@@ -496,7 +498,7 @@ class ApiComparator:
                         self._redact(str(exc)),
                         wait,
                     )
-                    self._sleep(wait)
+                    stop.wait(wait, self._sleep)  # time.sleep in slices, with safe points
         assert last is not None
         if last.status is not None:
             raise ComparatorAPIError(

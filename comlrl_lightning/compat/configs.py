@@ -156,7 +156,13 @@ class CoMLRLConfig:
                 self.parallel_training = normalize_parallel_training(self.parallel_training)
             except ValueError as err:
                 raise ValueError(f"{err} Here: trainer_options={{'strategy': 'ddp', 'devices': N}}.") from None
+        if issubclass(self.module_class, CentralizedMAGRPO):
+            require(
+                self.collaboration_mode == "centralized", "CentralizedMAGRPOConfig requires centralized collaboration."
+            )
         self.check(self.module_class)
+        if getattr(self, "collaboration_mode", None) == "centralized" and hasattr(self, "comparator_generation_mode"):
+            self.comparator_generation_mode = "centralized"  # one joint actor: its comparator is centralized (CoMLRL)
 
     def module_values(self, module_class: type | None = None) -> dict[str, Any]:
         """The values of the fields ``module_class`` (default: this config's) accepts, under its names."""

@@ -33,6 +33,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 
+from comlrl_lightning.agents.loading import is_model_object
 from comlrl_lightning.algorithms import (
     IAC,
     MAAC,
@@ -131,11 +132,19 @@ def comlrl_reward(reward_func: Callable[..., Any], num_agents: int) -> Callable[
     return reward
 
 
-def team_sources(agent_model: Any, agents: Any, num_agents: int | None) -> Any:
-    """The ``agents`` field from CoMLRL's ``agent_model`` (a name: a homogeneous team) / ``agents`` (a list)."""
+def team_sources(agent_model: Any, agents: Any, num_agents: int | None, actor_critic: str | None = None) -> Any:
+    """The ``agents`` field from CoMLRL's ``agent_model`` (a name: a homogeneous team) / ``agents`` (a list);
+    ``actor_critic``: the IAC/MAAC algorithm whose message CoMLRL words its own way."""
+    if isinstance(agents, (list, tuple)) and not agents:  # an empty team is no team
+        agents = None
     if agent_model is None and agents is None:
         raise ValueError("Either agent_model or agents must be provided.")
     if agents is None:
+        if not isinstance(agent_model, (str, os.PathLike)) and actor_critic:
+            raise ValueError(
+                f"Multi-agent {actor_critic} requires `agent_model` to be a pretrained identifier string. Pass "
+                "loaded models as agents=[model, ...], one per agent (with tokenizer=...)."
+            )
         if not isinstance(agent_model, (str, os.PathLike)):
             raise ValueError(
                 "agent_model should be a string to create homogeneous agents (a hub id, a local path or "
@@ -239,9 +248,15 @@ class CoMLRLTrainer:
             centralized_adapter=centralized_adapter,
             centralized_comparator_adapter=centralized_comparator_adapter,
         )
-        self.module = self.build_module(
-            team_sources(agent_model or model, agents, num_agents), num_agents, objects, critic_head_dim
-        )
+        actor_critic = self.module_class.algorithm_name if issubclass(self.module_class, IAC) else None  # or MAAC
+        sources = team_sources(agent_model or model, agents, num_agents, actor_critic)
+        if actor_critic and tokenizer is None and isinstance(sources, (list, tuple)):
+            if any(is_model_object(source) for source in sources):
+                raise ValueError(
+                    "Tokenizer must be provided when using agents. The agents are model objects: pass "
+                    "tokenizer=... (one for all agents, or a list with one per agent)."
+                )
+        self.module = self.build_module(sources, num_agents, objects, critic_head_dim)
         self.datamodule = self.build_data() if train_dataset is not None else None
         self._lightning: Trainer | None = None
         self._eval_items = None

@@ -42,7 +42,7 @@ from comlrl_lightning.data.rounds import RoundCollector, RoundPlan, RoundReport
 from comlrl_lightning.data.tasks import TaskDataModule, _as_list, _Items
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.preferences import collect_preference_pairs, tokenize_pairs
-from comlrl_lightning.runs import ranks
+from comlrl_lightning.runs import ranks, stop
 from comlrl_lightning.runs.files import RunDirectories, remove_orphaned_writes, save_pairs
 
 log = logging.getLogger(__name__)
@@ -176,22 +176,26 @@ class PreferenceDataModule(TaskDataModule):
             reward=policy.reward,
         )
 
-    def collect(self, desc: str = "collecting preference pairs") -> list[PreferencePair]:
+    def collect(self, desc: str = "collecting preference pairs", name: str = "pair collection") -> list[PreferencePair]:
         """The pairs of every task: each rank collects from its share of the tasks (its comparator requests with
-        them), then every rank holds all pairs, in task order. ``pairs_file`` is written once."""
+        them), then every rank holds all pairs, in task order. ``pairs_file`` is written once. ``desc``: the
+        progress bar's label; ``name``: the phase's, in the log line of a stop."""
         indices = ranks.shard(range(len(self.train_items)))
         pairs: list[PreferencePair] = []
         bar = tqdm(
             total=len(indices), desc=desc, unit="task", disable=not self.show_progress or not rank_zero_only.rank == 0
         )
         plan = self._attached()
-        with gathered(list(plan.whole or plan.policy.models)):  # sharded models: whole while sampling and scoring
+        # Nothing the data module keeps changes before the collection ends: Ctrl-C / SIGTERM may throw it away at a
+        # task's end or inside one (runs/stop.py).
+        discardable = stop.discardable(name, len(indices), "tasks")
+        with bar, discardable as phase, gathered(list(plan.whole or plan.policy.models)):  # sharded: whole models
             for start in range(0, len(indices), self.prompts_per_step):
                 chunk = [self.train_items[i] for i in indices[start : start + self.prompts_per_step]]
                 pairs.extend(self.collect_pairs(chunk))
                 bar.update(len(chunk))
                 bar.set_postfix(pairs=len(pairs))
-        bar.close()
+                phase.done += len(chunk)
         pairs = [pair for share in ranks.gather(pairs) for pair in share]
         log.info("collected %d preference pairs from %d tasks", len(pairs), len(self.train_items))
         if self.pairs_file and self.rounds is None:
@@ -204,9 +208,16 @@ class PreferenceDataModule(TaskDataModule):
         """One round: collect, write and register the shard, draw the training pairs, report."""
         plan = self.plan.rounds
         iteration = epoch // plan.epochs_per_round
+        comparator_rng = self.comparator_rng.state_dict()
         self.rounds.start_round(iteration)
         try:
-            fresh = self.collect(desc=f"round {iteration + 1}/{plan.num_rounds}: collecting pairs")
+            fresh = self.collect(
+                f"round {iteration + 1}/{plan.num_rounds}: collecting pairs",
+                f"round {iteration + 1}/{plan.num_rounds}'s pair collection",
+            )
+        except stop.StopRequested:  # the round is thrown away: its comparator draws too (a checkpoint holds them)
+            self.comparator_rng.load_state_dict(comparator_rng)
+            raise
         finally:
             self.rounds.end_round()
         directory = ranks.broadcast(self.dirs.get(self.trainer, "preference_replay", plan.replay_dir))

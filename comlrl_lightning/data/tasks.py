@@ -65,15 +65,17 @@ def load_items(source: DatasetSource, split: str = "train", field: str = "datase
         if path.stat().st_size == 0:
             raise ValueError(f"{field} {source!r} has no items (the file is empty).")
         quiet = not datasets.utils.logging.is_progress_bar_enabled()
+        verbosity = datasets.utils.logging.get_verbosity()
         datasets.utils.logging.disable_progress_bar()  # a local file: no "Generating train split" bars
+        datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)  # its own "Failed to load JSON" line
         try:
             return datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as err:  # truncated JSON, bad CSV, ...: the datasets library's error, without its internals
             cause = err.__cause__ or err
-            raise ValueError(
-                f"{field} file {source!r} could not be read as {fmt}: {type(cause).__name__}: {str(cause)[:300]}"
-            ) from err
+            problem = (json_problem(path) if fmt == "json" else None) or f"{type(cause).__name__}: {str(cause)[:300]}"
+            raise ValueError(f"{field} file {source!r} could not be read as {fmt}: {problem}") from err
         finally:
+            datasets.utils.logging.set_verbosity(verbosity)
             if not quiet:
                 datasets.utils.logging.enable_progress_bar()
     if _looks_like_path(source):
@@ -92,6 +94,56 @@ def load_items(source: DatasetSource, split: str = "train", field: str = "datase
             f"{field} {source!r} (split {split!r}) could not be loaded: {err}.{hint} Point `{field}` at a local "
             "file (.json/.jsonl/.csv/.parquet), a save_to_disk directory, or a function's import path."
         ) from err
+
+
+def json_problem(path: Path) -> str | None:
+    """Where a ``.json``/``.jsonl`` file stops being what a dataset file must be (a JSON list of objects, or one
+    object per line), as ``line N: ...`` in the file's own lines; None when Python's json finds nothing wrong."""
+    import gzip
+    import json
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as err:
+        return f"{type(err).__name__}: {err}"
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        return "the file holds no JSON"
+    if path.name.removesuffix(".gz").endswith(".jsonl"):
+        return _json_lines_problem(lines)
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError as err:
+        if not lines[first].lstrip().startswith("["):  # JSON lines in a .json file: say which line
+            return _json_lines_problem(lines)
+        message = err.msg.removesuffix(" starting at")
+        return f"line {err.lineno}, column {err.colno}: {message} (a .json file holds one JSON list of objects)"
+    if isinstance(whole, dict):
+        return None
+    rows = whole if isinstance(whole, list) else [whole]
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        return f"item {bad} is a JSON {type(rows[bad]).__name__}, not an object: every item must be a JSON object"
+    return None
+
+
+def _json_lines_problem(lines: list[str]) -> str | None:
+    import json
+
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            message = err.msg.removesuffix(" starting at")
+            return f"line {number}, column {err.colno}: {message} (each line of a .jsonl file is one JSON object)"
+        if not isinstance(row, dict):
+            return f"line {number} is a JSON {type(row).__name__}, not an object (each line must be one JSON object)"
+    return None
 
 
 def _looks_like_path(text: str) -> bool:

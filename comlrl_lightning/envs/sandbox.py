@@ -131,6 +131,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from comlrl_lightning.envs._sandbox_worker import KERNEL_LAYERS, KILL_GRACE_S, remove_tree
+from comlrl_lightning.runs import stop
 
 __all__ = ["ExecutionResult", "Job", "run_tests", "run_many", "isolation_layers", "KERNEL_LAYERS", "SandboxUnavailable"]
 
@@ -142,6 +143,7 @@ STDOUT_LIMIT = 4096  # bytes of program/test output kept in the result
 SANDBOX_UID_BASE = 1 << 30  # a root trainer runs each job under its own uid/gid in [base, base + 65536)
 _STARTUP_S = 5.0  # evaluator start-up allowance on top of timeout_total before the trainer kills it
 _REPORT_LIMIT = 1 << 20  # bytes of one evaluator report line
+_STOP_POLL_S = 0.5  # longest wait for a report between two looks at a requested stop (runs/stop.py)
 # "1": run as on a machine that refuses namespaces / mounts inside them / Landlock (the suite forces deployments)
 NO_NAMESPACES_ENV = "COMLRL_SANDBOX_NO_NAMESPACES"
 NO_MOUNTS_ENV = "COMLRL_SANDBOX_NO_MOUNTS"
@@ -594,8 +596,11 @@ def _reports(fd: int, deadline: Any):
     buf = bytearray()
     while True:
         remaining = deadline() - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if remaining <= 0:
             return
+        stop.check()  # a safe point while waiting (runs/stop.py): the caller's clean-up kills the evaluator
+        if not select.select([fd], [], [], min(remaining, _STOP_POLL_S))[0]:
+            continue  # asked again: the deadline, a stop
         chunk = os.read(fd, 65536)
         if not chunk:
             return
@@ -687,6 +692,7 @@ def run_many(
         return []
 
     def one(job: Job) -> ExecutionResult:
+        stop.check()  # a safe point per job (runs/stop.py): after a stop the queued jobs end at once
         return run_tests(job.program, job.tests, setup=job.setup, entry_points=job.entry_points, **limits)
 
     with ThreadPoolExecutor(max_workers=max(1, int(workers))) as pool:

@@ -15,7 +15,10 @@ import inspect
 import math
 import numbers
 import threading
+import time
 from typing import Any, Callable, Mapping, Sequence
+
+from comlrl_lightning.runs import stop
 
 Formatter = Callable[..., str]
 
@@ -87,7 +90,7 @@ def _wrap_formatter(func: Formatter) -> Formatter:
             ) from None
         if not isinstance(prompt, str):
             raise TypeError(
-                f"formatter {callable_name(func)} must return a string prompt, got "
+                f"Formatter must return a string prompt. formatter {callable_name(func)} returned "
                 f"{type(prompt).__name__} for item {_item_summary(item)}."
             )
         return prompt
@@ -167,6 +170,7 @@ class RewardCaller:
         self._pass_items = _accepts(reward_func, "batch_items")
 
     def _call(self, args: list, kwargs: dict) -> Any:
+        stop.check()  # a safe point per reward call (runs/stop.py)
         if self.timeout is None:
             return self.reward_func(*args, **kwargs)
         outcome: dict[str, Any] = {}
@@ -179,7 +183,10 @@ class RewardCaller:
 
         worker = threading.Thread(target=run, name="reward_func", daemon=True)  # a hung call cannot keep us alive
         worker.start()
-        worker.join(self.timeout)
+        deadline = time.monotonic() + self.timeout
+        while worker.is_alive() and (left := deadline - time.monotonic()) > 0:
+            worker.join(min(left, 0.2))
+            stop.check()  # a stop leaves the call behind, as a timeout does (the thread is a daemon)
         if worker.is_alive():
             where = f" at {self.where()}" if self.where is not None else ""
             raise RewardTimeoutError(

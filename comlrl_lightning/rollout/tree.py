@@ -26,6 +26,7 @@ from comlrl_lightning.core.advantages import bootstrap_returns, cross_credit, cr
 from comlrl_lightning.rollout.generation import GenerationBackend
 from comlrl_lightning.rollout.rewards import RewardCaller, call_external_transition, format_prompt
 from comlrl_lightning.rollout.sampling import Completions, SamplingConfig
+from comlrl_lightning.runs import stop
 
 # align/aligned and cross/crossed: one semantics per name pair.
 JOINT_MODE = Choice(
@@ -322,6 +323,7 @@ class RolloutEngine:
     def sample(self, models, tokenizers, prompts: Sequence[Sequence[str]], K: int) -> list[Completions]:
         """K samples per prompt: ``models[j]`` answers ``prompts[j]`` through the generation backend."""
         inputs = [[self.model_input(tokenizers[i], p) for p in prompts[i]] for i in range(len(prompts))]
+        stop.check()  # a safe point per generation call (runs/stop.py); the hf backend checks per token too
         return self.backend.sample(models, tokenizers, inputs, K, self.sampling)
 
     def _children(self, node: Node, pending: _Pending) -> list[_Pending]:
@@ -334,6 +336,7 @@ class RolloutEngine:
         for j, sample_idx in enumerate(node.joint_index.tolist()):
             responses = [node.agents[i].texts[sample_idx[i]] for i in range(N)]
             response_history = [h + [r] for h, r in zip(pending.response_history, responses)]
+            stop.check()  # a safe point per transition (runs/stop.py): an environment may take long
             next_prompts = call_external_transition(
                 self.external_transition,
                 prompt=raw_prompt,

@@ -38,6 +38,7 @@ from comlrl_lightning.rollout.sampling import (
     eos_token_ids,
 )
 from comlrl_lightning.rollout.weights import answer_groups, generator_of, place_answers
+from comlrl_lightning.runs import stop
 
 
 class HFGenerate:
@@ -149,7 +150,7 @@ def sample_completions(
             names = None if adapters is None else list(adapters[start : start + step])
             recorder = SampledTokenLogprobs() if keep else None
             extra = dict(generation_kwargs or {})
-            processors = list(extra.pop("logits_processor", None) or []) + ([recorder] if recorder else [])
+            processors = [StopCheck(), *(extra.pop("logits_processor", None) or []), *([recorder] if recorder else [])]
             if own:  # our sampler is the last processor and generate takes its draw as the argmax
                 processors.append(TopKTopPSampler(sampling))
                 for name in _OTHER_TRUNCATIONS:  # set to a neutral value (a greedy generate would warn about it)
@@ -202,6 +203,15 @@ def sample_completions(
     return assemble_completions(
         prompt_ids, chunks, tokenizer, eos_ids, num_samples, logprobs=[s.clone() for s in scores] if keep else None
     )
+
+
+class StopCheck(LogitsProcessor):
+    """A safe point per generated token (``runs/stop.py``): a Ctrl-C / SIGTERM stops a long ``generate`` at the next
+    token. It leaves the logits alone."""
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        stop.check()
+        return scores
 
 
 class SampledTokenLogprobs(LogitsProcessor):
