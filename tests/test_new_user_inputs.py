@@ -12,17 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from jsonargparse import Namespace
+from test_cli import QUICK
 
 from comlrl_lightning.cli import main, resolve_ckpt_path
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK = [
-    "--config",
-    str(REPO / "configs" / "quickstart.yaml"),
-    "--trainer.max_steps=1",
-    "--trainer.enable_progress_bar=false",
-    "--model.init_args.max_new_tokens=4",
-]
 
 
 def logger(kind: str, **init_args) -> Namespace:
