@@ -1841,7 +1841,9 @@ class Isolation:
         rules, write only below the working directory. A root trainer also opens now the view's directories that
         the job's uid cannot reach by path."""
         if root and not self.python_dirs:
-            dirs = [d for d in self.view.stdlib + self.view.packages if os.path.isdir(d) and not world_readable(d)]
+            holders = [os.path.dirname(p) for p in self.view.packages]  # the import path entries that hold them
+            dirs = list(dict.fromkeys(self.view.stdlib + holders + self.view.packages))
+            dirs = [d for d in dirs if os.path.isdir(d) and not world_readable(d)]
             self.python_dirs = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in dirs}
         if self.abi and self.ruleset is None:
             self.ruleset = landlock_ruleset(self.abi, [*self.view.rules(), (self.workdir, WRITE), *DEVICE_RULES])
