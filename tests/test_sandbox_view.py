@@ -79,7 +79,7 @@ ANSWERS = _answers()
 # folders, its own import path and modules, the directories behind its inherited fds and above them, the known
 # places of each answer key and of the caches) and reads every file it can (gzip too), looking for the answers.
 SEARCH = r"""
-import gzip, os, sys
+import gzip, os, sys, zlib
 
 def search(needles, known, everywhere=True):
     starts = ['/', '/work', '/root', '/home', '/data', '/srv', '/opt', '/mnt', '/tmp', '/var', '/run', '/dev/shm',
@@ -95,7 +95,7 @@ def search(needles, known, everywhere=True):
             continue
         try:
             info = os.stat(path)
-        except Exception:
+        except OSError:
             continue
         if (info.st_dev, info.st_ino) in seen:
             continue
@@ -103,7 +103,7 @@ def search(needles, known, everywhere=True):
         if os.path.isdir(path):
             try:
                 todo += [os.path.join(path, name) for name in os.listdir(path)]
-            except Exception:
+            except OSError:
                 pass
             continue
         if not os.path.isfile(path) or info.st_size > (64 << 20) or path.endswith('.so') or '.so.' in path:
@@ -113,7 +113,7 @@ def search(needles, known, everywhere=True):
                 data = f.read()
             if path.endswith('.gz'):
                 data = gzip.decompress(data)
-        except Exception:
+        except (OSError, EOFError, zlib.error):
             continue
         for name, needle in needles.items():
             if needle in data:

@@ -310,7 +310,7 @@ def config_without_weights(source: Any) -> Any:
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(os.path.expanduser(source))
-        except Exception:  # noqa: BLE001 - unknown here: loading the model reports it
+        except (OSError, ValueError, KeyError):  # not here, or not a config transformers reads: loading reports it
             return None
     if config is not None and hasattr(config, "get_text_config"):
         config = config.get_text_config()
