@@ -1,6 +1,7 @@
 """``python -m comlrl_lightning {fit,validate,test,predict} --config configs/magrpo.yaml`` — a LightningCLI.
 
-Any MultiAgentModule subclass is a valid ``model.class_path`` (MAGRPO, MARLOO, MAReMax, MAREINFORCE, your own);
+Any MultiAgentModule subclass that names its learning rule is a valid ``model.class_path`` (MAGRPO, MARLOO, MAReMax,
+MAREINFORCE, your own; the bases MultiAgentModule and OnPolicyModule are abstract: not listed, refused in one line);
 reward functions, formatters and transitions are given by import path; every field can be overridden with a
 dotted flag (``--model.init_args.num_generations 8``).
 

@@ -12,7 +12,7 @@ import difflib
 import importlib
 import inspect
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 SECRET_FIELDS = ("comparator_api_key",)  # literal credentials: never printed, logged or saved
@@ -28,6 +28,10 @@ _NOISE = (
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]\.?\s*Got value:\s*(.*)$")
 _OPTIONAL_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")  # a Literal | None field: value given apart
 _GIVEN = re.compile(r"^\s*Given value:\s*(.*)$")
+# a class_path naming an abstract class (MultiAgentModule, OnPolicyModule: bases without a learning rule)
+_ABSTRACT = re.compile(r"Expected an instantiatable class, but (?:(\S+) )?is abstract")
+_PATH_GIVEN = re.compile(r"Expected a path but (\S+) either|'class_path': '([^']+)'")
+_SUBTYPES = re.compile(r"Subtypes: \[<class '([^']+)'>")
 # CoMLRL config names that are not module fields here, and where the setting lives (docs/compat.md).
 COMLRL_RUN_SETTINGS = {
     "num_train_epochs": "trainer.max_epochs (MADPOIter: model.init_args.dpo_epochs_per_round, DPO passes per round; "
@@ -78,6 +82,12 @@ def tidy(message: str) -> str:
         else:
             rest.append(line.lstrip("- "))
     head = ".".join(keys)
+    abstract = _ABSTRACT.search(" ".join(rest))
+    if abstract:
+        path = abstract.group(1) or next((g for m in _PATH_GIVEN.finditer(str(message)) for g in m.groups() if g), "")
+        base = _SUBTYPES.search(str(message))
+        problem = abstract_class_problem(path or str(given), base.group(1) if base else "")
+        return f"{head}: {problem}" if head else problem
     choice = _LITERAL.search(" ".join(rest))
     optional = _OPTIONAL_LITERAL.search(" ".join(rest)) if choice is None and given is not None else None
     if head and (choice or optional):  # a typo in an enumeration: name the allowed values, as the algorithms' checks do
@@ -94,6 +104,36 @@ def tidy(message: str) -> str:
     elif unknown and classes:  # a misspelt field: the closest of the class's own
         body += did_you_mean(unknown.group(1), init_fields(classes[-1]))
     return f"{head}: {body}" if head and body else head or body
+
+
+def abstract_class_problem(class_path: str, base_path: str = "") -> str:
+    """Why the abstract class ``class_path`` (a path, or the name of a subclass of the section's ``base_path``)
+    cannot be configured, and the classes that can: its concrete subclasses, by the name the parser also takes."""
+    base = _imported_class(base_path)
+    klass = _imported_class(class_path) or next((k for k in _family(base) if k.__name__ == class_path), None)
+    if klass is None:
+        return f"{class_path} is abstract: give the class_path of a class that can be built."
+    found = [k.__name__ for k in _family(klass) if not inspect.isabstract(k) and "<locals>" not in k.__qualname__]
+    lacks = ", ".join(sorted(getattr(klass, "__abstractmethods__", ()))) or "what its subclasses define"
+    choices = ", ".join(dict.fromkeys(found))
+    return f"{class_path} is a base class, not one to run (it has no {lacks}); choose one of: {choices}."
+
+
+def _family(klass: type | None) -> Iterator[type]:
+    """``klass`` and its subclasses, depth first (the order ``--help`` lists them in)."""
+    if klass is not None:
+        yield klass
+        for sub in klass.__subclasses__():
+            yield from _family(sub)
+
+
+def _imported_class(class_path: str) -> type | None:
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found if inspect.isclass(found) else None
 
 
 def init_fields(class_path: str) -> list[str]:

@@ -53,13 +53,13 @@ def actor_params(module):
 
 def critic_params(module):
     if module.use_separate_critic:
-        return list(module.objective.critics.parameters())
+        return list(module.critics.parameters())
     return [p for agent in module.agents for p in agent.value_head.parameters()]
 
 
 def collect(module, items):
     """The joint samples of one rollout of ``items`` (what the buffer receives)."""
-    return module.objective.records(module.collect_rollout(items))
+    return module.records(module.collect_rollout(items))
 
 
 def params_of_list(params):
@@ -97,7 +97,7 @@ def test_each_critic_layout_fits(variant, tmp_path, monkeypatch):
     monkeypatch.setattr(actor_critic, "value_loss", spy_value_loss)
     module = make_ac(cls, eval_interval=1, eval_num_samples=2, **overrides)
     expected_critics = {"iac-head": 0, "iac-v": 2, "iac-q": 2, "maac-v": 1, "maac-q": 1}[variant]
-    assert len(module.objective.critics) == expected_critics
+    assert len(module.critics) == expected_critics
     if variant == "iac-head":
         assert all(isinstance(a, CausalLMWithValueHead) and a.has_value_head for a in module.agents)
     actors, critics = params_of_list(actor_params(module)), params_of_list(critic_params(module))
@@ -162,7 +162,7 @@ def test_multi_turn_td_targets_returns_and_env_steps():
             assert a1.returns == pytest.approx(a1.reward + 0.5 * a2.reward, abs=1e-6)
             assert a2.returns == pytest.approx(a2.reward, abs=1e-6)
             # V_old(h_2) is agent i's critic at the last token of its turn-2 prompt
-            critic = module.objective.critics[i].eval()
+            critic = module.critics[i].eval()
             with torch.no_grad():
                 expected_v = float(critic.values_at(a2.prompt_ids[None])[0])
             assert a2.old_value == pytest.approx(expected_v, abs=1e-5)
@@ -236,7 +236,7 @@ def test_single_turn_advantages_are_normalised_per_agent():
     module = make_ac(IAC, critic_type="q")  # Q(h, a): values differ between the K samples of one prompt
     steps = collect(module, ITEMS[:2])
     assert len(steps) == 4 and module.env_step == 4
-    module.objective.prepare_group(steps)
+    module.prepare_group(steps)
     for i in range(2):
         rows = [s.agents[i] for s in steps]
         targets = torch.tensor([a.value_target for a in rows], dtype=torch.float64)
@@ -244,7 +244,7 @@ def test_single_turn_advantages_are_normalised_per_agent():
         rewards = [toy.brevity_reward([s.agents[0].completion], [s.agents[1].completion])[0] for s in steps]
         assert targets.tolist() == pytest.approx(rewards, abs=1e-6)  # single turn: target = r
         # Q values: agent i's critic at the last completion token (EOS included) of prompt + completion
-        critic = module.objective.critics[i].eval()
+        critic = module.critics[i].eval()
         for a in rows:
             length = int(a.completion_mask.sum())
             ids = torch.cat([a.prompt_ids, a.completion_ids[:length]])[None]
@@ -254,7 +254,7 @@ def test_single_turn_advantages_are_normalised_per_agent():
         assert [a.advantage for a in rows] == pytest.approx(raw.tolist(), abs=1e-5)
         assert [a.normalized_advantage for a in rows] == pytest.approx(normalized.tolist(), abs=1e-4)
     module.advantage_normalization = False
-    module.objective.prepare_group(steps)
+    module.prepare_group(steps)
     for s in steps:
         for a in s.agents:
             assert a.normalized_advantage == pytest.approx(a.value_target - a.old_value, abs=1e-6)
@@ -298,17 +298,17 @@ def test_reward_of_another_length_is_an_error():
 @pytest.mark.parametrize("critic_type", ["v", "q"])
 def test_maac_critic_text(critic_type):
     module = make_ac(MAAC, critic_type=critic_type)
-    assert module.objective.joint_critic_text(["p0", "p1"], None) == "[Agent 0] p0\n\n[Agent 1] p1"
-    assert module.objective.joint_critic_text(["p0", "p1"], ["c0", "c1"]) == (
+    assert module.joint_critic_text(["p0", "p1"], None) == "[Agent 0] p0\n\n[Agent 1] p1"
+    assert module.joint_critic_text(["p0", "p1"], ["c0", "c1"]) == (
         "[Agent 0] p0\n\n[Agent 1] p1\n\n[Joint Action]\n\n[Agent 0 action]\nc0\n\n[Agent 1 action]\nc1"
     )
     steps = collect(module, ITEMS[:2])
     tok = module.tokenizers[0]
-    critic = module.objective.critics[0].eval()
+    critic = module.critics[0].eval()
     for s in steps:
         prompts = [a.prompt for a in s.agents]
         completions = [a.completion for a in s.agents] if critic_type == "q" else None
-        text = module.objective.joint_critic_text(prompts, completions)
+        text = module.joint_critic_text(prompts, completions)
         assert tok.decode(s.critic_ids) == text
         assert s.critic_ids.tolist() == tok(text, add_special_tokens=False)["input_ids"]
         value = float(critic.values_at(s.critic_ids[None])[0].detach())  # value at the last token of the joint text
@@ -335,7 +335,7 @@ def test_iac_gradient_matches_documented_objective(tmp_path):
         if "steps" not in captured:
             captured["steps"] = list(steps)
             captured["agents"] = copy.deepcopy(module.agents)
-            captured["critics"] = copy.deepcopy(module.objective.critics)
+            captured["critics"] = copy.deepcopy(module.critics)
         return update(steps)
 
     class Grab(Callback):
@@ -401,9 +401,9 @@ def test_save_pretrained_round_trip_of_critics(variant, tmp_path):
     if variant == "iac-head":
         in_memory, where = module.agents[0], tmp_path / "agent_0"
     elif variant == "iac-v":
-        in_memory, where = module.objective.critics[1], tmp_path / "agent_1" / "critic"
+        in_memory, where = module.critics[1], tmp_path / "agent_1" / "critic"
     else:
-        in_memory, where = module.objective.critics[0], tmp_path / "critic"
+        in_memory, where = module.critics[0], tmp_path / "critic"
     with torch.no_grad():  # make the head distinct from any fresh initialisation
         in_memory.value_head[-1].bias.fill_(0.37)
     module.save_pretrained(tmp_path)
@@ -665,14 +665,12 @@ def test_devices_without_mp_place_the_whole_team_on_the_first_one_as_comlrl(cls,
 
     module = make_ac(cls, **overrides)
     cpu = torch.device("cpu")
-    assert module.team.devices == [cpu, cpu] and module.objective.critic_placement == [cpu] * len(
-        module.objective.critics
-    )
+    assert module.team.devices == [cpu, cpu] and module.critic_placement == [cpu] * len(module.critics)
     moved = []
-    for model in [*module.agents, *module.objective.critics]:
+    for model in [*module.agents, *module.critics]:
         model.to = lambda device, original=model.to: (moved.append(str(device)), original(device))[1]
     assert fit(module, tmp_path, max_steps=1).global_step == 1
-    assert moved == ["cpu"] * (2 + len(module.objective.critics))
+    assert moved == ["cpu"] * (2 + len(module.critics))
     ddp = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
     with pytest.raises(ConfigurationError, match="place the whole team on ONE device .* runs 2 processes"):
         check_strategy(ddp, module)

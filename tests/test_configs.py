@@ -53,7 +53,8 @@ def small_config(config: Path, root: Path, api_url: str | None = None, models=(E
         p for klass in cls.__mro__ if "__init__" in vars(klass) for p in inspect.signature(klass.__init__).parameters
     }
     args = tiny(model.get("init_args", {}), models)
-    args.update({k: v for k, v in sizes.items() if k in accepted})
+    rounds = "policy_loss" not in accepted  # the MAGRPO family's num_iterations counts passes, not rounds
+    args.update({k: v for k, v in sizes.items() if k in accepted and (k != "num_iterations" or rounds)})
     if "comparator_api_url" in args:  # a loopback stand-in for the remote comparator
         args["comparator_api_url"] = api_url
     model["init_args"] = args

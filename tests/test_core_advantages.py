@@ -10,6 +10,7 @@ from comlrl_lightning.core import (
     ADVANTAGE_MODES,
     BASELINES,
     bootstrap_returns,
+    component_advantages,
     compute_advantages,
     cross_credit,
     cross_joint_indices,
@@ -188,3 +189,71 @@ def test_suffix_returns_undiscounted_and_discounted():
 
 def test_suffix_returns_single_turn():
     close(suffix_returns(torch.tensor([[2.0], [3.0]]), discount=0.9), [[2.0], [3.0]])
+
+
+# --- Per-component advantages (issue 43, GDPO's normalize_components) -------------------------------------------
+
+
+def test_component_advantages_break_a_tie_of_the_summed_reward():
+    """K = 4 completions, two components (syntax, tests) whose sums all tie at 1: the summed reward gives zero
+    advantage everywhere; normalised apart, each component still ranks the group.
+
+        syntax = [1, 1, 0, 0]   mean 0.5, std_pop 0.5   ->  A_syntax = [ 1,  1, -1, -1]
+        tests  = [0, 0, 1, 1]   mean 0.5, std_pop 0.5   ->  A_tests  = [-1, -1,  1,  1]
+    With weights (1, 1) the two cancel (the components trade off exactly); with weights (2, 1):
+        A = 2·A_syntax + A_tests = [1, 1, -1, -1].
+    """
+    credit = torch.tensor([[[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])  # [M=1, K=4, C=2]
+    summed = compute_advantages(credit.sum(-1))
+    close(summed, [[0.0, 0.0, 0.0, 0.0]], atol=1e-6)
+    close(component_advantages(credit, torch.tensor([1.0, 1.0])), [[0.0, 0.0, 0.0, 0.0]], atol=1e-6)
+    close(component_advantages(credit, torch.tensor([2.0, 1.0])), [[1.0, 1.0, -1.0, -1.0]], atol=1e-6)
+
+
+def test_component_advantages_nonzero_where_the_sum_ties_and_the_components_do_not_cancel():
+    """K = 3, three components whose sums all tie at 2 (summed advantage 0); s = 1 / sqrt(2/3) = sqrt(1.5):
+
+        a = [2, 1,   0]    mean 1,   std_pop sqrt(2/3)     ->  A_a = [ s, 0, -s]
+        b = [0, 0.5, 1]    mean 0.5, std_pop sqrt(1/6)     ->  A_b = [-s, 0,  s]
+        c = [0, 0.5, 1]                                      ->  A_c = [-s, 0,  s]
+        A = A_a + A_b + A_c = [-s, 0, s]   (the two components that rise outweigh the one that falls)
+    A constant component is 0 after normalisation (std floored at eps, never NaN).
+    """
+    s = math.sqrt(1.5)  # 1 / sqrt(2/3)
+    credit = torch.tensor([[[2.0, 0.0, 0.0], [1.0, 0.5, 0.5], [0.0, 1.0, 1.0]]])  # [1, 3, 3]
+    close(compute_advantages(credit.sum(-1)), [[0.0, 0.0, 0.0]], atol=1e-6)
+    close(component_advantages(credit, torch.ones(3)), [[-s, 0.0, s]], atol=1e-5)
+    # Unnormalised with the mean baseline: A_c = c - mean(c); a: [1, 0, -1], b and c: [-0.5, 0, 0.5] -> [0, 0, 0].
+    close(component_advantages(credit, torch.ones(3), normalize=False), [[0.0, 0.0, 0.0]], atol=1e-6)
+    # Weights (1, 0, 0): only a counts -> [s, 0, -s]; a constant component adds nothing.
+    close(component_advantages(credit, torch.tensor([1.0, 0.0, 0.0])), [[s, 0.0, -s]], atol=1e-5)
+    flat = torch.tensor([[[2.0, 3.0], [1.0, 3.0], [0.0, 3.0]]])
+    close(component_advantages(flat, torch.ones(2)), [[s, 0.0, -s]], atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["mean", "raw", "max", "rloo"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_component_advantages_with_one_component_is_compute_advantages(mode, normalize):
+    credit = torch.tensor([[1.0, 2.0, 3.0, 6.0], [0.5, -1.0, 4.0, 4.0]])  # [M=2, K=4]
+    expected = compute_advantages(credit, mode, normalize)
+    close(component_advantages(credit.unsqueeze(-1), torch.ones(1), mode, normalize), expected, atol=1e-6)
+    # A weight w scales it (the weight multiplies the normalised component).
+    close(component_advantages(credit.unsqueeze(-1), torch.tensor([0.5]), mode, normalize), 0.5 * expected, atol=1e-6)
+
+
+def test_component_advantages_baseline_mode_per_component_unnormalised():
+    """mode max, no normalisation, components x = [1, 3], y = [2, 0] (K = 2):
+    A_x = [-2, 0], A_y = [0, -2]; weights (1, 3) -> [-2, -6]. rloo: A_x = [-2, 2], A_y = [2, -2] -> [4, -4]."""
+    credit = torch.tensor([[[1.0, 2.0], [3.0, 0.0]]])
+    w = torch.tensor([1.0, 3.0])
+    close(component_advantages(credit, w, "max", normalize=False), [[-2.0, -6.0]])
+    close(component_advantages(credit, w, "rloo", normalize=False), [[4.0, -4.0]])
+
+
+def test_component_advantages_shapes_are_checked():
+    with pytest.raises(ValueError, match="weights"):
+        component_advantages(torch.zeros(1, 3, 2), torch.ones(3))
+    with pytest.raises(ValueError, match="credit"):
+        component_advantages(torch.zeros(3), torch.ones(3))
+    with pytest.raises(ValueError, match="advantage_mode"):
+        component_advantages(torch.zeros(1, 3, 2), torch.ones(2), mode="median?")

@@ -70,7 +70,7 @@ def test_all_ties_give_no_pairs():
 def test_validation_errors():
     with pytest.raises(ValueError, match="preference_pairs_per_sample must be null when pair_selection='all'."):
         select_pairs(SCORES, "all", limit=4)
-    with pytest.raises(ValueError, match=r"pair_selection must be one of: reward_gap, all, random\."):
+    with pytest.raises(ValueError, match=r"pair_selection must be one of: reward_gap, random, all\."):
         select_pairs(SCORES, "comparator_reward", limit=4)
     for bad in (0, -1):
         with pytest.raises(ValueError, match="preference_pairs_per_sample must be >= 1 or null."):

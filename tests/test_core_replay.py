@@ -297,7 +297,7 @@ def test_random_selection():
 
 
 def test_selection_validation():
-    with pytest.raises(ValueError, match="pair_selection must be one of: reward_gap, all, random, comparator_reward"):
+    with pytest.raises(ValueError, match="pair_selection must be one of: reward_gap, random, all, comparator_reward"):
         select_comparison_pairs([1.0], [0.0], "best", 1)
     with pytest.raises(ValueError, match="preference_pairs_per_sample must be >= 1 or null"):
         select_comparison_pairs([1.0], [0.0], "reward_gap", 0)

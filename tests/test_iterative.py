@@ -875,11 +875,9 @@ def test_mp_margins_are_gathered_on_the_module_device(tmp_path, monkeypatch):
     """MADPOIter's update with parallel_training: mp, agent 1's margins on a simulated second device."""
     from standin_device import on_second_device
 
-    from comlrl_lightning.algorithms import JointDPO
-
-    margins = JointDPO.agent_margins
+    margins = MADPOIter.agent_margins  # MADPO's
     monkeypatch.setattr(
-        JointDPO,
+        MADPOIter,
         "agent_margins",
         lambda self, i, pairs: on_second_device(margins(self, i, pairs)) if i else margins(self, i, pairs),
     )

@@ -115,21 +115,17 @@ def test_actor_critic_critics_are_adapters_and_value_heads_on_the_one_base(varia
     module = make_ac(cls, lora_rank=4, critic_model=None, **overrides)
     team = module.policy_model(0).team
     full = make_ac(cls, **overrides)
-    full.objective.critics  # noqa: B018  (loads the full-copy team and its critics)
-    critics = list(module.objective.critics) or list(module.agents)
+    full.critics  # noqa: B018  (loads the full-copy team and its critics)
+    critics = list(module.critics) or list(module.agents)
     base_size = sum(p.numel() for n, p in team.base.named_parameters() if "lora_" not in n)
-    trainable = {
-        id(p): p.numel() for m in [*module.agents, *module.objective.critics] for p in m.trainable_parameters()
-    }
+    trainable = {id(p): p.numel() for m in [*module.agents, *module.critics] for p in m.trainable_parameters()}
     assert sum(p.numel() for p in module.parameters()) == base_size + sum(trainable.values()), "the base is not once"
-    assert (
-        sum(p.numel() for p in full.parameters()) > (2 + len(full.objective.critics)) * base_size
-    )  # a full copy per model
+    assert sum(p.numel() for p in full.parameters()) > (2 + len(full.critics)) * base_size  # a full copy per model
     assert all(critic.model.team is team for critic in critics), "a critic is not on the team's base"
     assert set(team.peft.peft_config) == {
         "agent_0",
         "agent_1",
-        *(f"critic_{j}" for j in range(len(module.objective.critics))),
+        *(f"critic_{j}" for j in range(len(module.critics))),
     }
     before = [[p.detach().clone() for p in critic.trainable_parameters()] for critic in critics]
     base = {n: p.detach().clone() for n, p in team.base.named_parameters() if "lora_" not in n}

@@ -107,19 +107,21 @@ def logged(trainer, key: str) -> dict[int, float]:
         return {int(r["step"]): float(r[key]) for r in csv.DictReader(f) if r.get(key)}
 
 
-def spy_updates(module, stage=None) -> list[dict[str, float]]:
+def spy_updates(module, stage=None, method="update") -> list[dict[str, float]]:
     """The metrics of every update (each carries the rate per group that update used); with ``stage``, only the
-    updates of that objective (``module.objective`` when ``stage`` is ``"objective"``)."""
-    seen, update = [], module.update
+    updates of that objective (``module.objective`` when ``stage`` is ``"objective"``); ``method``: the update to
+    spy on (MARLHF's reward-model stage: ``update_reward_model``)."""
+    seen, update = [], getattr(module, method)
 
-    def spy(batch, objective=None):
-        metrics = update(batch, objective)
+    def spy(batch, *rest):
+        metrics = update(batch, *rest)
+        objective = rest[0] if rest else None
         chosen = module.objective if stage == "objective" else stage
         if stage is None or (objective or module.objective) is chosen:
             seen.append(metrics)
         return metrics
 
-    module.update = spy
+    setattr(module, method, spy)
     return seen
 
 
@@ -382,7 +384,7 @@ def test_marlhf_stages_do_not_use_up_each_others_schedule(tmp_path):
         lr_warmup_steps=3,
         lr_decay="constant",
     )
-    rm_updates, rl_updates = spy_updates(module, module.reward_stage), spy_updates(module, "objective")
+    rm_updates, rl_updates = spy_updates(module, method="update_reward_model"), spy_updates(module, "objective")
     trainer = Trainer(
         max_epochs=2,
         logger=False,

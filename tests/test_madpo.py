@@ -19,7 +19,6 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from comlrl_lightning import MADPO, PreferenceDataModule
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
-from comlrl_lightning.algorithms import JointDPO
 from comlrl_lightning.core.pairs import RECORD_KEYS
 from comlrl_lightning.envs import toy
 
@@ -245,7 +244,7 @@ def test_agent_margins_match_per_sequence_scoring():
     with torch.no_grad():
         expected = reference_margins([module.policy_model(i) for i in range(2)], pairs)
         for i in range(2):
-            torch.testing.assert_close(module.objective.agent_margins(i, pairs), expected[:, i], atol=1e-4, rtol=0)
+            torch.testing.assert_close(module.agent_margins(i, pairs), expected[:, i], atol=1e-4, rtol=0)
 
 
 # ----------------------------------------------------------------------------------------------- gradients
@@ -426,9 +425,9 @@ def test_mp_margins_are_gathered_on_the_module_device(tmp_path, monkeypatch):
     them only after moving them to the module's device (agent 1 stands on a simulated second device)."""
     from standin_device import on_second_device
 
-    margins = JointDPO.agent_margins
+    margins = MADPO.agent_margins
     monkeypatch.setattr(
-        JointDPO,
+        MADPO,
         "agent_margins",
         lambda self, i, pairs: on_second_device(margins(self, i, pairs)) if i else margins(self, i, pairs),
     )

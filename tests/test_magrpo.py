@@ -101,7 +101,7 @@ def test_each_variant_fits_and_changes_weights(cls, mode, tmp_path):
 def test_advantage_statistics_are_logged_per_agent(tmp_path):
     """``agent_i/advantage_mean|advantage_std|zero_advantage_ratio``: normalised group advantages have mean 0 and
     spread 1 where the group's returns differ; a reward that never varies gives every sample advantage 0."""
-    from comlrl_lightning.algorithms.reinforce import advantage_metrics
+    from comlrl_lightning.algorithms.on_policy import advantage_metrics
 
     stats = advantage_metrics(torch.tensor([1.0, -1.0, 0.0, 0.0]))
     assert [float(stats[k]) for k in ("advantage_mean", "advantage_std", "zero_advantage_ratio")] == pytest.approx(
@@ -271,7 +271,7 @@ def test_a_token_budget_and_one_agent_at_a_time_give_the_same_gradient(tmp_path,
     agent's, within a token budget; the gradient is that of the whole mini-batch in one forward."""
     from lightning.pytorch import Callback
 
-    import comlrl_lightning.algorithms.reinforce as reinforce
+    import comlrl_lightning.algorithms.on_policy as on_policy
 
     grads, events = [], []
 
@@ -282,10 +282,10 @@ def test_a_token_budget_and_one_agent_at_a_time_give_the_same_gradient(tmp_path,
     for budget in (None, 12):
         module = make_module(micro_batch_tokens=budget, loss_aggregation="token_mean", max_new_tokens=4)
         if budget:
-            score, backward = reinforce.token_logprobs, module.manual_backward
+            score, backward = on_policy.token_logprobs, module.manual_backward
             agent_of = {id(module.policy_model(i)): i for i in range(module.num_agents)}
             monkeypatch.setattr(
-                reinforce,
+                on_policy,
                 "token_logprobs",
                 lambda model, inputs: (events.append(agent_of[id(model)]), score(model, inputs))[1],  # noqa: B023
             )  # used within the iteration that binds them
@@ -636,14 +636,14 @@ def test_bf16_autocast_is_lightnings_precision_setting(generation_dtype, tmp_pat
     ``generation_dtype``, the usual pairing)."""
     module = make_module(generation_dtype=generation_dtype)
     seen = []
-    losses = module.objective.losses
+    objective_loss = module.objective.loss
 
-    def spy(batch):
-        for loss, diagnostics in losses(batch):
-            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), loss.dtype))
-            yield loss, diagnostics
+    def spy(logp, batch):
+        loss, metrics = objective_loss(logp, batch)
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), loss.dtype))
+        return loss, metrics
 
-    module.objective.losses = spy
+    module.objective.loss = spy
     seed_everything(0)
     trainer = Trainer(
         max_steps=2,

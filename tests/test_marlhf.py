@@ -22,6 +22,7 @@ from comlrl_lightning.agents import JointRewardModel
 from comlrl_lightning.agents.factories import MODEL_FACTORIES
 from comlrl_lightning.agents.reward_model import joint_texts
 from comlrl_lightning.algorithms import ActorCritic, BradleyTerry, JointCritic
+from comlrl_lightning.algorithms.marlhf import RewardModelPart
 from comlrl_lightning.envs import toy
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "marlhf.yaml"
@@ -95,15 +96,19 @@ def fit_marlhf(
 
 
 def count_updates(module):
-    """Replace ``module.update`` by a wrapper that records the epoch of every update: the reward-model stage's
-    (``module.reward_stage``) in the first list, the RL objective's in the second."""
-    stages, update = ([], []), module.update
+    """Wrap the module's two updates to record the epoch of each call: the reward-model stage's
+    (``module.update_reward_model``) in the first list, the RL objective's (``module.update``) in the second."""
+    stages = ([], [])
 
-    def wrapper(batch, objective=None):
-        stages[objective is not module.reward_stage].append(module.current_epoch)
-        return update(batch, objective)
+    def counted(update, calls):
+        def wrapper(*args, **kwargs):
+            calls.append(module.current_epoch)
+            return update(*args, **kwargs)
 
-    module.update = wrapper
+        return wrapper
+
+    for calls, name in zip(stages, ("update_reward_model", "update")):
+        setattr(module, name, counted(getattr(module, name), calls))
     return stages
 
 
@@ -145,9 +150,14 @@ def test_two_stages_for_every_backend(algo, tmp_path):
     backend, mode = BACKENDS[algo]
     module = make_marlhf(algo)
     # one module, one team: the backend's objective on it (chosen case-insensitively), the reward model's stage beside
-    assert type(module) is MARLHF and type(module.objective) is backend.objective_class
+    # the RL stage runs the backend's loop: the module is a MARLHF whose second base is the backend
+    assert (
+        isinstance(module, MARLHF) and type(module).__name__ == "MARLHF" and type(module).__bases__ == (MARLHF, backend)
+    )
+    assert module.rl_backend is backend and type(module.objective) is backend.objective_class
     assert type(make_marlhf(algo.upper()).objective) is backend.objective_class
-    assert type(module.reward_stage) is BradleyTerry and module.objectives() == [module.objective, module.reward_stage]
+    assert type(module.reward_objective) is BradleyTerry and type(module.reward_part) is RewardModelPart
+    assert module.model_parts()[-1] is module.reward_part  # after the RL objective's parts (critics)
     if mode is not None:
         assert module.advantage_mode == mode
 
@@ -377,7 +387,7 @@ def test_reward_model_defaults_to_the_agents_name_for_lists_and_named_objects(mo
     model, tok = factory()
     model.config._name_or_path = "tiny"  # as from_pretrained("tiny-org/tiny") would record it
     module = make_marlhf("maac", agents=[model, copy.deepcopy(model)], tokenizers=tok)
-    assert module.reward_model.backbone is not model and len(module.objective.critics) == 1
+    assert module.reward_model.backbone is not model and len(module.critics) == 1
 
 
 def test_model_objects_with_named_reward_and_critic_models(tiny_model):

@@ -148,13 +148,14 @@ class TestRewardCallerValues:
         out = RewardCaller(lambda a: value).raw([["only"]])
         assert out == [2.0] and type(out[0]) is float
 
-    def test_scalar_for_many_joint_actions_is_count_error(self):
+    @pytest.mark.parametrize("value", [1.0, {"r": 1.0}])  # a mapping is ONE joint action's named components
+    def test_scalar_for_many_joint_actions_is_count_error(self, value):
         with pytest.raises(ValueError, match="returned 1 values for 3 joint actions"):
-            RewardCaller(lambda a: 1.0).raw([C0])
+            RewardCaller(lambda a: value).raw([C0])
 
     @pytest.mark.parametrize(
         "value",
-        ["1.0", None, {"r": 1.0}, ["x", "y", "z"], ["1.0", "0.5", "2"], [True, False, True], True, [1.0, None, 2.0]],
+        ["1.0", None, ["x", "y", "z"], ["1.0", "0.5", "2"], [True, False, True], True, [1.0, None, 2.0]],
     )
     def test_non_numeric_return_is_type_error(self, value):
         """Strings and booleans are rejected, not converted ("1.0" -> 1.0, True -> 1.0 would hide a bug)."""

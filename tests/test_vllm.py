@@ -261,7 +261,7 @@ def test_importance_sampling_correction_weights_the_loss(tmp_path):
     """``vllm_importance_sampling_correction``: the training model's log-probs of the samples are taken at sampling
     and the loss weights each token by π_train / π_engine (here ~1: both float32, so the first update's loss is the
     uncorrected one's); with engine log-probs that differ, each token's term is weighted by min(ρ, cap)."""
-    from comlrl_lightning.algorithms.reinforce import PolicyBatch
+    from comlrl_lightning.algorithms.on_policy import PolicyBatch
     from comlrl_lightning.rollout.sampling import build_scoring_inputs
 
     plain = vllm_module()
@@ -278,7 +278,7 @@ def test_importance_sampling_correction_weights_the_loss(tmp_path):
     mask = torch.tensor([[True, True, False]])
     inputs = build_scoring_inputs([torch.tensor([5, 6])], torch.tensor([[7, 8, 0]]), mask, 0)
     batch = PolicyBatch(inputs, torch.tensor([0.5]), torch.ones(1, 3), None, train, engine, torch.tensor([True]))
-    loss, _ = corrected.objective.policy_loss(0, logp, batch)
+    loss, _ = corrected.objective.loss(logp, batch)
     # seq_sum: −A · Σ_t w_t ρ_t log π_t = −0.5 · (2 · −1 + 1 · −2) = 2.0 (token 2 is masked)
     assert float(loss) == pytest.approx(2.0)
 

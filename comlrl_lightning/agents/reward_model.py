@@ -210,6 +210,15 @@ class JointRewardModel(nn.Module):
         device = self.device
         return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
 
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """The tokens of each text as :meth:`tokenize` gives it to the model (truncated the same way, without the
+        padding): what a forward over some of them costs is their number × the longest (MARLHF plans its reward
+        model's micro-batches with it)."""
+        if self.tokenizer is None:
+            raise ValueError("JointRewardModel needs a tokenizer to count tokens (pass tokenizer=...).")
+        enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)
+        return [len(ids) for ids in enc["input_ids"]]
+
     def score_texts(self, texts: Sequence[str], batch_size: int | None = None) -> Tensor:
         """[B] float32 scores of ready-made texts, ``batch_size`` texts per forward (None: all at once).
 

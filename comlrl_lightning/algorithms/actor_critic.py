@@ -15,32 +15,44 @@ Targets: single turn r'; multi-turn TD(0) r'_t + γ·V_old(h_{t+1}) (last execut
 A = target − V_old (rollout-time values), normalised per agent and turn group. Each update (one optimizer
 step, one ``global_step``) minimises, over a mini-batch of joint samples,
 
-    Σ_i  Σ_t w·(−Â·log π_i)  +  value_loss_coef · value_loss
+    Σ_i  Σ_t w·ρ·(−Â·log π_i)  +  value_loss_coef · value_loss
 
 with the value loss of every critic on its targets (PPO-style clipping with ``value_clip_range`` only for a value
-head on the actor, as CoMLRL). No ratio, no policy clipping, no entropy bonus, no GAE.
+head on the actor, as CoMLRL). ρ = 1, or the engine correction's π_train / π_engine (capped or masked) when a vLLM
+engine sampled and ``vllm_importance_sampling_correction`` is on. No ratio, no policy clipping, no entropy bonus, no
+GAE.
 
 MAAC's shared critic is stepped **once per joint mini-batch**, on the joint samples of that mini-batch, with the
 team target (the mean of the agents' targets): CoMLRL steps it once per agent on duplicated targets, an N-fold
 step on the same data. IAC's critics each learn their own agent's targets.
+
+Where each piece lives. The update is ``OnPolicyModule.update`` (on_policy.py); this module's :class:`IAC` says what
+a record is (a :class:`JointSample`), computes values and targets on a fresh rollout (``after_rollout``) and the
+advantages per turn group (``prepare_group``), builds each agent's :class:`PolicyBatch` (step 2, ``agent_batch``: its
+rows, advantages, stored log-probs, value targets) and scores it with the critic's values (step 3, ``score``); the
+objective :class:`ActorCritic` is the loss of those tensors. MAAC's joint critic learns in ``MAAC.extra_losses`` with
+:meth:`JointCritic.critic_loss`. The critics are a model part, :class:`Critics` (``module.critics``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from comlrl_lightning.agents import CausalLMWithValueHead, check_model_sources, load_agents, resolve_devices
+from comlrl_lightning.agents.memory import enable_checkpointing
 from comlrl_lightning.agents.sharding import full_state_dicts
 from comlrl_lightning.algorithms.evaluation import Evaluation, turn_table
 from comlrl_lightning.algorithms.fields import CriticFields, require
-from comlrl_lightning.algorithms.objective import Objective
-from comlrl_lightning.algorithms.on_policy import OnPolicyModule
-from comlrl_lightning.algorithms.team import apply_gradient_checkpointing, team_placement, trainable_parameters
+from comlrl_lightning.algorithms.objective import ModelPart
+from comlrl_lightning.algorithms.on_policy import OnPolicyModule, PolicyBatch
+from comlrl_lightning.algorithms.reinforce import EngineCorrection, GroupRelative, KLTerm
+from comlrl_lightning.algorithms.team import load_models, team_placement, trainable_parameters
 from comlrl_lightning.core.advantages import critic_advantages, discounted_returns, td_targets
 from comlrl_lightning.core.losses import assert_finite, policy_gradient_loss, token_loss_weights, value_loss
 from comlrl_lightning.rollout.sampling import (
@@ -48,10 +60,7 @@ from comlrl_lightning.rollout.sampling import (
     build_scoring_inputs,
     collate_rows,
     micro_batches,
-    select_rows,
     take,
-    token_logprobs,
-    trim_prompt_padding,
 )
 from comlrl_lightning.rollout.tree import Node, Rollout, episode
 from comlrl_lightning.runs import ranks
@@ -146,7 +155,7 @@ class CriticEvaluation(Evaluation):
     @torch.no_grad()
     def rollout(self, items: Sequence[Mapping[str, Any]]) -> Rollout:
         rollout = super().rollout(items)
-        self.module.objective.after_rollout(rollout)  # values and targets
+        self.module.after_rollout(rollout)  # values and targets
         return rollout
 
     def record_of(self, rollout: Rollout, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -164,37 +173,259 @@ class CriticEvaluation(Evaluation):
         return metrics
 
 
-class ActorCritic(Objective):
-    """IAC's objective (module docstring): one critic per agent (a separate critic LM or a value head on the
-    actor), rollout-time values and targets, advantages per turn group, the policy and value losses."""
+# ---------------------------------------------------------------------------------------------------- the objective
+class ActorCritic(GroupRelative):
+    """IAC's loss of one agent's micro-batch, a function of tensors (module docstring):
 
+        loss = Σ_{b,t} w_{b,t}·ρ_{b,t}·(−Â_b · log π(y_{b,t}))  +  value_loss_coef · L_V
+        L_V  = value_loss(V, target, V_old, value_clip_range) · Σ_b s_b
+
+    ``logp`` [B, T] are the fresh log-probs, ``batch.advantages`` Â [B], ``batch.weights`` w [B, T]
+    (``loss_aggregation`` over the whole mini-batch), ρ the engine correction's importance weights
+    (:meth:`GroupRelative.weights`; 1 without it), ``batch.values`` V [B] the agent's critic with grad, and in
+    ``batch.extras``: ``targets`` [B], ``old_values`` V_old [B] (rollout-time) and ``value_shares`` s [B] (each row's
+    share of the mini-batch, 1/rows: ``value_loss`` is a mean over the micro-batch, so the micro-batches' terms add
+    up to the mini-batch mean). Value clipping (``value_clip_range``) applies to a value head on the actor only: the
+    module passes None otherwise. Metrics ``policy_loss`` and ``value_loss`` (L_V, before the coefficient)."""
+
+    def __init__(
+        self,
+        value_loss_coef: float,
+        value_clip_range: float | None = None,
+        kl: KLTerm | None = None,
+        correction: EngineCorrection | None = None,
+    ):
+        super().__init__(kl, correction)
+        self.value_loss_coef, self.value_clip_range = value_loss_coef, value_clip_range
+
+    def loss(self, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        policy, metrics = self.policy_loss(logp, batch)
+        value = self.value_term(
+            batch.values, batch.extras["targets"], batch.extras.get("old_values"), batch.extras["value_shares"]
+        )
+        return policy + self.value_loss_coef * value.to(policy.device), {**metrics, "value_loss": value.detach()}
+
+    def policy_loss(self, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The REINFORCE part, Σ w·ρ·(−Â·log π) (with the reference KL when it is in the loss; IAC keeps it in the
+        reward), and its metric ``policy_loss``."""
+        weights = self.weights(logp, batch)
+        policy, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), weights)
+        return self.with_kl(policy, {"policy_loss": policy.detach()}, logp, batch, weights)
+
+    def value_term(self, values: Tensor, targets: Tensor, old_values: Tensor | None, shares: Tensor) -> Tensor:
+        """L_V of ``values`` [B] (with grad): the (clipped) squared error's mean over the rows times their share of the
+        mini-batch, Σ_b s_b."""
+        values = values.float()
+        old = None if old_values is None else old_values.to(values.device)
+        loss = value_loss(values, targets.to(values.device), old, self.value_clip_range)
+        return loss * float(shares.sum())
+
+
+class JointCritic(ActorCritic):
+    """MAAC's objective: each agent's loss is the policy part only (no critic of its own); the one joint critic's loss
+    is :meth:`critic_loss`, on the team target, which ``MAAC.extra_losses`` back-propagates per micro-batch."""
+
+    def loss(self, logp: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        return self.policy_loss(logp, batch)
+
+    def critic_loss(self, values: Tensor, targets: Tensor, shares: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """value_loss_coef · L_V of the joint critic's ``values`` [B] on the team ``targets`` [B] (the mean of the
+        agents' targets; never clipped); metric ``value_loss`` (L_V)."""
+        value = self.value_term(values, targets, None, shares)
+        return self.value_loss_coef * value, {"value_loss": value.detach()}
+
+
+# ---------------------------------------------------------------------------------------------------- the critics
+class Critics(ModelPart):
+    """The critics a module trains besides its agents, registered as ``module.critics`` (checkpoint keys
+    ``critics.*``): one separate critic LM with a value head per source (IAC: one per agent; MAAC: one over the joint
+    text), or none (``sources`` empty: IAC's value heads sit on the actors, saved with them).
+
+    Args:
+        sources: one critic source per critic (factory name, hub id, path or model; None: the LoRA team's base).
+        learning_rate: their parameter groups' rate (``critic_learning_rate``).
+        field: the field the sources came from, for error messages (``critics`` or ``critic_model``).
+        value_head_hidden_dim: hidden width of each critic's value head (``critic_value_head_hidden_dim``).
+        lora_base: a LoRA team's base source; critics whose source is it (or None) are an adapter ``critic_j`` plus a
+            value head on the team's one base instead of a full copy.
+        gradient_checkpointing: ``model_config.gradient_checkpointing``.
+        placement: each critic's device when a fit starts (None: where Lightning put the module).
+        centralized: MAAC's joint critic, exported as ``critic/`` (IAC's: ``agent_{j}/critic/``).
+    """
+
+    name = "critics"
+
+    def __init__(
+        self,
+        sources: Sequence[Any],
+        learning_rate: float,
+        field: str = "critic_model",
+        value_head_hidden_dim: int | None = None,
+        lora_base: str | None = None,
+        gradient_checkpointing: bool = False,
+        placement: Sequence[torch.device] | None = None,
+        centralized: bool = False,
+    ):
+        super().__init__()
+        self.sources, self.rate, self.field = list(sources), learning_rate, field
+        self.value_head_hidden_dim, self.lora_base = value_head_hidden_dim, lora_base
+        self.gradient_checkpointing, self.placement, self.centralized = gradient_checkpointing, placement, centralized
+
+    def build(self, tokenizers: list[Any], agents: nn.ModuleList) -> nn.ModuleList:
+        if not self.sources:  # value heads on the actors
+            return nn.ModuleList()
+        count, head = len(self.sources), self.value_head_hidden_dim
+        if self.lora_base is not None and all(s in (None, self.lora_base) for s in self.sources):
+            team = agents[0].team  # critics as adapters + value heads on the team's one base
+            views = [team.add_view(f"critic_{j}") for j in range(count)]
+            return nn.ModuleList([CausalLMWithValueHead(v, value_head_hidden_dim=head) for v in views]).train()
+        models, _ = load_agents(
+            self.sources,
+            num_agents=count,
+            tokenizers=tokenizers[:1] * count if any(not isinstance(s, str) for s in self.sources) else None,
+            field=self.field,
+        )
+        critics = nn.ModuleList([CausalLMWithValueHead(c, value_head_hidden_dim=head) for c in models]).train()
+        for i, critic in enumerate(critics):
+            if self.gradient_checkpointing:
+                enable_checkpointing(critic)
+            vocab, tokens = critic.model.get_input_embeddings().num_embeddings, len(tokenizers[i])
+            require(
+                vocab >= tokens,
+                f"critic {i} has {vocab} token embeddings but the agent's tokenizer has {tokens}: "
+                "critics read the agent's token ids, so they must share its tokenizer (use the "
+                "same model family).",
+            )
+        return critics
+
+    def learning_rate(self) -> float:
+        return self.rate
+
+    def metric_name(self, index: int) -> str:
+        return f"critic_{index}"
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """One group per critic; a LoRA critic's are its own adapter's and value head's (the base is shared)."""
+        return [
+            {"params": trainable_parameters(critic), "lr": self.rate, "name": self.metric_name(j), "agents": []}
+            for j, critic in enumerate(self.models())
+        ]
+
+    def place(self) -> None:
+        if self.placement is not None:
+            for critic, device in zip(self.models(), self.placement):
+                critic.to(device)
+
+    def save_pretrained(self, root: Path, tokenizers: list[Any]) -> None:
+        """IAC ``agent_{j}/critic/``, MAAC ``critic/`` (a value head on the actor is saved with the actor)."""
+        critics = self.models()
+        states = full_state_dicts(critics)  # sharded critics: gathered whole (on every rank)
+        for j, critic in enumerate(critics if ranks.rank() == 0 else ()):  # data-parallel: written once
+            target = root / "critic" if self.centralized else root / f"agent_{j}" / "critic"
+            critic.save_pretrained(target, state_dict=states[j])
+            tokenizers[j].save_pretrained(target)
+
+
+def with_value_heads(models: list[nn.Module], hidden_dim: int | None) -> list[nn.Module]:
+    """Each distinct model wrapped once in a :class:`CausalLMWithValueHead` (agents sharing weights share the
+    wrapper): IAC's critics when they are value heads on the actors."""
+    wrapped: dict[int, nn.Module] = {}
+    for model in models:
+        if id(model) not in wrapped:
+            wrapped[id(model)] = CausalLMWithValueHead(model, value_head_hidden_dim=hidden_dim).train()
+    return [wrapped[id(m)] for m in models]
+
+
+def critic_view(inputs: ScoringInputs, critic_type: str) -> ScoringInputs:
+    """What a per-agent critic reads of an agent's rows: ``q`` all of prompt + completion, ``v`` the (left-padded)
+    prompt columns only."""
+    if critic_type == "q":
+        return inputs
+    width = inputs.input_ids.shape[1] - inputs.completion_ids.shape[1]
+    return ScoringInputs(
+        inputs.input_ids[:, :width],
+        inputs.attention_mask[:, :width],
+        inputs.position_ids[:, :width],
+        inputs.completion_ids[:, :0],
+        inputs.completion_mask[:, :0],
+    )
+
+
+def values_of(model: nn.Module, inputs: ScoringInputs) -> Tensor:
+    """The values [B] of a model with a value head at each row's last real token (the last prompt token without a
+    completion), with grad when enabled."""
+    width = inputs.input_ids.shape[1] - inputs.completion_ids.shape[1]
+    positions = width + inputs.completion_mask.sum(-1) - 1
+    device = next(model.parameters()).device
+    return model.values_at(
+        inputs.input_ids.to(device),
+        inputs.attention_mask.to(device),
+        inputs.position_ids.to(device),
+        positions.to(device),
+    )
+
+
+def joint_rows(samples: Sequence[JointSample], agent: int, name: str, inputs: ScoringInputs) -> Tensor | None:
+    """The per-token values ``name`` stored with agent ``agent``'s samples ([K, T] each), one row per joint sample
+    (its k-th), right-padded to the width of ``inputs``; None when the samples store none."""
+    stored = [getattr(s.node.agents[agent], name) for s in samples]
+    if stored[0] is None:
+        return None
+    width = inputs.completion_ids.shape[1]
+    return torch.stack([F.pad(rows[s.k], (0, width - rows.shape[1])) for rows, s in zip(stored, samples)])
+
+
+# ---------------------------------------------------------------------------------------------------- the modules
+class IAC(OnPolicyModule):
+    """Independent actor-critic: one critic per agent (separate critic LM or a value head on the actor).
+
+    ``rollout_buffer_size`` / ``train_batch_size`` count joint samples (one completion per agent each). Critics
+    read the agent's token ids, so a separate critic must share the agent's tokenizer.
+
+    Args:
+        num_generations: samples per agent per prompt (IAC's default: 1; multi-turn needs 1).
+        discount: gamma of the TD(0) targets (IAC's default: 0.9, as CoMLRL).
+        top_k: sample among the k most likely tokens (IAC's default: all, as CoMLRL).
+        rollout_buffer_size: joint samples collected before an update (IAC's default: 8, as CoMLRL).
+    """
+
+    algorithm_name = "IAC"
+    field_groups = (*OnPolicyModule.field_groups, CriticFields)
+    field_defaults = {"num_generations": 1, "discount": 0.9, "top_k": None, "rollout_buffer_size": 8}
+    objective_class = ActorCritic
     evaluation_class = CriticEvaluation
     reward_per_node = True
-    centralized = False  # MAAC: one critic over the joint text (JointCritic)
+    centralized: ClassVar[bool] = False  # MAAC: one critic over the joint text
 
-    def check(self) -> None:
-        m = self.host
+    # ------------------------------------------------------------------ configuration and models
+    def check_config(self) -> None:
+        super().check_config()
         # Derived before the hyper-parameters are saved, so that they record what the run uses.
-        m.use_separate_critic = m.use_separate_critic or self.centralized
-        m.value_clip_range = None if m.use_separate_critic else m.value_clip_range
-        m.critic_learning_rate = m.critic_learning_rate or m.team.learning_rates[0]
-        name, separate = m.algorithm_name, m.use_separate_critic
-        require(
-            m.num_turns == 1 or m.num_generations == 1, f"Multi-turn {name} currently supports num_generations == 1."
+        self.use_separate_critic = self.use_separate_critic or self.centralized
+        self.value_clip_range = None if self.use_separate_critic else self.value_clip_range
+        self.critic_learning_rate = self.critic_learning_rate or self.team.learning_rates[0]
+        name, separate, count, given = (
+            self.algorithm_name,
+            self.use_separate_critic,
+            self.num_critics,
+            self.critic_sources,
         )
-        require(m.joint_mode == "aligned", f"{name} supports joint_mode aligned only (got {m.joint_mode!r}).")
         require(
-            m.reference_kl_placement == "reward",
+            self.num_turns == 1 or self.num_generations == 1,
+            f"Multi-turn {name} currently supports num_generations == 1.",
+        )
+        require(self.joint_mode == "aligned", f"{name} supports joint_mode aligned only (got {self.joint_mode!r}).")
+        require(
+            self.reference_kl_placement == "reward",
             f"{name} applies the reference KL to the reward only (reference_kl_placement must be reward).",
         )
-        require(m.collaboration is None, f"{name} does not support collaboration_mode centralized.")
-        require(separate or m.critic_sources is None, "critics can only be provided when use_separate_critic=True.")
+        require(self.collaboration is None, f"{name} does not support collaboration_mode centralized.")
+        require(separate or given is None, "critics can only be provided when use_separate_critic=True.")
         where = f"for {name}" if self.centralized else "when use_separate_critic=True"
         require(
-            not separate or m.critic_model is not None or bool(m.critic_sources) or m.lora is not None,
+            not separate or self.critic_model is not None or bool(given) or self.lora is not None,
             f"Either critic_model or critics must be provided {where}.",
         )
-        count, given = self.num_critics, m.critic_sources
         if given is not None:
             require(
                 len(given) == count,
@@ -202,152 +433,127 @@ class ActorCritic(Objective):
                 if self.centralized
                 else f"critics length ({len(given)}) must match the number of agents ({count}).",
             )
-        mp = m.parallel_training == "mp"
+        mp = self.parallel_training == "mp"
         require(
-            not (mp and separate and m.critic_devices is None),
+            not (mp and separate and self.critic_devices is None),
             "parallel_training='mp' requires explicit critic_devices.",
         )
         if separate:
             check_model_sources(
-                list(given) if given is not None else m.critic_model, "critics" if given is not None else "critic_model"
+                list(given) if given is not None else self.critic_model,
+                "critics" if given is not None else "critic_model",
             )
+        self.critic_placement = self.place_critics(mp)
+        self.critic_part = self.make_critics()
+
+    def place_critics(self, mp: bool) -> list[torch.device] | None:
+        """Each critic's device: ``critic_devices`` under ``parallel_training='mp'``; otherwise actors and critics
+        share ONE device, the first of ``agent_devices``, else of ``critic_devices`` (None: Lightning's)."""
         if mp:
-            self.critic_placement = (
-                resolve_devices(m.critic_devices, count, kind="critic_devices")
-                if m.critic_devices is not None
-                else None
-            )
-        else:  # actors and critics on ONE device, the first of agent_devices, else of critic_devices
-            if m.team.devices is None:
-                m.team.devices = team_placement(m.critic_devices, m.num_agents, "critic_devices")
-            self.critic_placement = None if m.team.devices is None else [m.team.devices[0]] * count
+            if self.critic_devices is None:
+                return None
+            return resolve_devices(self.critic_devices, self.num_critics, kind="critic_devices")
+        if self.team.devices is None:
+            self.team.devices = team_placement(self.critic_devices, self.num_agents, "critic_devices")
+        return None if self.team.devices is None else [self.team.devices[0]] * self.num_critics
 
-    # ------------------------------------------------------------------ models
-    def build_models(self) -> None:
-        m = self.host
-        if not m.use_separate_critic:  # a value head on each actor's backbone
-            wrapped: dict[int, CausalLMWithValueHead] = {}
-            for model in m.agents:
-                if id(model) not in wrapped:
-                    wrapped[id(model)] = CausalLMWithValueHead(model, value_head_hidden_dim=m.value_head_hidden_dim)
-            m._modules["agents"] = nn.ModuleList([wrapped[id(a)] for a in m.agents]).train()
-            m._modules["critics"] = nn.ModuleList()
-            return
-        count, given = self.num_critics, m.critic_sources
-        sources = list(given) if given is not None else [m.critic_model] * count
-        if m.lora is not None and all(s in (None, m.lora["base"]) for s in sources):
-            team = m.agents[0].team  # critics as adapters + value heads on the team's one base
-            m._modules["critics"] = nn.ModuleList(
-                [
-                    CausalLMWithValueHead(
-                        team.add_view(f"critic_{j}"), value_head_hidden_dim=m.critic_value_head_hidden_dim
-                    )
-                    for j in range(count)
-                ]
-            ).train()
-            return
-        models, _ = load_agents(
-            sources,
-            num_agents=count,
-            tokenizers=m.tokenizers[:1] * count if any(not isinstance(s, str) for s in sources) else None,
-            field="critics" if given is not None else "critic_model",
+    def make_critics(self) -> Critics:
+        """The critics' part: one separate critic per source (``critics``, else ``critic_model`` per critic), or
+        none (value heads on the actors)."""
+        given, count = self.critic_sources, self.num_critics
+        sources = (
+            (list(given) if given is not None else [self.critic_model] * count) if self.use_separate_critic else []
         )
-        m._modules["critics"] = nn.ModuleList(
-            [CausalLMWithValueHead(c, value_head_hidden_dim=m.critic_value_head_hidden_dim) for c in models]
-        ).train()
-        for i, critic in enumerate(self.critics):
-            apply_gradient_checkpointing(m.team, critic)
-            vocab, tokens = critic.model.get_input_embeddings().num_embeddings, len(m.tokenizers[i])
-            require(
-                vocab >= tokens,
-                f"critic {i} has {vocab} token embeddings but the agent's tokenizer has {tokens}: "
-                "critics read the agent's token ids, so they must share its tokenizer (use the "
-                "same model family).",
-            )
-
-    @property
-    def critics(self) -> nn.ModuleList:
-        """The critics (loaded with the agents; empty when the value heads sit on the actors)."""
-        if "critics" not in self.host._modules:
-            self.host.configure_model()
-        return self.host._modules["critics"]
+        return Critics(
+            sources,
+            self.critic_learning_rate,
+            field="critics" if given is not None else "critic_model",
+            value_head_hidden_dim=self.critic_value_head_hidden_dim,
+            lora_base=None if self.lora is None else self.lora["base"],
+            gradient_checkpointing=self.team.gradient_checkpointing,
+            placement=self.critic_placement,
+            centralized=self.centralized,
+        )
 
     @property
     def num_critics(self) -> int:
-        return 1 if self.centralized else self.host.num_agents
+        return 1 if self.centralized else self.num_agents
 
-    def critic_for(self, agent: int) -> nn.Module:
+    def model_parts(self) -> list[Critics]:
+        return [self.critic_part]
+
+    def configure_model(self) -> None:
+        """Load the team and the critics (``team.load_models``); with ``use_separate_critic: false`` each distinct
+        actor is wrapped in a value head first (the critics' part is then empty)."""
+        load_models(self, None if self.use_separate_critic else self.wrap_agents)
+
+    def wrap_agents(self, models: list[nn.Module]) -> list[nn.Module]:
+        """The actors with a value head each (``value_head_hidden_dim``): the critics of ``use_separate_critic:
+        false``."""
+        return with_value_heads(models, self.value_head_hidden_dim)
+
+    @property
+    def critics(self) -> nn.ModuleList:
+        """The critics (loading the team first if it has not loaded yet, as ``agents`` does); empty when the value
+        heads sit on the actors."""
+        if Critics.name not in self._modules:
+            self.configure_model()
+        return self._modules[Critics.name]
+
+    def critic_for(self, critic: int) -> nn.Module:
+        """Critic ``critic``'s model: MAAC's joint critic, IAC's separate critic, or the actor with its value head."""
         if self.centralized:
             return self.critics[0]
-        return self.critics[agent] if self.host.use_separate_critic else self.host.agents[agent]
-
-    def models(self) -> list[nn.Module]:
-        return list(self.critics)
-
-    def parameter_groups(self) -> list[dict[str, Any]]:
-        rate = self.host.critic_learning_rate
-        return [
-            {"params": trainable_parameters(critic), "lr": rate, "name": f"critic_{j}", "agents": []}
-            for j, critic in enumerate(self.critics)
-        ]
-
-    def trained_models(self) -> list[tuple[list[str], nn.Module]]:
-        return [([f"critic_{j}"], critic) for j, critic in enumerate(self.critics)]
-
-    def place_models(self) -> None:
-        if self.critic_placement is not None:
-            for critic, device in zip(self.critics, self.critic_placement):
-                critic.to(device)
-
-    def save_pretrained(self, root: Path) -> None:
-        """The critics: IAC ``agent_{i}/critic/``, MAAC ``critic/`` (a value head on the actor is saved with it)."""
-        states = full_state_dicts(list(self.critics))  # sharded critics: gathered whole (on every rank)
-        for j, critic in enumerate(self.critics if ranks.rank() == 0 else ()):  # data-parallel: written once
-            target = root / "critic" if self.centralized else root / f"agent_{j}" / "critic"
-            critic.save_pretrained(target, state_dict=states[j])
-            self.host.tokenizers[j].save_pretrained(target)
+        return self.critics[critic] if self.use_separate_critic else self.agents[critic]
 
     # ------------------------------------------------------------------ values and targets at sampling
+    def records(self, rollout: Rollout) -> list[JointSample]:
+        return [JointSample(n, k) for n in rollout.nodes for k in range(n.rewards.shape[0])]
+
+    def record_from_state(self, state: dict[str, Any]) -> JointSample:
+        return JointSample.from_state_dict(state)
+
     @torch.no_grad()
     def after_rollout(self, rollout: Rollout) -> None:
         """Shaped rewards r' = r − β·KL, rollout-time values, TD(0) targets (multi-turn) or r' and MC returns."""
-        m, nodes = self.host, rollout.nodes
+        nodes = rollout.nodes
         for node in nodes:
             kl = torch.stack([a.sequence_kl for a in node.agents]) if node.agents[0].sequence_kl is not None else 0.0
-            node.shaped_rewards = node.agent_rewards - m.reference_kl_coef * kl  # [N, J]
+            node.shaped_rewards = node.agent_rewards - self.reference_kl_coef * kl  # [N, J]
         if self.centralized:
-            self._tokenize_joint_texts(nodes)
-        samples = [JointSample(n, k) for n in nodes for k in range(n.rewards.shape[0])]
-        values = torch.stack([self._old_values(i, samples) for i in range(self.num_critics)])  # [C, S]
+            self.tokenize_joint_texts(nodes)
+        samples = self.records(rollout)
+        values = torch.stack([self.old_values(c, samples) for c in range(self.num_critics)])  # [C, S]
         offset = 0
         for node in nodes:
             J = node.rewards.shape[0]
-            node.values = values[:, offset : offset + J].expand(m.num_agents, J).clone()
+            node.values = values[:, offset : offset + J].expand(self.num_agents, J).clone()
             offset += J
         for root in rollout.levels[0] if rollout.levels else ():  # each item's episode (K = 1 after turn 1)
             turns = list(episode(root))
             rewards = torch.stack([node.shaped_rewards for node in turns], -1)  # [N, J, T]
             values = torch.stack([node.values for node in turns], -1)
-            targets = td_targets(rewards, values.roll(-1, -1), m.discount)
-            returns = discounted_returns(rewards, m.discount)
+            targets = td_targets(rewards, values.roll(-1, -1), self.discount)
+            returns = discounted_returns(rewards, self.discount)
             for t, node in enumerate(turns):
                 node.targets, node.mc_returns = targets[..., t], returns[..., t]
 
-    def _old_values(self, critic: int, samples: Sequence[JointSample]) -> Tensor:
+    def old_values(self, critic: int, samples: Sequence[JointSample]) -> Tensor:
+        """V_old: critic ``critic``'s values [S] of ``samples`` in eval mode (CPU, float32)."""
         model = self.critic_for(critic)
         was_training = model.training
         model.eval()
         try:
-            return self.critic_values(critic, samples).float().cpu()
+            return values_of(model, self.critic_inputs(critic, samples)).float().cpu()
         finally:
             model.train(was_training)
 
-    def _tokenize_joint_texts(self, nodes: Sequence[Node]) -> None:
+    def tokenize_joint_texts(self, nodes: Sequence[Node]) -> None:
         """MAAC's critic reads ``[Agent i] prompt`` blocks (plus the joint action for Q), one text per action."""
-        tok = self.host.tokenizers[0]
+        tok = self.tokenizers[0]
         texts = [
             self.joint_critic_text(
-                [a.prompt for a in n.agents], [a.texts[k] for a in n.agents] if self.host.critic_type == "q" else None
+                [a.prompt for a in n.agents], [a.texts[k] for a in n.agents] if self.critic_type == "q" else None
             )
             for n in nodes
             for k in range(n.rewards.shape[0])
@@ -376,91 +582,70 @@ class ActorCritic(Objective):
             [a.prompt_ids for a, _ in rows],
             [a.completion_ids[k : k + 1] for a, k in rows],
             [a.completion_mask[k : k + 1] for a, k in rows],
-            self.host.tokenizers[agent].pad_token_id,
+            self.tokenizers[agent].pad_token_id,
         )
 
-    def critic_inputs(self, critic: int, samples: Sequence[JointSample]) -> tuple[ScoringInputs, Tensor]:
-        """Critic rows and, per row, the position whose value is read (the last real token)."""
-        pad = self.host.tokenizers[0 if self.centralized else critic].pad_token_id
+    def critic_inputs(self, critic: int, samples: Sequence[JointSample]) -> ScoringInputs:
+        """What critic ``critic`` reads of ``samples``: MAAC the joint text, IAC its agent's rows (``critic_view``)."""
         if self.centralized:
             empty = torch.zeros((len(samples), 0), dtype=torch.long)
-            inputs = build_scoring_inputs([s.node.critic_ids[s.k] for s in samples], empty, empty.bool(), pad)
-            return inputs, torch.full((len(samples),), inputs.input_ids.shape[1] - 1)
-        inputs = self.sample_inputs(critic, samples)
-        if self.host.critic_type == "v":  # V(h): the prompt only
-            inputs = build_scoring_inputs(
-                [s.node.agents[critic].prompt_ids for s in samples],
-                inputs.completion_ids[:, :0],
-                inputs.completion_mask[:, :0],
-                pad,
-            )
-        width = inputs.input_ids.shape[1] - inputs.completion_ids.shape[1]
-        return inputs, width + inputs.completion_mask.sum(-1) - 1
+            ids = [s.node.critic_ids[s.k] for s in samples]
+            return build_scoring_inputs(ids, empty, empty.bool(), self.tokenizers[0].pad_token_id)
+        return critic_view(self.sample_inputs(critic, samples), self.critic_type)
 
-    def critic_values(self, critic: int, samples: Sequence[JointSample]) -> Tensor:
-        """Values [B] of critic ``critic`` (MAAC: the joint critic) for ``samples``, with grad when enabled."""
-        model = self.critic_for(critic)
-        inputs, positions = self.critic_inputs(critic, samples)
-        device = next(model.parameters()).device
-        return model.values_at(
-            inputs.input_ids.to(device),
-            inputs.attention_mask.to(device),
-            inputs.position_ids.to(device),
-            positions.to(device),
-        )
-
-    # ------------------------------------------------------------------ the update
-    def records(self, rollout: Rollout) -> list[JointSample]:
-        return [JointSample(n, k) for n in rollout.nodes for k in range(n.rewards.shape[0])]
-
+    # ------------------------------------------------------------------ the update (OnPolicyModule.update)
     def prepare_group(self, group: list[JointSample]) -> None:
         """Â = normalize(target − V_old) per agent over the turn group (computed once per drained buffer)."""
         for node in {id(s.node): s.node for s in group}.values():
             node.advantages = torch.zeros_like(node.targets)
-        for i in range(self.host.num_agents):
+        for i in range(self.num_agents):
             targets = torch.stack([s.node.targets[i, s.k] for s in group])
             old = torch.stack([s.node.values[i, s.k] for s in group])
-            for s, a in zip(group, critic_advantages(targets, old, self.host.advantage_normalization)):
+            for s, a in zip(group, critic_advantages(targets, old, self.advantage_normalization)):
                 s.node.advantages[i, s.k] = a
 
-    def losses(self, samples: list[JointSample]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
-        """Agent by agent (actor and its critic), micro-batch by micro-batch; then MAAC's joint critic."""
-        m, rows, turn = self.host, len(samples), samples[0].turn + 1
-        N, coef = m.num_agents, m.value_loss_coef
-        inputs = [self.sample_inputs(i, samples) for i in range(N)]
-        weights = [token_loss_weights(x.completion_mask, m.loss_aggregation, m.max_new_tokens) for x in inputs]
-        for i, _, _, part_rows in m.agent_micro_batches(inputs):
-            part = take(samples, part_rows)
-            logp = token_logprobs(m.policy_model(i), trim_prompt_padding(select_rows(inputs[i], part_rows)))
-            advantages = torch.stack([s.node.advantages[i, s.k] for s in part]).to(logp.device)
-            loss, _ = policy_gradient_loss(logp, advantages, weights[i][part_rows].to(logp.device))
-            assert_finite("policy loss", loss, step=m.global_step, agent=i)
-            diagnostics = {f"agent_{i}/policy_loss": loss.detach(), f"turn_{turn}/policy_loss": loss.detach() / N}
-            if not self.centralized:
-                vloss = self._value_loss(i, part, rows)
-                diagnostics[f"agent_{i}/value_loss"] = vloss.detach()
-                diagnostics[f"turn_{turn}/value_loss"] = vloss.detach() / N
-                loss = loss + coef * vloss.to(loss.device)
-            yield loss, {**diagnostics, "loss": loss.detach()}
-        if self.centralized:  # the shared critic: on the team target, over the whole joint mini-batch
-            # the critic reads whole rows
-            for part_rows in micro_batches(inputs[0], m.micro_batch_size, m.micro_batch_tokens, share_prompts=False):
-                vloss = self._value_loss(0, take(samples, part_rows), rows)
-                losses = {"critic/value_loss": vloss.detach(), f"turn_{turn}/value_loss": vloss.detach()}
-                yield coef * vloss, {**losses, "loss": coef * vloss.detach()}
+    def agent_batch(self, samples: list[JointSample], agent: int) -> PolicyBatch:
+        """Step 2: agent ``agent``'s rows of a mini-batch of joint samples (one completion each), their normalised
+        advantages, the stored log-probs the engine correction reads (π_old when kept, the engine's), and for its
+        critic the targets, the rollout-time values and each row's share of the mini-batch."""
+        inputs = self.sample_inputs(agent, samples)
+        rows = len(samples)
+        extras = {
+            "targets": torch.stack([s.node.targets[agent, s.k] for s in samples]),
+            "old_values": torch.stack([s.node.values[agent, s.k] for s in samples]),
+            "value_shares": torch.full((rows,), 1.0 / rows, dtype=torch.float64),
+        }
+        return PolicyBatch(
+            inputs,
+            torch.stack([s.node.advantages[agent, s.k] for s in samples]),
+            token_loss_weights(inputs.completion_mask, self.loss_aggregation, self.max_new_tokens),
+            None,  # the reference KL is in the reward (check_config)
+            joint_rows(samples, agent, "sampling_logprobs", inputs) if self.keeps_old_logprobs else None,
+            joint_rows(samples, agent, "engine_logprobs", inputs),
+            fresh=torch.tensor([s.policy_version == self.global_step for s in samples]),
+            extras=extras,
+        )
 
-    def _value_loss(self, critic: int, part: Sequence[JointSample], rows: int) -> Tensor:
-        """Critic ``critic``'s loss on ``part`` of a mini-batch of ``rows`` (a mean over the mini-batch)."""
-        values = self.critic_values(critic, part).float()
-        if self.centralized:  # the team target: the mean of the agents' targets
-            targets = torch.stack([s.node.targets[:, s.k].mean() for s in part])
-            old = None
-        else:
-            targets = torch.stack([s.node.targets[critic, s.k] for s in part])
-            old = torch.stack([s.node.values[critic, s.k] for s in part]).to(values.device)
-        loss = value_loss(values, targets.to(values.device), old, self.host.value_clip_range) * (len(part) / rows)
-        assert_finite("value loss", loss, step=self.host.global_step, agent="critic" if self.centralized else critic)
-        return loss
+    def score(self, agent: int, batch: PolicyBatch) -> Tensor:
+        """Step 3's forward: the agent's log-probs, and (IAC) its critic's values of the same rows into
+        ``batch.values``, with grad. MAAC's joint critic learns in :meth:`MAAC.extra_losses`."""
+        logp = super().score(agent, batch)
+        if not self.centralized:
+            batch.values = values_of(self.critic_for(agent), critic_view(batch.inputs, self.critic_type))
+        return logp
+
+    def extra_losses(self, samples: list[JointSample], step: Any) -> dict[str, Any]:
+        """No forward of its own (each critic learned with its agent); the turn's losses as CoMLRL logs them."""
+        return self.turn_losses(samples, step, ("policy_loss", "value_loss"))
+
+    def turn_losses(self, samples: list[JointSample], step: Any, names: Sequence[str]) -> dict[str, float]:
+        """``turn_t/<name>`` = Σ_i ``agent_i/<name>`` / N: the agents' losses of the update (summed over their
+        micro-batches by ``step``), averaged over the agents, under the mini-batch's turn (one per mini-batch)."""
+        turn, n = samples[0].turn + 1, self.num_agents
+        return {
+            f"turn_{turn}/{name}": sum(float(step.sums.get(f"agent_{i}/{name}", 0.0)) for i in range(n)) / n
+            for name in names
+        }
 
     def batch_metrics(self, samples: list[JointSample]) -> dict[str, float]:
         turn = samples[0].turn + 1
@@ -474,52 +659,18 @@ class ActorCritic(Objective):
             f"turn_{turn}/value_pred_mean": mean("values"),
             f"turn_{turn}/value_target_mean": mean("targets"),
         }
-        if self.host.metrics_callback is not None:
-            for key, value in (self.host.metrics_callback(self.agent_steps(samples)) or {}).items():
+        if self.metrics_callback is not None:
+            for key, value in (self.metrics_callback(self.agent_steps(samples)) or {}).items():
                 metrics[f"turn_{turn}/{key}"] = float(value)
-        return metrics
+        return {**super().batch_metrics(samples), **metrics}
 
-    def agent_steps(self, samples: Sequence[JointSample]) -> list[AgentStep]:
+    @staticmethod
+    def agent_steps(samples: Sequence[JointSample]) -> list[AgentStep]:
         """Per-agent views of joint samples (``metrics_callback``'s argument)."""
         return [step for s in samples for step in s.agents]
 
     def node_record(self, node: Node) -> dict[str, Any]:
         return {"agent_rewards": node.agent_rewards.tolist(), "values": node.values.tolist()}
-
-    def record_from_state(self, state: dict[str, Any]) -> JointSample:
-        return JointSample.from_state_dict(state)
-
-
-class IAC(OnPolicyModule):
-    """Independent actor-critic: one critic per agent (separate critic LM or a value head on the actor).
-
-    ``rollout_buffer_size`` / ``train_batch_size`` count joint samples (one completion per agent each). Critics
-    read the agent's token ids, so a separate critic must share the agent's tokenizer.
-
-    Args:
-        num_generations: samples per agent per prompt (IAC's default: 1; multi-turn needs 1).
-        discount: gamma of the TD(0) targets (IAC's default: 0.9, as CoMLRL).
-        top_k: sample among the k most likely tokens (IAC's default: all, as CoMLRL).
-        rollout_buffer_size: joint samples collected before an update (IAC's default: 8, as CoMLRL).
-    """
-
-    algorithm_name = "IAC"
-    field_groups = (*OnPolicyModule.field_groups, CriticFields)
-    field_defaults = {"num_generations": 1, "discount": 0.9, "top_k": None, "rollout_buffer_size": 8}
-    objective_class = ActorCritic
-
-    @property
-    def critics(self) -> nn.ModuleList:
-        """The critics (loading the team first if it has not loaded yet, as ``agents`` does); empty when the value
-        heads sit on the actors."""
-        return self.objective.critics
-
-
-class JointCritic(ActorCritic):
-    """MAAC's objective: one centralized critic over the joint text, on the team target."""
-
-    centralized = True
-    per_agent_rewards = False
 
 
 class MAAC(IAC):
@@ -531,3 +682,23 @@ class MAAC(IAC):
 
     algorithm_name = "MAAC"
     objective_class = JointCritic
+    centralized = True
+    per_agent_rewards = False
+
+    def extra_losses(self, samples: list[JointSample], step: Any) -> dict[str, Any]:
+        """The shared critic, after the agents' forwards: on the team target (the mean of the agents' targets), over
+        the whole joint mini-batch, micro-batch by micro-batch (rows planned as agent 0's; the critic reads whole
+        rows). Logged ``critic/value_loss`` and ``turn_t/value_loss``."""
+        turn, rows = samples[0].turn + 1, len(samples)
+        plan = micro_batches(
+            self.sample_inputs(0, samples), self.micro_batch_size, self.micro_batch_tokens, share_prompts=False
+        )
+        for part_rows in plan:
+            part = take(samples, part_rows)
+            values = values_of(self.critics[0], self.critic_inputs(0, part))
+            targets = torch.stack([s.node.targets[:, s.k].mean() for s in part])
+            loss, terms = self.objective.critic_loss(values, targets, torch.full((len(part),), 1.0 / rows))
+            assert_finite("value loss", loss, step=self.global_step, agent="critic")
+            value = terms["value_loss"]
+            step.backward(loss, {"loss": loss, "critic/value_loss": value, f"turn_{turn}/value_loss": value})
+        return self.turn_losses(samples, step, ("policy_loss",))

@@ -6,19 +6,21 @@ Lightning decisions (README, docs/differences.md):
   ``configure_model`` (before a checkpoint is restored; ``module.agents`` also loads them on first use), so every
   configuration error is reported before any model loads.
 * Manual optimization: ONE AdamW, a parameter group per distinct model, steps the team at once, so ``global_step``
-  counts team updates and ``max_steps`` means updates. One update skeleton (``optimization.run_update``); the
-  algorithm's objective (``module.objective``, ``objective.py``) gives its losses. The same model object given twice
+  counts team updates and ``max_steps`` means updates. Each loop writes its update as one function (``update``) with
+  the optimizer side from :meth:`begin_update` (``optimization.UpdateStep``); the algorithm's objective
+  (``module.objective``, ``objective.py``) is a loss of tensors. The same model object given twice
   is one set of weights, trained on the sum of the sharing agents' losses (CoMLRL steps it once per agent).
 * ``env_step`` (joint actions evaluated, CoMLRL's x-axis) is logged with every row and checkpointed with the RNG
   states, so a ``ckpt_path`` resume samples what an uninterrupted run would.
 
-Composed parts: the team (``module.team``, ``team.py``), the optimizer (``optimization.py``), the objective,
-evaluation (``module.evaluation``), the resume state (``module.run_state``) and the run's record
+Composed parts: the team (``module.team``, ``team.py``), the optimizer (``optimization.py``), the objective, the
+models trained besides the agents (``model_parts``: critics, a reward model), evaluation (``module.evaluation``), the resume state (``module.run_state``) and the run's record
 (``module.record``, ``runs/record.py``); sharded models are kept whole by a callback (``callbacks/sharding.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,12 +30,14 @@ from torch import nn
 
 from comlrl_lightning.agents import CausalLMWithValueHead
 from comlrl_lightning.agents.memory import keep_freed_memory
+from comlrl_lightning.agents.sharding import is_sharded
 from comlrl_lightning.algorithms import evaluation
 from comlrl_lightning.algorithms.fields import (
     AgentFields,
     EvaluationFields,
     FieldGroup,
     OptimizationFields,
+    RewardComponentFields,
     SamplingFields,
     TaskFields,
     build_groups,
@@ -42,8 +46,13 @@ from comlrl_lightning.algorithms.fields import (
     require,
     store_fields,
 )
-from comlrl_lightning.algorithms.objective import Objective
-from comlrl_lightning.algorithms.optimization import build_optimizer, parameter_groups, run_update
+from comlrl_lightning.algorithms.objective import ModelPart, Objective
+from comlrl_lightning.algorithms.optimization import (
+    UpdateStep,
+    agent_parameter_groups,
+    agent_trained_models,
+    build_optimizer,
+)
 from comlrl_lightning.algorithms.resume import RunState, report_changed_fields
 from comlrl_lightning.algorithms.team import (
     assemble_team,
@@ -66,8 +75,8 @@ class MultiAgentModule(LightningModule):
     """Base of every algorithm family: the team, the task, sampling, the optimizer, evaluation, checkpoints.
 
     An algorithm lists its field groups (:attr:`field_groups`, ``algorithms/fields.py``), may change their defaults
-    (:attr:`field_defaults`) and names its learning rule (:attr:`objective_class`, ``algorithms/objective.py``:
-    the losses of an update, what it keeps from experience, its extra models), held as ``module.objective``. Its
+    (:attr:`field_defaults`) and names its learning rule (:attr:`objective_class`, ``algorithms/objective.py``: a
+    loss of tensors built from the fields), held as ``module.objective``; its loop's ``update`` feeds it. Its
     keyword-only ``__init__`` is generated from the groups (``fields.install_init``); an algorithm never writes one.
     """
 
@@ -75,12 +84,15 @@ class MultiAgentModule(LightningModule):
     field_groups: ClassVar[tuple[type[FieldGroup], ...]] = (
         AgentFields,
         TaskFields,
+        RewardComponentFields,
         SamplingFields,
         OptimizationFields,
         EvaluationFields,
     )
     field_defaults: ClassVar[dict[str, Any]] = {}  # a family's own defaults, by field name
     objective_class: ClassVar[type[Objective]]  # what module.objective is: the algorithm's learning rule
+    evaluation_class: ClassVar[type[evaluation.Evaluation]] = evaluation.Evaluation  # what module.evaluation is
+    normalizes_components: ClassVar[bool] = False  # reward_aggregation normalize_components (the MAGRPO family)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -93,33 +105,35 @@ class MultiAgentModule(LightningModule):
         self.automatic_optimization = False
         self.groups = build_groups(type(self), self.prepare_fields(dict(values)))
         self.field_values = store_fields(self, self.groups, SECRET_FIELDS)
-        self.objective = self.make_objective()
         self.check_config()
-        for objective in self.objectives():
-            objective.check()
+        self.objective = self.make_objective()
         hparams = effective_hparams(self.field_values, self.__dict__)
         if self.collaboration is not None:  # a centralized team: ONE actor model, num_agents roles (as CoMLRL saves)
             hparams["num_agents"] = self.collaboration.num_roles
         self.save_hyperparameters(hparams)
         self.sampling = self.group(SamplingFields).sampling
         self.task_reward = RewardCaller(
-            self.team.reward_func, self.reward_processor, self.reward_timeout, where=self.describe_step
+            self.team.reward_func,
+            self.reward_processor,
+            self.reward_timeout,
+            where=self.describe_step,
+            component_weights=self.reward_component_weights,
         )
         self.prompt_formatters = build_formatters(self.team.formatters, self.num_agents)
         self.engine = self.build_engine()
         self.record, self.run_state = RunRecord(self), RunState(self)
-        self.evaluation = self.objective.evaluation_class(self)
+        self.evaluation = self.evaluation_class(self)
         self.init_state()
         self.env_step = 0  # joint actions evaluated so far (CoMLRL's x-axis), checkpointed
 
     def make_objective(self) -> Objective:
-        """``module.objective``, the learning rule the module's loop trains with: ``objective_class``'s."""
-        return self.objective_class(self)
+        """``module.objective``, the learning rule the module's loop trains with: ``objective_class`` built with
+        the fields its constructor names (after every check, so a derived value is what it gets)."""
+        return self.objective_class.from_fields(self.__dict__)
 
-    def objectives(self) -> list[Objective]:
-        """Every objective of the module (MARLHF: its RL objective and its reward-model stage's): their models are
-        the module's."""
-        return [self.objective]
+    def model_parts(self) -> list[ModelPart]:
+        """The parts that own models trained besides the agents (IAC/MAAC's critics, MARLHF's reward model)."""
+        return []
 
     def group(self, kind: type[FieldGroup]) -> FieldGroup:
         """This module's field group of type ``kind``."""
@@ -136,6 +150,11 @@ class MultiAgentModule(LightningModule):
         """The rules that involve several fields; run before any model loads. Families extend it."""
         self.team = assemble_team(self.field_values)  # sources, devices, learning rates, LoRA plan (team.py)
         self.num_agents = self.team.num_agents
+        require(
+            self.reward_aggregation == "sum" or self.normalizes_components,
+            f"reward_aggregation=normalize_components normalises components within a group of samples, which "
+            f"{self.algorithm_name} does not have: use the MAGRPO family, or reward_aggregation=sum.",
+        )
         problem = backend_problem(
             self.generation_backend, self.generation_kwargs, self.generation_dtype, lora=self.lora is not None
         )
@@ -194,9 +213,9 @@ class MultiAgentModule(LightningModule):
         load_models(self)
 
     def sharded_models(self) -> list[nn.Module]:
-        """The distinct models FSDP shards (every trained model): the agents and the objectives' (critics, a reward
+        """The distinct models FSDP shards (every trained model): the agents and the model parts' (critics, a reward
         model)."""
-        return list({id(m): m for m in self.agents}.values()) + [m for o in self.objectives() for m in o.models()]
+        return list({id(m): m for m in self.agents}.values()) + [m for p in self.model_parts() for m in p.models()]
 
     @property
     def agents(self) -> nn.ModuleList:
@@ -221,7 +240,7 @@ class MultiAgentModule(LightningModule):
         return next(self.agents[i].parameters()).device
 
     def save_pretrained(self, output_dir: str | Path) -> None:
-        """``output_dir/agent_{i}/`` with each agent's weights and tokenizer (HF format), and the objectives' models
+        """``output_dir/agent_{i}/`` with each agent's weights and tokenizer (HF format), and the model parts' models
         (critics, a reward model). With sharded models, call it on every rank: rank 0 writes (``team.export``)."""
         export(self, Path(output_dir))
 
@@ -239,10 +258,12 @@ class MultiAgentModule(LightningModule):
         decides). The CLI uses it as the default of ``trainer.max_epochs``."""
         return next((e for e in (part.fit_epochs() for part in self.parts()) if e is not None), None)
 
-    # ------------------------------------------------------------------ the optimizer and the update skeleton
+    # ------------------------------------------------------------------ the optimizer and an update's optimizer side
     def configure_optimizers(self):
+        agents = agent_parameter_groups(self.agents, self.team.learning_rates)  # loads the team and the parts
+        parts = [group for part in self.model_parts() for group in part.parameter_groups()]
         return build_optimizer(
-            parameter_groups(self),
+            agents + parts,
             self.adamw_implementation,
             self.weight_decay,
             self.lr_warmup_steps,
@@ -252,14 +273,29 @@ class MultiAgentModule(LightningModule):
             self._trainer.max_steps if self._trainer is not None else -1,
         )
 
-    def update(self, batch: Any, objective: Objective | None = None) -> dict[str, float]:
-        """One team update of ``objective`` (default ``module.objective``) on a mini-batch: one optimizer step, one
-        ``global_step`` (the skeleton: ``optimization.run_update``)."""
-        return run_update(self, batch, objective or self.objective)
+    def trained_models(self) -> list[tuple[list[str], nn.Module]]:
+        """(metric names, model) of every model the module trains: each distinct agent model, then the parts'."""
+        return agent_trained_models(self.agents) + [t for part in self.model_parts() for t in part.trained_models()]
 
-    def batch_metrics(self, batch: Any, objective: Objective) -> dict[str, float]:
-        """Metrics of the mini-batch itself, taken before the optimizer step (the objective's; a loop adds its own)."""
-        return objective.batch_metrics(batch)
+    def begin_update(self, rows: int, parts: list[ModelPart] | None = None, agents: bool = True) -> UpdateStep:
+        """The optimizer side of one update on ``rows`` rows that trains the agents (unless ``agents`` is False) and
+        the models of ``parts`` (default: every part): gradients zeroed now; ``step.backward(loss, metrics)`` per
+        forward, ``step.finish()`` clips, steps and returns the metrics (``optimization.UpdateStep``)."""
+        self.generation_engine.release_memory()  # vLLM's sleep mode: the engines' memory is the update's now
+        parts = self.model_parts() if parts is None else parts
+        models = list({id(m): m for m in self.agents}.values()) if agents else []
+        models += [m for part in parts for m in part.models()]
+        strategy = self.trainer.strategy
+        return UpdateStep(
+            self.optimizers(),
+            self.lr_schedulers(),
+            self.trained_models(),
+            [m for m in models if is_sharded(m) and any(p.requires_grad for p in m.parameters())],  # frozen: none
+            rows,
+            self.manual_backward,
+            getattr(strategy, "block_backward_sync", contextlib.nullcontext),
+            self.max_grad_norm,
+        )
 
     def count_env_steps(self, joint_actions: int) -> None:
         """Add the joint actions of a step — over every rank — to ``env_step``."""

@@ -26,10 +26,20 @@ from comlrl_lightning.agents import normalize_parallel_training
 from comlrl_lightning.agents.devices import PARALLEL_TRAINING
 from comlrl_lightning.comparators.api import API_FORMAT, ApiComparatorConfig
 from comlrl_lightning.comparators.sources import COMPARATOR_GENERATION_MODE, COMPARATOR_POLICY
-from comlrl_lightning.core.losses import ImportanceSamplingMode
+from comlrl_lightning.core.advantages import RewardAggregation
+from comlrl_lightning.core.losses import (
+    ImportanceSamplingMode,
+    KlEstimator,
+    LossAggregation,
+    importance_sampling_weights,
+    kl_estimate,
+    token_loss_weights,
+)
+from comlrl_lightning.core.pairs import PairSelection, select_pairs
 from comlrl_lightning.core.replay import REPLAY_MODE
 from comlrl_lightning.rollout.generation import GenerationBackendName, make_backend
-from comlrl_lightning.rollout.sampling import SamplingConfig, validate_generation_kwargs
+from comlrl_lightning.rollout.rewards import check_component_weights
+from comlrl_lightning.rollout.sampling import GenerationDtype, SamplingConfig, validate_generation_kwargs
 from comlrl_lightning.rollout.tree import JOINT_MODE
 
 ParallelTraining = PARALLEL_TRAINING.Literal  # null: an alias of none (stored as none)
@@ -37,13 +47,11 @@ CollaborationMode = Literal["decentralized", "centralized"]
 LrDecay = Literal["constant", "linear", "cosine"]
 AdamWImplementation = Literal["auto", "fused", "foreach", "for-loop"]
 JointMode = JOINT_MODE.Literal  # align/crossed: aliases of aligned/cross
-LossAggregation = Literal["seq_sum", "token_mean", "seq_mean_token_mean", "dr_grpo"]
-KlEstimator = Literal["k1", "k2", "k3"]
 KlPlacement = Literal["reward", "loss"]
 CriticType = Literal["v", "q"]
-GenerationDtype = Literal["model", "bfloat16", "float16"]
-PairSelection = Literal["reward_gap", "random", "all"]
-IterativePairSelection = Literal["reward_gap", "random", "all", "comparator_reward"]  # the iterative variants'
+# The choices whose values a lower layer acts on are declared there (imported above): LossAggregation and
+# KlEstimator (core/losses.py), GenerationDtype (rollout/sampling.py), PairSelection (core/pairs.py) and
+# IterativePairSelection (core/replay.py, the iterative variants' field: ``algorithms/iterative.py``).
 # Choice errors with their own wording (the field, the value and the choices are still named).
 CHOICE_MESSAGES = {
     "collaboration_mode": "collaboration_mode must be decentralized or centralized (got {value!r}).",
@@ -80,6 +88,16 @@ def check_choice(name: str, annotation: Any, value: Any) -> Any:
 def require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def default_of(owner: Callable[..., Any], name: str) -> Any:
+    """The default that ``owner`` (a lower layer's settings dataclass or function) gives its parameter ``name``. A
+    field whose value ends up there declares ``= default_of(owner, name)``: the default is written once, where the
+    value is used, and the field (``--help``, the generated signature) shows the same."""
+    default = inspect.signature(owner).parameters[name].default
+    if default is inspect.Parameter.empty:
+        raise TypeError(f"{owner.__qualname__} has no default for {name!r}")
+    return default
 
 
 class FieldGroup:
@@ -159,12 +177,19 @@ def _default(field: dataclasses.Field) -> Any:
     return inspect.Parameter.empty
 
 
+def field_classes(module_class: type) -> list[type]:
+    """The classes along ``module_class``'s MRO (nearest first) whose field defaults and descriptions it takes: the
+    modules' own classes, not Lightning's or torch's, and not those that only lend it methods (``lends_methods``:
+    MARLHF's RL backend, whose fields MARLHF declares itself)."""
+    lent = vars(module_class).get("lends_methods", ())
+    return [k for k in module_class.__mro__ if hasattr(k, "field_groups") and k not in lent]
+
+
 def field_defaults(module_class: type) -> dict[str, Any]:
     """The defaults ``module_class`` sets for its groups' fields (``field_defaults`` along its MRO, nearest last)."""
     defaults: dict[str, Any] = {}
-    for klass in reversed(module_class.__mro__):
-        if hasattr(klass, "field_groups"):  # the modules' own classes, not Lightning's or torch's
-            defaults.update(vars(klass).get("field_defaults", {}))
+    for klass in reversed(field_classes(module_class)):
+        defaults.update(vars(klass).get("field_defaults", {}))
     return defaults
 
 
@@ -175,9 +200,8 @@ def declared_fields(module_class: type) -> dict[str, Declared]:
     first) taking precedence over the group's own. Computed once per class (do not mutate the result)."""
     defaults = field_defaults(module_class)
     notes: dict[str, str] = {}
-    for klass in reversed(module_class.__mro__):
-        if hasattr(klass, "field_groups"):
-            notes.update(described(klass))
+    for klass in reversed(field_classes(module_class)):
+        notes.update(described(klass))
     declared: dict[str, Declared] = {}
     for group in module_class.field_groups:
         hints = type_hints(group)
@@ -325,6 +349,26 @@ class TaskFields(FieldGroup):
 
 
 @dataclasses.dataclass
+class RewardComponentFields(FieldGroup):
+    """A reward that returns named components, ``{name: float}`` per joint action (its levels), and how they become
+    advantages (the team reward is their weighted sum either way, ``reward_processor`` applied to it).
+
+    Args:
+        reward_aggregation: ``sum`` (the components' weighted sum is normalised as one reward, CoMLRL's behaviour) or
+            ``normalize_components`` (each component is normalised within its group, then the weighted sum: GDPO;
+            needs a reward that returns components).
+        reward_component_weights: ``{component name: weight}`` in the team reward and in the sum of normalised
+            components; a name not given weighs 1.0, a name the reward does not return is an error (null: all 1.0).
+    """
+
+    reward_aggregation: RewardAggregation = "sum"
+    reward_component_weights: dict[str, float] | None = None
+
+    def check(self) -> None:
+        self.reward_component_weights = check_component_weights(self.reward_component_weights)
+
+
+@dataclasses.dataclass
 class SamplingFields(FieldGroup):
     """How completions are sampled (always sampling), and by which engine.
 
@@ -350,14 +394,14 @@ class SamplingFields(FieldGroup):
         vllm_max_model_len: ``vllm``: prompt + completion tokens an engine is sized for (null: the model's maximum).
     """
 
-    max_new_tokens: int = 256
-    temperature: float = 0.6
-    top_p: float = 0.6
-    top_k: int | None = 50
+    max_new_tokens: int = default_of(SamplingConfig, "max_new_tokens")
+    temperature: float = default_of(SamplingConfig, "temperature")
+    top_p: float = default_of(SamplingConfig, "top_p")
+    top_k: int | None = default_of(SamplingConfig, "top_k")
     generation_backend: GenerationBackendName = "hf"
     generation_kwargs: dict[str, Any] | None = None
     generation_batch_size: int | None = None
-    generation_dtype: GenerationDtype = "model"
+    generation_dtype: GenerationDtype = default_of(SamplingConfig, "dtype")
     vllm_gpu_memory_utilization: float = 0.3
     vllm_enable_sleep_mode: bool = False
     vllm_max_model_len: int | None = None
@@ -531,10 +575,10 @@ class RolloutFields(FieldGroup):
     rollout_buffer_size: int = 2
     train_batch_size: int | None = None
     advantage_normalization: bool = True
-    loss_aggregation: LossAggregation = "seq_sum"
+    loss_aggregation: LossAggregation = default_of(token_loss_weights, "aggregation")
     vllm_importance_sampling_correction: bool = False
-    vllm_importance_sampling_mode: ImportanceSamplingMode = "token_truncate"
-    vllm_importance_sampling_cap: float = 2.0
+    vllm_importance_sampling_mode: ImportanceSamplingMode = default_of(importance_sampling_weights, "mode")
+    vllm_importance_sampling_cap: float = default_of(importance_sampling_weights, "cap")
 
     def check(self) -> None:
         require(
@@ -563,12 +607,34 @@ class ReferenceKLFields(FieldGroup):
 
     reference_kl_enabled: bool = False
     reference_kl_coef: float = 0.1
-    reference_kl_estimator: KlEstimator = "k3"
+    reference_kl_estimator: KlEstimator = default_of(kl_estimate, "estimator")
     reference_kl_placement: KlPlacement = "reward"
     reference_devices: str | list[str] | None = None
 
     def check(self) -> None:
         require(self.reference_kl_coef >= 0, "reference_kl_coef must be >= 0.")
+
+
+@dataclasses.dataclass
+class DynamicSamplingFields(FieldGroup):
+    """Dynamic sampling (DAPO's ``filter_groups``): drop the nodes that give every agent zero advantage, refill the step
+    with extra dataset items (``data/dynamic_sampling.py``).
+
+    Args:
+        dynamic_sampling: drop rollout-tree nodes whose every agent's K credited returns tie (within 1e-6 of their
+            scale) and refill with the nodes of extra prompts, up to the step's own node count.
+        dynamic_sampling_max_extra_prompts: extra dataset items one training step may roll out to refill, per process
+            (null: as many as the step's own items; 0: drop without refilling).
+    """
+
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_extra_prompts: int | None = None
+
+    def check(self) -> None:
+        require(
+            self.dynamic_sampling_max_extra_prompts is None or self.dynamic_sampling_max_extra_prompts >= 0,
+            f"dynamic_sampling_max_extra_prompts must be >= 0 or null (got {self.dynamic_sampling_max_extra_prompts}).",
+        )
 
 
 @dataclasses.dataclass
@@ -628,8 +694,8 @@ class PreferenceFields(FieldGroup):
     """
 
     preference_num_candidates: int = 80
-    preference_pairs_per_sample: int | None = 16
-    pair_selection: PairSelection = "reward_gap"
+    preference_pairs_per_sample: int | None = default_of(select_pairs, "limit")
+    pair_selection: PairSelection = default_of(select_pairs, "selection")
 
     def check(self) -> None:
         require(self.preference_num_candidates >= 2, "preference_num_candidates must be >= 2.")
@@ -767,23 +833,25 @@ class ComparatorFields(FieldGroup):
     comparator_num_candidates: int | None = None
     comparator_history_k: int | None = None
     centralized_comparator_adapter: Any = None
-    comparator_api_url: str | None = None
-    comparator_api_format: ApiFormat = "generic"
-    comparator_api_model: str | None = None
-    comparator_api_max_n_per_request: int | None = None
-    comparator_api_timeout: float = 120.0
-    comparator_api_headers: dict[str, str] | None = None
-    comparator_api_key: str | None = dataclasses.field(default=None, repr=False)  # a credential: never printed
-    comparator_api_key_env: str | None = None
-    comparator_api_key_header: str = "Authorization"
-    comparator_api_key_prefix: str | None = "Bearer"
-    comparator_api_response_field: str = "completions"
-    comparator_api_extra_body: dict[str, Any] | None = None
-    comparator_api_max_retries: int = 3
-    comparator_api_backoff_s: float = 1.0
-    comparator_api_max_concurrency: int = 4
-    comparator_api_max_retry_after_s: float = 60.0
-    comparator_api_deadline_s: float | None = None
+    # comparator_api_<name> is ApiComparatorConfig's <name> (check() builds one): its defaults are the client's.
+    comparator_api_url: str | None = default_of(ApiComparatorConfig, "url")
+    comparator_api_format: ApiFormat = default_of(ApiComparatorConfig, "format")
+    comparator_api_model: str | None = default_of(ApiComparatorConfig, "model")
+    comparator_api_max_n_per_request: int | None = default_of(ApiComparatorConfig, "max_n_per_request")
+    comparator_api_timeout: float = default_of(ApiComparatorConfig, "timeout")
+    comparator_api_headers: dict[str, str] | None = default_of(ApiComparatorConfig, "headers")
+    # a credential: never printed
+    comparator_api_key: str | None = dataclasses.field(default=default_of(ApiComparatorConfig, "key"), repr=False)
+    comparator_api_key_env: str | None = default_of(ApiComparatorConfig, "key_env")
+    comparator_api_key_header: str = default_of(ApiComparatorConfig, "key_header")
+    comparator_api_key_prefix: str | None = default_of(ApiComparatorConfig, "key_prefix")
+    comparator_api_response_field: str = default_of(ApiComparatorConfig, "response_field")
+    comparator_api_extra_body: dict[str, Any] | None = default_of(ApiComparatorConfig, "extra_body")
+    comparator_api_max_retries: int = default_of(ApiComparatorConfig, "max_retries")
+    comparator_api_backoff_s: float = default_of(ApiComparatorConfig, "backoff_s")
+    comparator_api_max_concurrency: int = default_of(ApiComparatorConfig, "max_concurrency")
+    comparator_api_max_retry_after_s: float = default_of(ApiComparatorConfig, "max_retry_after_s")
+    comparator_api_deadline_s: float | None = default_of(ApiComparatorConfig, "deadline_s")
 
     def normalize(self) -> None:
         self.comparator_policy = COMPARATOR_POLICY(self.comparator_policy)
@@ -828,6 +896,17 @@ def install_init(module_class: type, initialize: Callable[[Any, dict[str, Any]],
     __init__.__module__ = module_class.__module__
     __init__.generated = True
     module_class.__init__ = __init__
+    if not has_learning_rule(module_class):
+        # A base of the families (MultiAgentModule, OnPolicyModule) is abstract: the CLI neither lists it among the
+        # model.class_path choices nor accepts it (one line: "... is abstract"), and Python refuses to build one.
+        module_class.__abstractmethods__ = frozenset({"objective_class"})
+
+
+def has_learning_rule(module_class: type) -> bool:
+    """Whether ``module_class`` can train: it names its ``objective_class``, or makes its objective itself (a
+    ``make_objective`` below the base's: MARLHF takes its RL backend's)."""
+    makers = [klass for klass in module_class.__mro__ if "make_objective" in vars(klass)]
+    return hasattr(module_class, "objective_class") or len(makers) > 1
 
 
 def store_fields(module: Any, groups: list[FieldGroup], secret: Sequence[str]) -> dict[str, Any]:

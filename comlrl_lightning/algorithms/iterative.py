@@ -32,12 +32,13 @@ from comlrl_lightning.agents import check_model_sources
 from comlrl_lightning.algorithms.fields import (
     ComparatorFields,
     FieldGroup,
-    IterativePairSelection,
     PreferenceFields,
     ReplayFields,
+    default_of,
     require,
 )
 from comlrl_lightning.core.distributions import reward_range_of
+from comlrl_lightning.core.replay import IterativePairSelection, select_comparison_pairs
 from comlrl_lightning.data.preferences import PairPlan
 from comlrl_lightning.data.rounds import ComparatorSpec, RoundPlan
 from comlrl_lightning.rollout.centralized import TaggedCentralizedAdapter, check_adapter
@@ -58,8 +59,8 @@ class IterativePreferenceFields(PreferenceFields):
     """
 
     preference_num_candidates: int = 20
-    preference_pairs_per_sample: int | None = 4
-    pair_selection: IterativePairSelection = "comparator_reward"
+    preference_pairs_per_sample: int | None = default_of(select_comparison_pairs, "limit")
+    pair_selection: IterativePairSelection = default_of(select_comparison_pairs, "selection")
 
 
 def iterative_groups(groups: tuple[type[FieldGroup], ...]) -> tuple[type[FieldGroup], ...]:

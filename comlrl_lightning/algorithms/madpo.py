@@ -14,13 +14,16 @@ the joint loss, whose gradient with respect to each agent's weights is the same.
 Collection happens in ``PreferenceDataModule.train_dataloader`` from the current agents (once per fit), with what
 the module hands the data module when the fit starts (``module.pairs``, ``pairs.py``: the team policy and the
 selection rules);
-each Lightning epoch is one pass over the pairs in batches of ``train_batch_size`` pairs, one update each.
+each Lightning epoch is one pass over the pairs in batches of ``train_batch_size`` pairs, one update each
+(``MADPO.update``). An update scores its pairs in micro-batches of at most ``micro_batch_size`` pairs and
+``micro_batch_tokens`` tokens per forward (a pair is its winner and loser rows); each micro-batch's loss is its share
+of the batch mean, so the gradient is the one forward's over every pair.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 from torch import Tensor
@@ -29,11 +32,11 @@ from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import FieldGroup, JointActionFields, PreferenceFields, require
 from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
 from comlrl_lightning.algorithms.objective import Objective
-from comlrl_lightning.algorithms.pairs import Pairs
+from comlrl_lightning.algorithms.pairs import Pairs, pair_micro_batches
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
-from comlrl_lightning.rollout.sampling import collate_rows, token_logprobs
+from comlrl_lightning.rollout.sampling import collate_rows, shares_prompts, take, token_logprobs
 
 
 @dataclass
@@ -59,63 +62,34 @@ class DPOFields(FieldGroup):
 
 
 class JointDPO(Objective):
-    """MADPO's objective (module docstring): the team margin Δ = Σ_i Δ_i of each pair in −log σ(η·Δ)."""
+    """MADPO's objective (module docstring): the team margin Δ = Σ_i Δ_i of each pair in −log σ(η·Δ), η =
+    ``dpo_beta``."""
 
-    def __init__(self, host: Any):
-        super().__init__(host)
-        self.margins: list[Tensor] = []  # [P, N] per micro-batch of the current update
+    def __init__(self, dpo_beta: float = 0.1):
+        self.dpo_beta = dpo_beta
 
-    def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
-        """Per micro-batch of pairs: every agent's margins (gathered on this module's device) in one joint loss
-        (the agents are coupled through the team margin, so a micro-batch's graphs are alive together)."""
-        m = self.host
-        step = m.micro_batch_size or len(pairs)
-        self.margins = []
-        for start in range(0, len(pairs), step):
-            chunk = pairs[start : start + step]
-            # with parallel_training="mp" each agent's margins live on its own device: gather them on ours
-            margins = torch.stack([self.agent_margins(i, chunk).to(m.device) for i in range(m.num_agents)], dim=1)
-            loss, _ = madpo_loss(margins, m.dpo_beta)
-            loss = loss * (len(chunk) / len(pairs))  # the batch loss is a mean over its pairs
-            assert_finite("MADPO loss", loss, step=m.global_step)
-            self.margins.append(margins.detach())
-            yield loss, {"loss": loss.detach()}
-
-    def batch_metrics(self, pairs: list[PreferencePair]) -> dict[str, float]:
-        margins = torch.cat(self.margins).float().cpu()  # [P, N], from this update's forwards
-        _, diagnostics = madpo_loss(margins, self.host.dpo_beta)
-        candidate_mean = sum(p.candidate_reward_mean for p in pairs) / len(pairs)
+    def loss(self, margins: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """``margins`` [P, N]: Δ_{p,i}, agent i's sequence log-likelihood margin (winner − loser) on pair p. Returns
+        mean_p −log σ(η·Σ_i Δ_{p,i}) and the pairs' detached means: ``loss``, ``dpo/accuracy`` (share of pairs with
+        Δ > 0), ``dpo/joint_margin_mean`` and ``agent_<i>/margin_mean`` (a loop that splits a batch weights each
+        part's by its share of the pairs, so they add up to the batch's)."""
+        loss, diagnostics = madpo_loss(margins, self.dpo_beta)
         metrics = {
-            "dpo/accuracy": float(diagnostics["accuracy"]),
-            "dpo/joint_margin_mean": float(diagnostics["joint_margin_mean"]),
-            "dpo/reward_gap_mean": sum(p.winner_reward - p.loser_reward for p in pairs) / len(pairs),
-            "dpo/num_pairs": float(len(pairs)),
-            "turn_1/reward_mean": candidate_mean,
+            "loss": diagnostics["loss"],
+            "dpo/accuracy": diagnostics["accuracy"],
+            "dpo/joint_margin_mean": diagnostics["joint_margin_mean"],
         }
-        for i in range(self.host.num_agents):
-            metrics[f"agent_{i}/margin_mean"] = float(margins[:, i].mean())
-        return metrics
-
-    def agent_margins(self, agent: int, pairs: Sequence[PreferencePair]) -> Tensor:
-        """Δ_i per pair: Σ_t log π_i over the winner's generated tokens minus the loser's, one batched forward."""
-        prompts = [p.prompt_ids[agent] for p in pairs] * 2
-        completions = [p.winner_ids[agent] for p in pairs] + [p.loser_ids[agent] for p in pairs]
-        inputs = collate_rows(
-            prompts,
-            [c[None] for c in completions],
-            [torch.ones(1, len(c), dtype=torch.bool) for c in completions],
-            self.host.tokenizers[agent].pad_token_id,
-        )
-        sequence_logp = token_logprobs(self.host.policy_model(agent), inputs).sum(-1)  # [2P]
-        return sequence_logp[: len(pairs)] - sequence_logp[len(pairs) :]
+        for i in range(margins.shape[1]):
+            metrics[f"agent_{i}/margin_mean"] = diagnostics[f"margin_mean_agent_{i}"]
+        return loss, metrics
 
 
 class MADPO(MultiAgentModule):
     """Multi-agent DPO on preference pairs collected from the agents and scored by the task reward.
 
     Training metrics: ``loss``, ``dpo/accuracy`` (share of pairs with Δ > 0), ``dpo/joint_margin_mean``,
-    ``dpo/reward_gap_mean``, ``dpo/num_pairs``, ``turn_1/reward_mean`` (mean candidate reward at collection,
-    CoMLRL's metric) — and the task reward of the current agents under ``eval/``.
+    ``agent_<i>/margin_mean``, ``dpo/reward_gap_mean``, ``dpo/num_pairs``, ``turn_1/reward_mean`` (mean candidate
+    reward at collection, CoMLRL's metric) — and the task reward of the current agents under ``eval/``.
     """
 
     algorithm_name = "MADPO"
@@ -141,6 +115,74 @@ class MADPO(MultiAgentModule):
             self.count_env_steps(self.environment_steps_per_pair * len(batch))
         self.pairs.last_batch = batch
         self.record.log_step([metrics], progress={"dpo_acc": "dpo/accuracy", "loss": "loss"})
+
+    def update(self, pairs: list[PreferencePair]) -> dict[str, float]:
+        """One MADPO update (one optimizer step, one ``global_step``) on a batch of pairs; the batch's loss is the
+        mean over its pairs whichever micro-batches score them."""
+        with self.record.timed("update"):
+            step = self.begin_update(len(pairs))
+            # 1. The pairs were collected and scored by the data side (module docstring): each holds every agent's
+            #    prompt, winner and loser token ids.
+            for rows in self.pair_micro_batches(pairs):
+                chunk = take(pairs, rows)
+                # 2. Every agent's margins Δ_i on the micro-batch's pairs (one forward per agent over its winner and
+                #    loser rows), gathered on this module's device (parallel_training: mp puts agents elsewhere).
+                margins = torch.stack(
+                    [self.agent_margins(i, chunk).to(self.device) for i in range(self.num_agents)], dim=1
+                )
+                # 3. The joint loss −log σ(η·Σ_i Δ_i), the micro-batch's share of the batch mean, backward (the
+                #    agents are coupled through the team margin: their graphs are alive together until here).
+                loss, metrics = self.objective.loss(margins)
+                share = len(chunk) / len(pairs)
+                assert_finite("MADPO loss", loss, step=self.global_step)
+                step.backward(loss * share, {key: value * share for key, value in metrics.items()})
+            # 4. Clip and step.
+            metrics = step.finish()
+            # 5. What the batch itself says: the oracle's reward gap and the candidates' mean reward at collection.
+            batch_metrics = self.pair_metrics(pairs)
+        return {**metrics, **batch_metrics, **self.record.take_timings()}
+
+    def pair_micro_batches(self, pairs: Sequence[PreferencePair]) -> list[slice | Tensor]:
+        """The pairs of each forward of an update: ``micro_batch_size`` pairs at most (a pair is two rows, its
+        winner and loser) and, with ``micro_batch_tokens``, at most that many tokens in every agent's forward (a
+        prompt shared by several rows counted once; each pair priced at its longest agent's prompt and the batch's
+        longest completion, so the budget holds for every agent). ``pairs.pair_micro_batches`` plans them."""
+        if self.micro_batch_tokens is None or not pairs:
+            return pair_micro_batches(len(pairs), self.micro_batch_size)
+        n = self.num_agents
+        return pair_micro_batches(
+            len(pairs),
+            self.micro_batch_size,
+            self.micro_batch_tokens,
+            prompt_lengths=[max(len(p.prompt_ids[i]) for i in range(n)) for p in pairs],
+            width=max(len(ids) for p in pairs for ids in (*p.winner_ids, *p.loser_ids)),
+            groups=[tuple(p.prompts) for p in pairs],
+            share_prompts=all(shares_prompts(self.policy_model(i)) for i in range(n)),
+        )
+
+    def agent_margins(self, agent: int, pairs: Sequence[PreferencePair]) -> Tensor:
+        """Δ_i per pair: Σ_t log π_i over the winner's generated tokens minus the loser's, one batched forward."""
+        prompts = [p.prompt_ids[agent] for p in pairs] * 2
+        completions = [p.winner_ids[agent] for p in pairs] + [p.loser_ids[agent] for p in pairs]
+        inputs = collate_rows(
+            prompts,
+            [c[None] for c in completions],
+            [torch.ones(1, len(c), dtype=torch.bool) for c in completions],
+            self.tokenizers[agent].pad_token_id,
+        )
+        sequence_logp = token_logprobs(self.policy_model(agent), inputs).sum(-1)  # [2P]
+        return sequence_logp[: len(pairs)] - sequence_logp[len(pairs) :]
+
+    def pair_metrics(self, pairs: Sequence[PreferencePair]) -> dict[str, float]:
+        """``dpo/reward_gap_mean`` (the oracle's winner − loser reward), ``dpo/num_pairs`` and ``turn_1/reward_mean``
+        (the mean candidate reward at collection) of a batch of pairs (none for an empty one)."""
+        if not pairs:
+            return {}
+        return {
+            "dpo/reward_gap_mean": sum(p.winner_reward - p.loser_reward for p in pairs) / len(pairs),
+            "dpo/num_pairs": float(len(pairs)),
+            "turn_1/reward_mean": sum(p.candidate_reward_mean for p in pairs) / len(pairs),
+        }
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         return self.pairs.records(max_nodes)

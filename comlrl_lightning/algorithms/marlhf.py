@@ -6,14 +6,17 @@ One Lightning fit, two stages:
    as MADPO does (task reward as the oracle). A fresh :class:`JointRewardModel` (``reward_model_name``, default the
    agents' own source) reads the joint text of each pair's winner and loser and learns the Bradley–Terry loss
    −log σ(s_w − s_l) for ``reward_num_train_epochs`` passes over the pairs, ``reward_train_batch_size`` pairs per
-   update (``reward_learning_rate``; ``reward_freeze_backbone`` trains the head only).
+   update (``reward_learning_rate``; ``reward_freeze_backbone`` trains the head only). An update scores its pairs
+   in micro-batches of at most ``micro_batch_size`` pairs and ``micro_batch_tokens`` tokens per forward (a pair is
+   its winner's and loser's joint texts, one forward), each micro-batch's loss its share of the batch mean.
 2. **RL** (epochs 1…). The reward model is frozen and replaces the task reward; its scores are used raw (no
    ``reward_processor``). The team trains with the objective of the backend ``rl_algorithm`` names — ``magrpo`` |
    ``mareinforce`` | ``marloo`` | ``maremax`` (the MAGRPO family's ``GroupRelative``, with the backend's baseline)
    or ``iac`` | ``maac`` (``ActorCritic``/``JointCritic``; critics from ``critic_model``/``critic_model_name``,
    default the agents' source) — with the backend's own defaults for the rollout fields left null. One module,
-   one team: the RL objective is ``module.objective`` (the on-policy loop's), the reward-model stage's
-   ``module.reward_stage`` (:class:`BradleyTerry`, which owns the reward model), the pairs ``module.pairs``.
+   one team: the RL objective is ``module.objective`` (the on-policy loop's); the reward-model stage's update is
+   ``MARLHF.update_reward_model`` (:class:`BradleyTerry` as ``module.reward_objective``, the reward model a model
+   part, :class:`RewardModelPart`), the pairs ``module.pairs``.
    Reference-KL shaping, when enabled, applies in the RL stage only.
 
 Evaluation always uses the task reward. ``trainer.max_epochs`` counts the reward-model epoch plus the RL epochs;
@@ -25,11 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Literal
+from typing import Any, ClassVar, Literal, Sequence
 
 from torch import Tensor, nn
 
 from comlrl_lightning.agents import JointRewardModel, RewardModelReward, check_model_sources
+from comlrl_lightning.agents.reward_model import joint_texts
 from comlrl_lightning.agents.sharding import full_state_dicts
 from comlrl_lightning.algorithms.actor_critic import IAC, MAAC
 from comlrl_lightning.algorithms.base import MultiAgentModule
@@ -46,26 +50,30 @@ from comlrl_lightning.algorithms.fields import (
     type_hints,
 )
 from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
-from comlrl_lightning.algorithms.objective import Objective
+from comlrl_lightning.algorithms.objective import ModelPart, Objective
 from comlrl_lightning.algorithms.on_policy import OnPolicyModule
-from comlrl_lightning.algorithms.pairs import Pairs
+from comlrl_lightning.algorithms.pairs import Pairs, pair_micro_batches
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
+from comlrl_lightning.choices import Choice
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
 from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
 from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
 from comlrl_lightning.rollout.rewards import RewardCaller
+from comlrl_lightning.rollout.sampling import take
 from comlrl_lightning.runs import ranks
 
+# rl_algorithm -> the module whose objective and defaults the RL stage takes (its keys are the field's choices).
 BACKENDS: dict[str, type[MultiAgentModule]] = {
     "magrpo": MAGRPO,
     "mareinforce": MAREINFORCE,
-    "mareforce": MAREINFORCE,
-    "marloo": MARLOO,
     "maremax": MAReMax,
-    "iac": IAC,
+    "marloo": MARLOO,
     "maac": MAAC,
+    "iac": IAC,
+    "mareforce": MAREINFORCE,  # CoMLRL's spelling
 }
-RlAlgorithm = Literal["magrpo", "mareinforce", "maremax", "marloo", "maac", "iac", "mareforce"]
+ACTOR_CRITIC_BACKENDS = tuple(sorted(name for name, backend in BACKENDS.items() if issubclass(backend, IAC)))
+RlAlgorithm = Literal[tuple(BACKENDS)]
 BACKEND_DEFAULTED = ("num_generations", "discount", "rollout_buffer_size")  # null here: the backend's default
 
 
@@ -131,67 +139,74 @@ class MARLHFFields(FieldGroup):
 
 
 class BradleyTerry(Objective):
-    """MARLHF's reward-model stage: a fresh joint reward model (``module.reward_model``) learns −log σ(s_w − s_l) on
-    each pair's winner and loser joint texts. It trains the reward model only."""
+    """MARLHF's reward-model objective: −log σ(s_w − s_l) on each pair's winner and loser joint-text scores."""
 
-    trains_agents = False
+    def loss(self, winner_scores: Tensor, loser_scores: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """``winner_scores``, ``loser_scores`` [P]: the reward model's scores of each pair's joint texts. Returns
+        mean_p −log σ(s_w − s_l) and the pairs' detached means ``reward_model/loss``, ``reward_model/accuracy``
+        (share with s_w > s_l) and ``reward_model/margin_mean`` (a loop that splits a batch weights each part's by
+        its share of the pairs, so they add up to the batch's)."""
+        loss, diagnostics = bradley_terry_loss(winner_scores, loser_scores)
+        return loss, {f"reward_model/{key}": diagnostics[key] for key in ("loss", "accuracy", "margin_mean")}
 
-    def build_models(self) -> None:
-        m = self.host
-        m._modules["reward_model"] = JointRewardModel.from_pretrained(
-            m.reward_model_name or m.backbone, freeze_backbone=m.reward_freeze_backbone, max_length=m.reward_max_length
-        ).train()  # from_pretrained gives eval mode; epoch 0 trains it
-        self.reward = RewardCaller(RewardModelReward(m.reward_model, formatters=m.prompt_formatters))
 
-    def models(self) -> list[nn.Module]:
-        return [self.host.reward_model]
+class RewardModelPart(ModelPart):
+    """MARLHF's joint reward model as a model part: a fresh :class:`JointRewardModel` loaded from ``source``,
+    registered as ``module.reward_model`` (checkpoint keys ``reward_model.*``), one parameter group
+    ``reward_model`` at ``reward_learning_rate``, placed on ``reward_model_device``, exported to ``reward_model/``."""
+
+    name = "reward_model"
+
+    def __init__(
+        self,
+        source: Any,
+        freeze_backbone: bool = False,
+        max_length: int | None = None,
+        learning_rate: float = 1e-5,
+        device: str | None = None,
+    ):
+        super().__init__()
+        self.source, self.freeze_backbone, self.max_length = source, freeze_backbone, max_length
+        self.rate, self.device = learning_rate, device
+
+    def build(self, tokenizers: list[Any], agents: nn.ModuleList) -> nn.Module:
+        return JointRewardModel.from_pretrained(
+            self.source, freeze_backbone=self.freeze_backbone, max_length=self.max_length
+        ).train()  # from_pretrained gives eval mode; the reward-model stage trains it
+
+    def learning_rate(self) -> float:
+        return self.rate
+
+    def metric_name(self, index: int) -> str:
+        return "reward_model"
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        params = list(self.host.reward_model.parameters())
-        return [{"params": params, "name": "reward_model", "lr": self.host.reward_learning_rate, "agents": []}]
+        # Every parameter, frozen backbone included (they get no gradient): the optimizer's layout of earlier runs.
+        params = list(self.module.parameters())
+        return [{"params": params, "name": "reward_model", "lr": self.rate, "agents": []}]
 
-    def trained_models(self) -> list[tuple[list[str], nn.Module]]:
-        return [(["reward_model"], self.host.reward_model)]
+    def place(self) -> None:
+        if self.device is not None:
+            self.module.to(self.device)
 
-    def place_models(self) -> None:
-        if self.host.reward_model_device is not None:
-            self.host.reward_model.to(self.host.reward_model_device)
-
-    def save_pretrained(self, root: Path) -> None:
+    def save_pretrained(self, root: Path, tokenizers: list[Any]) -> None:
         """``reward_model/`` (backbone, tokenizer, head)."""
-        state = full_state_dicts([self.host.reward_model])[0]  # a sharded reward model: gathered whole (every rank)
+        state = full_state_dicts([self.module])[0]  # a sharded reward model: gathered whole (every rank)
         if ranks.rank() == 0:  # a data-parallel run: written once
-            self.host.reward_model.save_pretrained(root / "reward_model", state_dict=state)
-
-    def losses(self, pairs: list[PreferencePair]) -> Iterator[tuple[Tensor, dict[str, Any]]]:
-        """The reward-model stage's update: Bradley–Terry on winner vs loser joint texts."""
-        m = self.host
-        prompts = [[p.prompts[i] for p in pairs] for i in range(m.num_agents)]
-        winners = m.reward_model.score_joint(
-            prompts, [[p.winner_completions[i] for p in pairs] for i in range(m.num_agents)]
-        )
-        losers = m.reward_model.score_joint(
-            prompts, [[p.loser_completions[i] for p in pairs] for i in range(m.num_agents)]
-        )
-        loss, diagnostics = bradley_terry_loss(winners, losers)
-        assert_finite("reward model loss", loss, step=m.global_step)
-        yield (
-            loss,
-            {
-                "reward_model/loss": loss.detach(),
-                "reward_model/accuracy": diagnostics["accuracy"],
-                "reward_model/margin_mean": diagnostics["margin_mean"],
-                "reward_model/num_pairs": len(pairs),
-            },
-        )
+            self.module.save_pretrained(root / "reward_model", state_dict=state)
 
 
 class MARLHF(OnPolicyModule):
     """A learned joint reward model (epoch 0), then ``rl_algorithm``'s objective on its scores (module docstring).
 
     One team, one module: the RL objective (``module.objective``) trains the agents (and its critics) in the RL
-    epochs through the on-policy loop; the reward-model objective (``module.reward_stage``, :class:`BradleyTerry`)
-    trains the reward model on the pairs ``module.pairs`` collects in epoch 0.
+    epochs through the on-policy loop; in epoch 0 :meth:`update_reward_model` trains the reward model
+    (``module.reward_part``, :class:`RewardModelPart`; ``module.reward_model``) with :class:`BradleyTerry`
+    (``module.reward_objective``) on the pairs ``module.pairs`` collects.
+
+    The RL stage is the backend's loop: ``MARLHF(rl_algorithm="iac", ...)`` is an instance of
+    ``with_backend(MARLHF, IAC)`` (set in ``prepare_fields``), a class whose bases are this one and the backend (its
+    hooks: how a record is made and batched, its critics), with the fields declared here (``rl_backend`` names it).
     """
 
     algorithm_name = "MARLHF"
@@ -209,9 +224,19 @@ class MARLHF(OnPolicyModule):
     pair_selections = PAIR_SELECTIONS
     rounds_class: ClassVar[type[Rounds] | None] = None  # the iterative variant: Rounds (module.rounds)
     keep_comparator_loaded = True
+    rl_backend: ClassVar[type[OnPolicyModule] | None] = None  # the RL stage's loop (set by ``with_backend``)
+    normalizes_components = False  # the RL stage's reward is the learned model's score, one float
+
+    @property
+    def passes(self) -> int:
+        return 1  # the RL stage's objective is the backend's default one (no ratio: one pass)
+
+    def rollout_options(self) -> dict[str, Any]:
+        return {}  # no dynamic sampling in the RL stage (its reward is the learned one)
 
     def prepare_fields(self, values: dict[str, Any]) -> dict[str, Any]:
-        """The RL stage's rollout fields left null take the backend's defaults."""
+        """The RL stage's rollout fields left null take the backend's defaults; the module becomes an instance of
+        ``with_backend(its class, the backend)`` (the RL stage runs the backend's loop)."""
         backend = BACKENDS[
             check_choice(
                 "rl_algorithm",
@@ -219,33 +244,58 @@ class MARLHF(OnPolicyModule):
                 values.get("rl_algorithm", MARLHFFields.rl_algorithm),
             )
         ]
+        own = type(self) if self.rl_backend is None else type(self).__bases__[0]
+        self.__class__ = with_backend(own, backend)
         defaults = declared_fields(backend)
         return {**values, **{k: defaults[k].default for k in BACKEND_DEFAULTED if values.get(k) is None}}
 
     def make_objective(self) -> Objective:
-        """The RL backend's objective on this module's team; the reward-model stage's is ``reward_stage``."""
-        backend = BACKENDS[self.rl_algorithm]
+        """The RL backend's objective (``module.objective``), built from this module's fields; beside it the
+        reward-model stage's objective (``module.reward_objective``) and the reward model's part
+        (``module.reward_part``)."""
+        backend = self.rl_backend
         baseline = declared_fields(backend).get("advantage_mode")  # the MAGRPO family's group baseline
         self.advantage_mode = baseline.default if baseline is not None else None
-        self.reward_stage = BradleyTerry(self)
-        return backend.objective_class(self)
+        self.reward_objective = BradleyTerry.from_fields(self.__dict__)
+        self.reward_part = RewardModelPart(
+            self.reward_model_name or self.backbone,
+            freeze_backbone=self.reward_freeze_backbone,
+            max_length=self.reward_max_length,
+            learning_rate=self.reward_learning_rate,
+            device=self.reward_model_device,
+        )
+        return backend.objective_class.from_fields(self.__dict__)
 
-    def objectives(self) -> list[Objective]:
-        return [self.objective, self.reward_stage]
+    def model_parts(self) -> list[ModelPart]:
+        """The RL stage's parts (an actor-critic backend's critics), then the reward model's."""
+        return [*super().model_parts(), self.reward_part]
 
     def check_config(self) -> None:
-        # The reward-model stage's pairs (the first epoch serves them); single turn, before the RL stage's rules.
+        # The reward-model stage's pairs (the first epoch serves them); single turn. MARLHF's own rules come before
+        # the backend's (``super``), which build the backend's parts from the sources settled here.
         self.pairs = Pairs(self, self.reward_train_batch_size, self.reward_num_train_epochs, pair_epochs=1)
         self.rounds = self.pairs.rounds
         self.pairs.check()
-        super().check_config()
-        self.pairs.check_rounds()
-        actor_critic = self.rl_algorithm in ("iac", "maac")
+        actor_critic = issubclass(self.rl_backend, IAC)
+        if not actor_critic:  # no critic trains: a critic setting given here would be silently ignored
+            declared = declared_fields(type(self))
+            critic = {**self.group(CriticFields).values(), "critic_model_name": self.critic_model_name}
+            unused = [
+                f"{name}={value!r}" if value is None or isinstance(value, (str, int, float, bool)) else name
+                for name, value in critic.items()
+                if value is not declared[name].default and value != declared[name].default
+            ]
+            require(
+                not unused,
+                f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} only used by rl_algorithm "
+                f"{' or '.join(ACTOR_CRITIC_BACKENDS)} (got rl_algorithm={self.rl_algorithm!r}): remove "
+                f"{'it' if len(unused) == 1 else 'them'}, or choose an actor-critic backend.",
+            )
         require(
             actor_critic or self.num_generations >= 2, "num_generations must be >= 2 for MAGRPO-family MARLHF backends."
         )
         require(
-            not (self.collaboration is not None and actor_critic),
+            not (self.collaboration_mode == "centralized" and actor_critic),
             f"rl_algorithm={self.rl_algorithm!r} with collaboration_mode='centralized' is not supported: "
             "centralized MARLHF runs the MAGRPO-family backends (magrpo, mareinforce, marloo, maremax); CoMLRL's "
             "centralized IAC/MAAC backend is not built (docs/differences.md).",
@@ -267,6 +317,8 @@ class MARLHF(OnPolicyModule):
             "critic_model_name must be provided for MARLHF with MAAC/IAC: the agents are model objects without "
             "a name (config._name_or_path) to load the critics from.",
         )
+        super().check_config()
+        self.pairs.check_rounds()
 
     # ------------------------------------------------------------------ the reward model
     @property
@@ -277,9 +329,51 @@ class MARLHF(OnPolicyModule):
 
     @property
     def learned_reward(self) -> RewardCaller:
-        """The reward model's raw scores as a team reward (what the RL stage trains on)."""
-        self.reward_model  # noqa: B018  (loads it)
-        return self.reward_stage.reward
+        """The reward model's raw scores as a team reward (what the RL stage trains on); one caller per module."""
+        model = self.reward_model  # loads it
+        if getattr(self, "_learned_reward", None) is None:
+            self._learned_reward = RewardCaller(RewardModelReward(model, formatters=self.prompt_formatters))
+        return self._learned_reward
+
+    def update_reward_model(self, pairs: list[PreferencePair]) -> dict[str, float]:
+        """One reward-model update (one optimizer step, one ``global_step``; the agents do not train) on a batch
+        of pairs; the batch's loss is the mean over its pairs whichever micro-batches score them."""
+        with self.record.timed("update"):
+            step = self.begin_update(len(pairs), parts=[self.reward_part], agents=False)
+            # 1. The pairs were collected and ranked by the task reward (the data side; module docstring).
+            for rows in self.reward_micro_batches(pairs):
+                chunk = take(pairs, rows)
+                # 2. The reward model scores the micro-batch's winner and loser joint texts, in one forward.
+                scores = self.reward_model.score_joint(*self.joint_responses(chunk))
+                # 3. Bradley–Terry −log σ(s_w − s_l), the micro-batch's share of the batch mean, backward.
+                loss, metrics = self.reward_objective.loss(scores[: len(chunk)], scores[len(chunk) :])
+                share = len(chunk) / len(pairs)
+                assert_finite("reward model loss", loss, step=self.global_step)
+                metrics = {key: value * share for key, value in metrics.items()}
+                step.backward(loss * share, {**metrics, "reward_model/num_pairs": len(chunk)})
+            # 4. Clip and step (the reward model's parameter group only).
+            metrics = step.finish()
+        return {**metrics, **self.record.take_timings()}
+
+    def joint_responses(self, pairs: Sequence[PreferencePair]) -> tuple[list[list[str]], list[list[str]]]:
+        """``score_joint``'s arguments for the pairs' winners then their losers (agent-major prompts, responses)."""
+        prompts = [[p.prompts[i] for p in pairs] * 2 for i in range(self.num_agents)]
+        responses = [
+            [p.winner_completions[i] for p in pairs] + [p.loser_completions[i] for p in pairs]
+            for i in range(self.num_agents)
+        ]
+        return prompts, responses
+
+    def reward_micro_batches(self, pairs: Sequence[PreferencePair]) -> list[slice | Tensor]:
+        """The pairs of each reward-model forward: ``micro_batch_size`` pairs at most (a pair is two rows, its
+        winner's and its loser's joint text) and, with ``micro_batch_tokens``, at most that many tokens per forward
+        (rows × the longest row: the texts are padded to it), counted with the reward model's tokenizer
+        (``JointRewardModel.token_counts``). ``pairs.pair_micro_batches`` plans them."""
+        if self.micro_batch_tokens is None or not pairs:
+            return pair_micro_batches(len(pairs), self.micro_batch_size)
+        counts = self.reward_model.token_counts(joint_texts(*self.joint_responses(pairs)))
+        longest = [max(w, l) for w, l in zip(counts[: len(pairs)], counts[len(pairs) :])]
+        return pair_micro_batches(len(pairs), self.micro_batch_size, self.micro_batch_tokens, prompt_lengths=longest)
 
     # ------------------------------------------------------------------ stages
     @property
@@ -302,7 +396,7 @@ class MARLHF(OnPolicyModule):
             return
         if not self.in_reward_model_stage:
             return super().training_step(batch, batch_idx)  # the RL objective's on-policy step
-        metrics = self.update(batch, self.reward_stage)
+        metrics = self.update_reward_model(batch)
         self.pairs.last_batch = batch
         self.record.log_step([metrics], progress={"rm_acc": "reward_model/accuracy", "loss": "reward_model/loss"})
 
@@ -320,11 +414,9 @@ class MARLHF(OnPolicyModule):
         super().on_load_checkpoint(checkpoint)
 
 
-ScoringReward = Literal["task", "reward_model", "oracle", "environment", "env", "model", "learned"]
-SCORING_REWARDS = {
-    **{a: "task" for a in ("task", "oracle", "environment", "env")},
-    **{a: "reward_model" for a in ("reward_model", "model", "learned")},
-}
+SCORING_REWARD = Choice(
+    "preference_scoring_reward", {"task": ("oracle", "environment", "env"), "reward_model": ("model", "learned")}
+)
 
 
 @dataclass
@@ -339,11 +431,11 @@ class MARLHFIterFields(FieldGroup):
     """
 
     rl_epochs_per_round: int = 2
-    preference_scoring_reward: ScoringReward = "task"
+    preference_scoring_reward: SCORING_REWARD.Literal = "task"
 
     def check(self) -> None:
         require(self.rl_epochs_per_round >= 1, "rl_epochs_per_round must be >= 1.")
-        self.preference_scoring_reward = SCORING_REWARDS[self.preference_scoring_reward]
+        self.preference_scoring_reward = SCORING_REWARD(self.preference_scoring_reward)
 
 
 class MARLHFIter(MARLHF):
@@ -438,3 +530,27 @@ def backbone_source(agents: Any) -> str | None:
         if name:
             return str(name)
     return None
+
+
+def with_backend(marlhf: type[MARLHF], backend: type[OnPolicyModule]) -> type[MARLHF]:
+    """The class a MARLHF (or MARLHFIter, ...) of RL backend ``backend`` is: ``marlhf`` first, then the backend, whose
+    methods run the RL stage's loop (records, advantages, critics). Its fields are ``marlhf``'s own (the backend only
+    lends methods: ``fields.field_classes``). One class per pair, named as ``marlhf``."""
+    key = (marlhf, backend)
+    if key not in _WITH_BACKEND:
+        lent = tuple(k for k in backend.__mro__ if not issubclass(marlhf, k))
+        _WITH_BACKEND[key] = type(
+            marlhf.__name__,
+            (marlhf, backend),
+            {
+                "__module__": marlhf.__module__,
+                "__qualname__": marlhf.__qualname__,
+                "__doc__": marlhf.__doc__,
+                "rl_backend": backend,
+                "lends_methods": lent,
+            },
+        )
+    return _WITH_BACKEND[key]
+
+
+_WITH_BACKEND: dict[tuple[type, type], type] = {}

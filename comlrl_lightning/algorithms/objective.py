@@ -1,90 +1,96 @@
-"""An algorithm's learning rule as one object composed into its host module (``module.objective``).
+"""An algorithm's learning rule as a loss of tensors, and the models a module trains besides its agents.
 
-The host (``MultiAgentModule`` and its on-policy or preference loop) owns the team, sampling, the buffer, the
-schedule, the optimizer, the update skeleton, evaluation and checkpoints. The objective says, in a handful of
-methods, what makes the algorithm itself: what it keeps from a fresh rollout, how it prepares a turn group, the
-losses of one update, the metrics of a mini-batch and the extra models it trains (critics). It reads its settings
-from the host's fields (``self.host.<field>``, declared in ``algorithms/fields.py``). docs/new_algorithm.md shows
-three worked examples.
+An **objective** is built with its settings (constructor parameters named as the fields they come from,
+:meth:`Objective.from_fields`) and its ``loss`` takes tensors only: a batch of log-probs, stored log-probs,
+advantages, loss weights, values. It never sees the module: the loop that owns the update (``OnPolicyModule.update``,
+``MADPO.update``, ...) prepares the tensors, calls the loss, and steps the optimizer. So an objective is unit-tested
+with tensors alone (tests/test_objectives.py) and a new algorithm is a small subclass that overrides ``loss``
+(docs/new_algorithm.md).
+
+A **model part** owns the models an algorithm trains besides the agents (IAC/MAAC's critics, MARLHF's reward
+model): it creates, places, saves and exports them and says how the optimizer sees them. The module registers what
+:meth:`ModelPart.build` returns under ``part.name`` (so checkpoints hold it) and asks every part for its parameter
+groups, its gradient norms' names and its export.
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, Mapping
 
 from torch import Tensor, nn
 
-from comlrl_lightning.algorithms.evaluation import Evaluation
-from comlrl_lightning.rollout.tree import Node, Rollout
+
+class Objective:
+    """What one update optimises, as a function of tensors. Subclasses define ``loss`` with the tensors they need,
+    and return ``(loss, metrics)``: the scalar to back-propagate and detached, additive metrics (summed over an
+    update's forwards and logged)."""
+
+    @classmethod
+    def from_fields(cls, values: Mapping[str, Any]) -> "Objective":
+        """The objective with its settings taken from a module's field values, by constructor parameter name."""
+        names = inspect.signature(cls).parameters
+        return cls(**{name: values[name] for name in names if name in values})
+
+    def summarize(self, metrics: dict[str, float]) -> dict[str, float]:
+        """An update's logged metrics from the sums of its forwards' (a ratio objective turns sums into means)."""
+        return metrics
+
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({settings})"
 
 
-class Objective(metaclass=abc.ABCMeta):
-    """What one update optimises, and what it needs from experience. Every method but :meth:`losses` has a
-    default that does nothing extra."""
+class ModelPart(abc.ABC):
+    """Models a module trains besides its agents. ``build`` returns the ``nn.Module`` the module registers under
+    :attr:`name` (checkpoint keys ``<name>.*``); the other methods read the built module."""
 
-    evaluation_class: ClassVar[type[Evaluation]] = Evaluation  # what the host's ``module.evaluation`` is
-    reward_per_node: ClassVar[bool] = False  # on-policy: one reward call per node, 1/J/N values (actor-critic)
-    per_agent_rewards: ClassVar[bool] = True  # on-policy: an N-value reward is one reward per agent
-    needs_sampling_logprobs: ClassVar[bool] = False  # on-policy: keep the sampling policy's token log-probs
-    passes: ClassVar[int] = 1  # on-policy: shuffled passes over every drained buffer
-    trains_agents: ClassVar[bool] = True  # False: its updates train its own models only (a reward model)
+    name: str = "part"
 
-    def __init__(self, host: Any):
-        self.host = host
+    def __init__(self) -> None:
+        self.module: nn.Module | None = None
 
-    def check(self) -> None:
-        """Rules across the host's fields this objective needs (raise ``ValueError`` naming the field); runs before
-        any model loads and before the hyper-parameters are saved, so a derived value is stored as used."""
-
-    # ------------------------------------------------------------------ experience (on-policy hosts)
-    def after_rollout(self, rollout: Rollout) -> None:
-        """What is computed on fresh nodes before they are buffered (actor-critic: values and targets)."""
-
-    def records(self, rollout: Rollout) -> list[Any]:
-        """What the buffer holds and ``rollout_buffer_size`` counts: nodes."""
-        return rollout.nodes
-
-    def record_from_state(self, state: dict[str, Any]) -> Any:
-        """A buffered record back from a checkpoint (``record.state_dict()``)."""
-        return Node.from_state_dict(state)
-
-    def prepare_group(self, group: list[Any]) -> None:
-        """Per drained turn group, before its mini-batches (actor-critic: advantages over the group)."""
-
-    def node_record(self, node: Node) -> dict[str, Any]:
-        """What the completions log adds for a node (actor-critic: per-agent rewards and values)."""
-        return {}
-
-    # ------------------------------------------------------------------ the update
     @abc.abstractmethod
-    def losses(self, batch: Any) -> Iterator[tuple[Tensor, dict[str, Tensor | float]]]:
-        """Yield ``(loss, diagnostics)`` per forward of one update (checked finite); the losses sum to the
-        update's objective, the diagnostics are summed over the forwards and logged."""
-
-    def batch_metrics(self, batch: Any) -> dict[str, float]:
-        """Metrics of the mini-batch itself, taken before the optimizer step."""
-        return {}
-
-    # ------------------------------------------------------------------ the extra models it trains
-    def build_models(self) -> None:
-        """Load or build the models it trains besides the agents (registered on the host), after the agents."""
+    def build(self, tokenizers: list[Any], agents: nn.ModuleList) -> nn.Module:
+        """Create (load) the part's models; the caller registers the result under ``name``."""
 
     def models(self) -> list[nn.Module]:
-        """Its extra models (sharded under FSDP, kept whole for evaluation)."""
-        return []
+        """Its trained models, one per parameter group (sharded under FSDP, exported one by one)."""
+        return list(self.module) if isinstance(self.module, nn.ModuleList) else [self.module]
+
+    @abc.abstractmethod
+    def learning_rate(self) -> float:
+        """The learning rate of its parameter groups."""
+
+    def metric_name(self, index: int) -> str:
+        """The parameter-group and metric name of model ``index`` (``critic_0``, ``reward_model``)."""
+        return f"{self.name}_{index}"
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """AdamW parameter groups of its extra models (``params``, ``lr``, ``name``, ``agents: []``)."""
-        return []
+        """One AdamW parameter group per model (``params``, ``lr``, ``name``, ``agents: []``)."""
+        return [
+            {
+                "params": [p for p in model.parameters() if p.requires_grad],
+                "lr": self.learning_rate(),
+                "name": self.metric_name(j),
+                "agents": [],
+            }
+            for j, model in enumerate(self.models())
+        ]
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
-        """(metric names, model) of its extra models, for the gradient norms."""
-        return []
+        """(metric names, model) per model, for the gradient norms."""
+        return [([self.metric_name(j)], model) for j, model in enumerate(self.models())]
 
-    def place_models(self) -> None:
-        """Move its extra models to their devices when the fit starts."""
+    def place(self) -> None:
+        """Move the models to their devices when the fit starts (default: where Lightning put them)."""
 
-    def save_pretrained(self, root: Path) -> None:
-        """Write its extra models beside the agents' export (rank 0 writes; gather sharded models on every rank)."""
+    def save_pretrained(self, root: Path, tokenizers: list[Any]) -> None:
+        """Write the models beside the agents' export (rank 0 writes; gather sharded models on every rank)."""
+
+
+def detach_metrics(metrics: Mapping[str, Tensor | float]) -> dict[str, Tensor | float]:
+    """``metrics`` with every tensor detached (what an objective returns beside its loss)."""
+    return {k: v.detach() if isinstance(v, Tensor) else v for k, v in metrics.items()}

@@ -6,14 +6,20 @@ the fit started (one engine, ``rollout/tree.py``; one record type, the tree ``No
 to a buffer and, once the buffer holds ``rollout_buffer_size`` records (or the epoch ends), trains on it: turn by
 turn, shuffled, in mini-batches of ``train_batch_size`` records, one team update (one ``global_step``) per
 mini-batch (``schedule``). The reference-KL penalty (``reference_kl_*``) is attached to the sampled completions
-here, for every algorithm. The objective (``module.objective``, ``objective.py``) says what it computes on a fresh
-rollout (``after_rollout``), what a record is (``records``), what it prepares per turn group (``prepare_group``)
-and the losses of an update (``losses``).
+here, for every algorithm.
+
+One update is :meth:`OnPolicyModule.update`, the steps numbered as in the paper: (1) the rollout, sampled and
+buffered by ``train_step``; (2) each agent's rows and advantages (``agent_batch``: the MAGRPO family's group
+advantages, the actor-critic's normalised target − value); (3) for each agent × micro-batch: score (``score``), the
+objective's loss (``module.objective.loss``, a function of tensors), backward; (4) clip and step; (5) log. A family
+says what a record is (``records``), what it computes on a fresh rollout (``after_rollout``) and per turn group
+(``prepare_group``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +29,7 @@ from comlrl_lightning.agents import resolve_devices
 from comlrl_lightning.agents.memory import check_update_memory
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import JointActionFields, ReferenceKLFields, RolloutFields, require
-from comlrl_lightning.algorithms.objective import Objective
-from comlrl_lightning.core.losses import kl_estimate
+from comlrl_lightning.core.losses import assert_finite, kl_estimate
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.sampling import (
@@ -41,10 +46,45 @@ from comlrl_lightning.rollout.tree import Node, Rollout, RolloutEngine
 from comlrl_lightning.runs import ranks, stop
 
 
+@dataclass
+class PolicyBatch:
+    """One agent's rows of a mini-batch, as tensors: inputs, per-row advantages, loss weights, stored log-probs (what
+    an on-policy objective's ``loss`` reads beside the fresh log-probs)."""
+
+    inputs: ScoringInputs
+    advantages: Tensor  # [B]
+    weights: Tensor  # [B, T]
+    ref_logprobs: Tensor | None  # [B, T] the reference policy's (reference KL in the loss)
+    old_logprobs: Tensor | None = None  # [B, T] the sampling policy's, under the training model (a ratio objective)
+    engine_logprobs: Tensor | None = None  # [B, T] the inference engine's, where one sampled (vLLM)
+    fresh: Tensor | None = None  # [B] bool: sampled by the weights this update starts from (policy lag 0)
+    entropy: Tensor | None = None  # [B, T] the policy's entropy per position (``uses_entropy``), with grad
+    values: Tensor | None = None  # [B] a critic's values, with grad (actor-critic)
+    extras: dict[str, Tensor] = field(default_factory=dict)  # [B, ...] a family's per-row tensors
+
+    def rows(self, sl: Any) -> "PolicyBatch":
+        def part(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[sl]
+
+        return PolicyBatch(
+            trim_prompt_padding(select_rows(self.inputs, sl)),
+            self.advantages[sl],
+            self.weights[sl],
+            part(self.ref_logprobs),
+            part(self.old_logprobs),
+            part(self.engine_logprobs),
+            part(self.fresh),
+            extras={name: value[sl] for name, value in self.extras.items()},
+        )
+
+
 class OnPolicyModule(MultiAgentModule):
     """Sample with the current weights, buffer, train on the buffer in mini-batches (module docstring)."""
 
     field_groups = (*MultiAgentModule.field_groups, JointActionFields, RolloutFields, ReferenceKLFields)
+    reward_per_node: ClassVar[bool] = False  # one reward call per node, 1/J/N values (actor-critic)
+    per_agent_rewards: ClassVar[bool] = True  # an N-value reward is one reward per agent
+    passes: int = 1  # shuffled passes over every drained buffer
 
     def init_state(self) -> None:
         super().init_state()
@@ -56,10 +96,16 @@ class OnPolicyModule(MultiAgentModule):
 
     @property
     def needs_sampling_logprobs(self) -> bool:
-        """Whether training reads the sampling policy's token log-probs (the reference KL in the reward; a
-        PPO-style objective's old log-probs): then sampling keeps them (:meth:`sampling_logprobs`)."""
+        """Whether training reads the sampling policy's token log-probs (the reference KL in the reward; a ratio
+        objective's or the engine correction's π_old): then sampling keeps them (:meth:`sampling_logprobs`)."""
         reward_kl = self.uses_reference and self.reference_kl_placement == "reward"
-        return self.objective.needs_sampling_logprobs or reward_kl
+        return self.keeps_old_logprobs or reward_kl
+
+    @property
+    def keeps_old_logprobs(self) -> bool:
+        """Whether every fresh sample stores π_old, the training model's log-probs under the weights that sampled
+        it (``attach_training_logprobs``): a ratio objective's denominator, the engine correction's numerator."""
+        return getattr(self.objective, "uses_old_logprobs", False) or self.corrects_engine_sampling
 
     @torch.no_grad()
     def score_no_grad(self, agent: int, inputs: ScoringInputs) -> Tensor:
@@ -95,8 +141,8 @@ class OnPolicyModule(MultiAgentModule):
             early_termination_threshold=self.early_termination_threshold,
             external_transition=self.external_transition,
             external_prompt_passthrough=self.external_prompt_passthrough,
-            reward_per_node=self.objective.reward_per_node,
-            per_agent_rewards=self.objective.per_agent_rewards,
+            reward_per_node=self.reward_per_node,
+            per_agent_rewards=self.per_agent_rewards,
         )
 
     def check_config(self) -> None:
@@ -140,7 +186,7 @@ class OnPolicyModule(MultiAgentModule):
         rollout = self.collect_rollout(batch)
         sampled = {}
         if rollout is not None:  # None: this rank's share of the epoch's last batch is empty
-            self.buffer.extend(self.objective.records(rollout))
+            self.buffer.extend(self.records(rollout))
             sampled = self.rollout_metrics(rollout)
         last_batch = batch_idx + 1 >= self.trainer.num_training_batches
         drain = len(self.buffer) >= self.rollout_buffer_size or (last_batch and bool(self.buffer))
@@ -169,7 +215,12 @@ class OnPolicyModule(MultiAgentModule):
         super().on_fit_start()
         data = self.trainer.datamodule
         if isinstance(data, TaskDataModule):  # also MARLHF's data module, for its RL stage
-            data.attach_rollouts(self.policy)  # its loader now yields RolloutBatch-es of this policy
+            data.attach_rollouts(self.policy, **self.rollout_options())  # its loader yields this policy's rollouts
+
+    def rollout_options(self) -> dict[str, Any]:
+        """How the data module resolves this module's rollouts (``TaskDataModule.attach_rollouts``' options: the
+        MAGRPO family's dynamic sampling)."""
+        return {}
 
     @torch.no_grad()
     def collect_rollout(self, batch: RolloutBatch | Sequence[Mapping[str, Any]]) -> Rollout | None:
@@ -189,11 +240,11 @@ class OnPolicyModule(MultiAgentModule):
         for phase, seconds in rollout.timings.items():
             self.record.phase_seconds[phase] += seconds
         with self.record.timed("score"):
-            if self.corrects_engine_sampling:
+            if self.keeps_old_logprobs:
                 self.attach_training_logprobs(rollout.nodes)
             if self.reference is not None:
                 self.attach_reference_kl(rollout.nodes)
-            self.objective.after_rollout(rollout)
+            self.after_rollout(rollout)
         self.last_rollout = rollout
         return rollout
 
@@ -201,13 +252,31 @@ class OnPolicyModule(MultiAgentModule):
         """The reward rollouts are scored with: the task reward, unless overridden (MARLHF's learned reward)."""
         return self.reward_override or self.task_reward
 
+    def after_rollout(self, rollout: Rollout) -> None:
+        """What a family computes on fresh nodes before they are buffered (actor-critic: values and targets)."""
+
+    def records(self, rollout: Rollout) -> list[Any]:
+        """What the buffer holds and ``rollout_buffer_size`` counts: nodes (actor-critic: joint samples)."""
+        return rollout.nodes
+
+    def record_from_state(self, state: dict[str, Any]) -> Any:
+        """A buffered record back from a checkpoint (``record.state_dict()``)."""
+        return Node.from_state_dict(state)
+
+    def prepare_group(self, group: list[Any]) -> None:
+        """Per drained turn group, before its mini-batches (actor-critic: advantages over the group)."""
+
+    def node_record(self, node: Node) -> dict[str, Any]:
+        """What the completions log adds for a node (actor-critic: per-agent rewards and values)."""
+        return {}
+
     def schedule(self, records: list[Any]) -> Iterator[list[Any]]:
-        """The mini-batches of one drained buffer: ``objective.passes`` passes, each turn by turn (a mini-batch
-        never mixes turns), shuffled, ``train_batch_size`` records each."""
-        for _ in range(self.objective.passes):
+        """The mini-batches of one drained buffer: ``passes`` passes, each turn by turn (a mini-batch never mixes
+        turns), shuffled, ``train_batch_size`` records each."""
+        for _ in range(self.passes):
             for turn in sorted({r.turn for r in records}):
                 group = [r for r in records if r.turn == turn]
-                self.objective.prepare_group(group)
+                self.prepare_group(group)
                 order = torch.randperm(len(group)).tolist()
                 for start in range(0, len(group), self.train_batch_size):
                     yield [group[j] for j in order[start : start + self.train_batch_size]]
@@ -231,8 +300,9 @@ class OnPolicyModule(MultiAgentModule):
 
     @torch.no_grad()
     def attach_training_logprobs(self, nodes: list[Node]) -> None:
-        """The training model's log-probs of the fresh samples, under the weights that sampled them (one no-grad
-        forward per agent): π_train of the importance weights, whatever the policy lag at the update."""
+        """π_old: the training model's log-probs of the fresh samples under the weights that sampled them (kept
+        while sampling, else one no-grad forward per agent): a ratio objective's denominator and the engine
+        correction's π_train, whatever the policy lag at the update."""
         for i in range(self.num_agents):
             samples = [n.agents[i] for n in nodes]
             inputs = collate_rows(
@@ -261,6 +331,48 @@ class OnPolicyModule(MultiAgentModule):
             else:
                 for s, rows in zip(samples, ref.split(sizes)):
                     s.ref_logprobs = rows[:, : s.completion_ids.shape[1]]
+
+    # ------------------------------------------------------------------ the update
+    def update(self, records: list[Any]) -> dict[str, float]:
+        """One team update on a mini-batch of ``records`` (possibly empty on a data-parallel rank): one optimizer
+        step, one ``global_step``. Step 1, the rollout, happened in ``train_step``."""
+        with self.record.timed("update"):
+            step, batch_metrics = self.begin_update(len(records)), {}
+            if records:
+                # 2. returns and advantages: each agent's rows of the mini-batch
+                batches = [self.agent_batch(records, i) for i in range(self.num_agents)]
+                gaps = [EngineGap() for _ in batches]
+                # 3. for each agent x micro-batch: score, loss, backward
+                for i, _, _, rows in self.agent_micro_batches([batch.inputs for batch in batches]):
+                    chunk = batches[i].rows(rows)
+                    logp = self.score(i, chunk)
+                    loss, metrics = self.objective.loss(logp, chunk)
+                    assert_finite("policy loss", loss, step=self.global_step, agent=i)
+                    gaps[i].add(logp, chunk)
+                    step.backward(loss, {"loss": loss, **prefixed(f"agent_{i}/", {"loss": loss, **metrics})})
+                step.add(self.extra_losses(records, step))
+                batch_metrics = {**self.batch_metrics(records), **update_metrics(batches, gaps)}
+            # 4. clip and step
+            metrics = self.objective.summarize(step.finish())
+        # 5. log
+        return {**metrics, **batch_metrics, **self.record.take_timings()}
+
+    def agent_batch(self, records: list[Any], agent: int) -> PolicyBatch:
+        """Step 2: agent ``agent``'s rows of a mini-batch with their advantages (a family defines it)."""
+        raise TypeError(f"{type(self).__name__} does not define agent_batch (an on-policy family must)")
+
+    def score(self, agent: int, batch: PolicyBatch) -> Tensor:
+        """Step 3's forward: agent ``agent``'s token log-probs [B, T] of ``batch`` with grad (and the entropy per
+        position into ``batch.entropy`` when the objective uses it)."""
+        if getattr(self.objective, "uses_entropy", False):
+            logp, batch.entropy = token_logprobs(self.policy_model(agent), batch.inputs, entropy=True)
+            return logp
+        return token_logprobs(self.policy_model(agent), batch.inputs)
+
+    def extra_losses(self, records: list[Any], step: Any) -> dict[str, Tensor]:
+        """Step 3's forwards after the agents' (MAAC: the joint critic's), back-propagated through ``step``;
+        returns metrics to add. None by default."""
+        return {}
 
     # ------------------------------------------------------------------ the per-agent x micro-batch loop
     def agent_micro_batches(self, inputs: Sequence[ScoringInputs]) -> Iterator[tuple[int, int, int, Any]]:
@@ -302,9 +414,12 @@ class OnPolicyModule(MultiAgentModule):
 
     # ------------------------------------------------------------------ metrics
     def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
-        """Rewards of the fresh nodes per turn, completion lengths, and the reference KL when it is on."""
-        metrics: dict[str, float] = {}
+        """Rewards of the fresh nodes per turn, completion lengths, the reference KL when it is on, and what the
+        rollout reports itself (``rollout.metrics``: dynamic sampling's, ``data/dynamic_sampling.py``)."""
+        metrics: dict[str, float] = dict(rollout.metrics)
         for t, level in enumerate(rollout.levels):
+            if not level:  # dynamic sampling dropped every node of this turn (a deeper turn kept some)
+                continue
             rewards = torch.cat([n.rewards for n in level])
             metrics[f"rollout/turn_{t + 1}/reward_mean"] = float(rewards.mean())
             metrics[f"rollout/turn_{t + 1}/reward_std"] = float(rewards.std(unbiased=False))
@@ -321,12 +436,10 @@ class OnPolicyModule(MultiAgentModule):
             )
         return metrics
 
-    def batch_metrics(self, records: list[Any], objective: Objective) -> dict[str, float]:
-        if objective is not self.objective:  # another stage's batch (MARLHF's pairs)
-            return super().batch_metrics(records, objective)
+    def batch_metrics(self, records: list[Any]) -> dict[str, float]:
+        """Metrics of the mini-batch itself, taken before the optimizer step (a family adds its own)."""
         # Updates done before this one minus updates done at sampling: 0 = sampled by the weights being updated.
-        lag = float(self.global_step - min(r.policy_version for r in records))
-        return {"rollout/policy_lag": lag, **super().batch_metrics(records, objective)}
+        return {"rollout/policy_lag": float(self.global_step - min(r.policy_version for r in records))}
 
     def completion_records(self, max_nodes: int) -> list[dict[str, Any]]:
         """What the agents wrote at the first ``max_nodes`` nodes of the last rollout (CompletionsLogger)."""
@@ -341,7 +454,7 @@ class OnPolicyModule(MultiAgentModule):
                 "completions": [a.texts for a in node.agents],
                 "joint_actions": node.joint_index.tolist(),
                 "rewards": node.rewards.tolist(),
-                **self.objective.node_record(node),
+                **self.node_record(node),
             }
             for node in self.last_rollout.nodes[:max_nodes]
         ]
@@ -365,4 +478,55 @@ class OnPolicyModule(MultiAgentModule):
         saved = state.get("rank_buffers") or [state.get("buffer", [])]
         # Resumed with a different number of processes: old rank r's records go to rank r mod D (none is lost).
         mine = [records for r, records in enumerate(saved) if r % ranks.world_size() == ranks.rank()]
-        self.buffer = [self.objective.record_from_state(s) for records in mine for s in records]
+        self.buffer = [self.record_from_state(s) for records in mine for s in records]
+
+
+def stored_rows(samples: list, name: str, inputs: ScoringInputs) -> Tensor | None:
+    """The per-token values ``name`` stored with each sample (log-probs of some policy, [K_s, T_s] each), one row per
+    completion, right-padded to the width of ``inputs``; None when the samples store none."""
+    if getattr(samples[0], name) is None:
+        return None
+    width = inputs.completion_ids.shape[1]
+    return torch.cat([F.pad(getattr(s, name), (0, width - getattr(s, name).shape[1])) for s in samples])
+
+
+def prefixed(prefix: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}{name}": value for name, value in metrics.items()}
+
+
+class EngineGap:
+    """Mean |log π_engine − log π_train| per token over an agent's rows of one update that the weights being
+    updated sampled (policy lag 0): how far the inference engine's probabilities are from the training model's
+    (``rollout/engine_logprob_gap``; vLLM only)."""
+
+    def __init__(self):
+        self.total, self.tokens = 0.0, 0
+
+    def add(self, logp: Tensor, batch: PolicyBatch) -> None:
+        if batch.engine_logprobs is None:
+            return
+        mask = batch.inputs.completion_mask.to(logp.device) & batch.fresh.to(logp.device).unsqueeze(-1)
+        self.total += float(((logp.detach() - batch.engine_logprobs.to(logp.device)).abs() * mask).sum())
+        self.tokens += int(mask.sum())
+
+
+def advantage_metrics(advantages: Tensor) -> dict[str, float]:
+    """Mean and spread of one agent's advantages in an update, and the share of its samples with advantage 0."""
+    a = advantages.float()
+    return {
+        "advantage_mean": float(a.mean()),
+        "advantage_std": float(a.std(unbiased=False)),
+        "zero_advantage_ratio": float((a == 0).float().mean()),
+    }
+
+
+def update_metrics(batches: list[PolicyBatch], gaps: list[EngineGap]) -> dict[str, float]:
+    """Per agent, :func:`advantage_metrics` (a zero advantage: a group whose returns were all equal, no learning
+    signal, trl's ``frac_reward_zero_std``); the engine gap averaged over the agents (vLLM)."""
+    metrics = {}
+    for i, batch in enumerate(batches):
+        metrics.update(prefixed(f"agent_{i}/", advantage_metrics(batch.advantages)))
+    measured = [g.total / g.tokens for g in gaps if g.tokens]
+    if measured:
+        metrics["rollout/engine_logprob_gap"] = sum(measured) / len(batches)
+    return metrics

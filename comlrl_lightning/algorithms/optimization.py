@@ -1,6 +1,7 @@
 """The optimizer side of an update: the team's one AdamW and its kernel, the learning-rate schedule (warm-up then
 constant, linear or cosine decay), the scheduler that steps each parameter group over the updates that trained it,
-the gradient norms and clipping, and the update skeleton every algorithm shares (:func:`run_update`)."""
+the gradient norms and clipping, and the optimizer side of one update (:class:`UpdateStep`). Plain helpers: none takes
+the module."""
 
 from __future__ import annotations
 
@@ -144,78 +145,80 @@ def trained_parameters(
     ]
 
 
-def parameter_groups(module: Any) -> list[dict[str, Any]]:
-    """The AdamW parameter groups of a module: one per distinct agent model (its learning rate, ``agent_<i>``),
-    then the objectives' (critics, a reward model)."""
-    agents = [
+class UpdateStep:
+    """The optimizer side of one team update, from explicit parts (a loop's ``update`` makes one with
+    ``MultiAgentModule.begin_update``): the gradients zeroed at the start; :meth:`backward` per forward (one graph at
+    a time, DDP's per-backward sync off, a sharded model's loss scaled so FSDP's average is row-weighted), metrics
+    summed on the device; :meth:`finish` averages the gradients over the ranks, clips and measures every trained
+    model's gradient norm, takes one optimizer step and one scheduler step (one ``global_step``). In a data-parallel
+    run every rank updates together, each on its own mini-batch of ``rows`` (possibly empty), so every rank holds
+    the same weights after it."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        trained: list[tuple[list[str], Any]],
+        sharded: list[Any],
+        rows: int,
+        backward: Any,
+        no_sync: Any = contextlib.nullcontext,
+        max_grad_norm: float | None = None,
+    ):
+        self.optimizer, self.scheduler, self.trained, self.sharded = optimizer, scheduler, trained, sharded
+        self.rows, self._backward, self.no_sync, self.max_grad_norm = rows, backward, no_sync, max_grad_norm
+        # Sharded models: FSDP averages over ranks; scaling by rows x D / all rows makes it row-weighted.
+        self.scale = rows * ranks.world_size() / max(ranks.reduce_sum(rows), 1) if sharded else 1.0
+        self.sums: dict[str, Any] = defaultdict(float)
+        optimizer.zero_grad()
+
+    def backward(self, loss: Tensor, metrics: dict[str, Any] | None = None) -> None:
+        """Back-propagate one forward's loss and add its metrics (summed on the device, read once at the end; a
+        tensor joins the running total's device: agents placed on different devices add to one loss)."""
+        with self.no_sync():  # DDP expects one backward per forward; ours are one per agent: synced once in finish
+            self._backward(loss * self.scale if self.sharded else loss)
+        self.add(metrics or {})
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            value = value.detach() if isinstance(value, Tensor) else value
+            total = self.sums[key]
+            self.sums[key] = total + (value.to(total.device) if isinstance(total, Tensor) else value)
+
+    def finish(self) -> dict[str, float]:
+        """Average, clip, step: the gradient norms, the learning rates this update used and the summed metrics."""
+        if self.sharded:  # data-parallel runs: one all-reduce per update (else nothing)
+            reduce_gradients(self.sharded)
+        else:
+            ranks.average_gradients((p for g in self.optimizer.param_groups for p in g["params"]), self.rows)
+        metrics = {
+            **clip_and_measure(trained_parameters(self.trained, self.optimizer), self.max_grad_norm),
+            **{key: float(value) for key, value in self.sums.items()},
+        }
+        for group in self.optimizer.param_groups:  # the rate this update used
+            metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
+        stepped = [any(p.grad is not None for p in group["params"]) for group in self.optimizer.param_groups]
+        self.optimizer.step()
+        refresh(self.sharded)  # sharded models: gather the updated weights
+        weights.weights_changed()  # a generation copy of the weights (generation_dtype) is now stale
+        if self.scheduler is not None:
+            self.scheduler.step_groups(stepped)
+        return metrics
+
+
+def agent_parameter_groups(agents: Any, learning_rates: Sequence[float]) -> list[dict[str, Any]]:
+    """One AdamW parameter group per distinct agent model: its learning rate, named ``agent_<i>``."""
+    return [
         {
-            "params": trainable_parameters(module.agents[ids[0]]),
-            "lr": module.team.learning_rates[ids[0]],
+            "params": trainable_parameters(agents[ids[0]]),
+            "lr": learning_rates[ids[0]],
             "name": f"agent_{ids[0]}",
             "agents": ids,
         }
-        for ids in agent_groups(module.agents)
+        for ids in agent_groups(agents)
     ]
-    return agents + [group for o in module.objectives() for group in o.parameter_groups()]
 
 
-def trained_models(module: Any) -> list[tuple[list[str], Any]]:
-    """(metric names, model) of every model a module trains: each distinct agent model (``agent_<i>`` for every
-    agent sharing it), then the objectives'. The first name is the model's parameter group's."""
-    agents = [([f"agent_{i}" for i in ids], module.agents[ids[0]]) for ids in agent_groups(module.agents)]
-    return agents + [trained for o in module.objectives() for trained in o.trained_models()]
-
-
-def updated_models(module: Any, objective: Any) -> list[Any]:
-    """The sharded models an update of ``objective`` trains (their gradients are reduce-scattered): the agents
-    unless it trains its own models only (MARLHF's reward-model stage), and its models."""
-    agents = list({id(m): m for m in module.agents}.values()) if objective.trains_agents else []
-    return [m for m in agents + objective.models() if is_sharded(m)]
-
-
-def run_update(module: Any, batch: Any, objective: Any) -> dict[str, float]:
-    """The update skeleton: zero the gradients; one backward per ``(loss, diagnostics)`` that ``objective.losses``
-    yields (one graph at a time), diagnostics summed; average the gradients over the ranks; clip and measure every
-    trained model's gradient norm; one optimizer step and one scheduler step (one ``global_step``). In a
-    data-parallel run every rank updates together, each on its own mini-batch (possibly empty), with gradients
-    averaged over the ranks by rows before clipping, so every rank holds the same weights after it."""
-    m = module
-    with m.record.timed("update"):
-        m.generation_engine.release_memory()  # vLLM's sleep mode: the engines' memory is the update's now
-        optimizer = m.optimizers()
-        optimizer.zero_grad()
-        sums: dict[str, Any] = defaultdict(float)
-        # DDP's reducer expects one backward per forward; ours are one per agent, so it stays off and the
-        # gradients are averaged once below.
-        no_sync = getattr(m.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
-        sharded = updated_models(m, objective)
-        # Sharded agents: FSDP averages over ranks; scaling by rows x D / all rows makes it row-weighted.
-        scale = len(batch) * ranks.world_size() / max(ranks.reduce_sum(len(batch)), 1) if sharded else 1.0
-        with no_sync():
-            for loss, diagnostics in objective.losses(batch) if len(batch) else ():  # one graph at a time
-                m.manual_backward(loss * scale if sharded else loss)
-                for key, value in diagnostics.items():  # summed on the device, read once below (a tensor
-                    # joins the running total's device: agents placed on different devices add to one loss)
-                    value = value.detach() if isinstance(value, Tensor) else value
-                    total = sums[key]
-                    sums[key] = total + (value.to(total.device) if isinstance(total, Tensor) else value)
-        with m.record.timed("gradient_sync"):  # data-parallel runs: one all-reduce per update (else nothing)
-            if sharded:
-                reduce_gradients(sharded)
-            else:
-                ranks.average_gradients((p for g in optimizer.param_groups for p in g["params"]), len(batch))
-        metrics = {
-            **clip_and_measure(trained_parameters(trained_models(m), optimizer), m.max_grad_norm),
-            **(m.batch_metrics(batch, objective) if len(batch) else {}),
-            **{key: float(value) for key, value in sums.items()},
-        }
-        for group in optimizer.param_groups:  # the rate this update used
-            metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
-        trained = [any(p.grad is not None for p in group["params"]) for group in optimizer.param_groups]
-        optimizer.step()
-        refresh(sharded)  # sharded models: gather the updated weights
-        weights.weights_changed()  # a generation copy of the weights (generation_dtype) is now stale
-        scheduler = m.lr_schedulers()
-        if scheduler is not None:
-            scheduler.step_groups(trained)
-    return {**metrics, **m.record.take_timings()}
+def agent_trained_models(agents: Any) -> list[tuple[list[str], Any]]:
+    """(metric names, model) of each distinct agent model (``agent_<i>`` for every agent sharing it)."""
+    return [([f"agent_{i}" for i in ids], agents[ids[0]]) for ids in agent_groups(agents)]

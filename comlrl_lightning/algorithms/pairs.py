@@ -10,12 +10,16 @@ runs their checks, callbacks and checkpoint entry for the module that composes i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Hashable, Sequence
+
+import torch
+from torch import Tensor
 
 from comlrl_lightning.algorithms.fields import require
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.data.preferences import PairPlan, PreferenceDataModule
 from comlrl_lightning.rollout.policy import TeamPolicy
+from comlrl_lightning.rollout.sampling import ScoringInputs, micro_batches
 
 
 class Pairs:
@@ -42,10 +46,8 @@ class Pairs:
             )
             + f" Got joint_mode={m.joint_mode!r}.",
         )
-        require(
-            m.pair_selection in m.pair_selections,
-            f"pair_selection must be one of: {', '.join(m.pair_selections)} (got {m.pair_selection!r}).",
-        )
+        # pair_selection needs no rule here: its field's type lists the choices (PreferenceFields: core/pairs.py's;
+        # the iterative variants', IterativePreferenceFields: core/replay.py's) and rejects any other value.
 
     def check_rounds(self) -> None:
         if self.rounds is not None:
@@ -124,3 +126,48 @@ class Pairs:
     def load(self, state: dict[str, Any]) -> None:
         if state.get("iterative") and self.rounds is not None:
             self.rounds.load_state_dict(state["iterative"])
+
+
+def pair_micro_batches(
+    num_pairs: int,
+    max_pairs: int | None,
+    max_tokens: int | None = None,
+    prompt_lengths: Sequence[int] = (),
+    width: int = 0,
+    groups: Sequence[Hashable] | None = None,
+    share_prompts: bool = False,
+) -> list[slice | Tensor]:
+    """The pairs of each forward of one preference update (MADPO's margins, MARLHF's reward model), planned by the
+    on-policy planner (``rollout.sampling.micro_batches``). A micro-batch of pairs is their winner and loser rows, in
+    one forward: at most ``max_pairs`` pairs (``micro_batch_size``; null: no limit) and, with ``max_tokens``
+    (``micro_batch_tokens``), at most that many tokens in a forward — a pair over the budget is a micro-batch of its
+    own. Pair j's two rows are a prompt of ``prompt_lengths[j]`` tokens followed by at most ``width`` tokens (padded
+    to the micro-batch's longest, as a forward pads them); with ``share_prompts``, pairs of one ``groups`` key share
+    their prompt, encoded once (``token_logprobs``), so a micro-batch costs each distinct prompt once plus ``2·width``
+    per pair, else ``2 × (prompt + width)`` per pair — what ``forward_tokens`` counts. ``prompt_lengths`` (only read
+    with a token budget) should be a pair's longest over the forwards it takes part in (one per agent), so the
+    budget holds for each. Returned as :func:`micro_batches` returns rows (slices, or index tensors with a budget)."""
+    if max_tokens is None or num_pairs == 0:
+        step = max_pairs or max(num_pairs, 1)
+        return [slice(s, min(s + step, num_pairs)) for s in range(0, num_pairs, step)]
+    # One planning row per pair: its prompt (ids = its group's index, so pairs of one group count as sharing it)
+    # and a completion of 2·width tokens (both rows' continuations), or, not shared, of width tokens at half the
+    # budget (2 × (prompt + width) <= budget).
+    lengths = torch.as_tensor(list(prompt_lengths), dtype=torch.long)
+    keys = list(groups) if groups is not None else list(range(num_pairs))
+    index = {key: k for k, key in enumerate(dict.fromkeys(keys))}
+    group = torch.tensor([index[key] for key in keys], dtype=torch.long)
+    prompt_width = int(lengths.max())
+    shared = share_prompts and int(lengths.min()) >= 2  # token_logprobs shares no prompt of one token
+    tail = 2 * width if shared else width
+    prompt_mask = torch.arange(prompt_width) >= (prompt_width - lengths)[:, None]  # left-padded prompts
+    attention_mask = torch.cat([prompt_mask.long(), torch.ones(num_pairs, tail, dtype=torch.long)], dim=1)
+    completion_ids = torch.zeros(num_pairs, tail, dtype=torch.long)
+    plan = ScoringInputs(
+        input_ids=torch.cat([torch.where(prompt_mask, group[:, None], 0), completion_ids], dim=1),
+        attention_mask=attention_mask,
+        position_ids=(attention_mask.cumsum(-1) - 1).clamp_min(0),
+        completion_ids=completion_ids,
+        completion_mask=torch.ones(num_pairs, tail, dtype=torch.bool),
+    )
+    return micro_batches(plan, max_pairs, max_tokens if shared else max_tokens // 2, shared)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -310,17 +310,21 @@ def check_first_items(datamodule: Any, stage: str | None, formatters: list[Any])
                 ) from err
 
 
-def load_models(module: Any) -> None:
-    """``configure_model``: load the team (gradient checkpointing on each distinct model when asked) and the
-    objectives' models once; then, under FSDP2 (``ModelParallelStrategy``), shard every model of
+def load_models(module: Any, wrap_agents: Callable[[list[nn.Module]], list[nn.Module]] | None = None) -> None:
+    """``configure_model``: load the team (gradient checkpointing on each distinct model when asked; then
+    ``wrap_agents``, when given, e.g. IAC's value heads on the actors) and the
+    model parts' models once (each registered under its part's name); then, under FSDP2 (``ModelParallelStrategy``), shard every model of
     ``module.sharded_models()`` not sharded yet. Idempotent."""
     if "agents" not in module._modules:
         models, module._tokenizers = load_team(module.team)
         for model in {id(m): m for m in models}.values():
             apply_gradient_checkpointing(module.team, model)
+        if wrap_agents is not None:
+            models = wrap_agents(models)
         module._modules["agents"] = nn.ModuleList(models)
-        for objective in module.objectives():
-            objective.build_models()
+        for part in module.model_parts():
+            part.module = part.build(module._tokenizers, module._modules["agents"])
+            module._modules[part.name] = part.module
     strategy = module._trainer.strategy if module._trainer is not None else None
     if type(strategy).__name__ == "ModelParallelStrategy":
         for model in module.sharded_models():
@@ -343,20 +347,20 @@ def apply_gradient_checkpointing(team: Team, model: nn.Module) -> None:
 
 
 def place_models(module: Any) -> None:
-    """When a fit starts: each agent on its device (``agent_devices``), then each objective's models on theirs."""
+    """When a fit starts: each agent on its device (``agent_devices``), then each model part's models on theirs."""
     if module.team.devices is not None:
         for model, device in zip(module.agents, module.team.devices):
             model.to(device)
-    for objective in module.objectives():
-        objective.place_models()
+    for part in module.model_parts():
+        part.place()
 
 
 def export(module: Any, root: Path) -> None:
     """``save_pretrained``: ``root/agent_{i}/`` per agent (weights and tokenizer, HF format; sharded agents are
-    gathered on every rank, rank 0 writes), then each objective's models."""
+    gathered on every rank, rank 0 writes), then each model part's models."""
     states = full_state_dicts(list(module.agents))
     with ranks.rank_zero_first() as writer:
         if writer:
             save_agents(list(module.agents), module.tokenizers, root, state_dicts=states)
-    for objective in module.objectives():
-        objective.save_pretrained(root)
+    for part in module.model_parts():
+        part.save_pretrained(root, module.tokenizers)

@@ -192,6 +192,8 @@ class CoMLRLConfig:
             "external_transition": _dry_transition,
             "critic_model": "tiny",
         }
+        if not issubclass(module_class, IAC):  # MARLHF's critics default to its agents'; its MAGRPO family takes none
+            del stand_ins["critic_model"]
         module_class(**self.module_values(module_class), **{k: v for k, v in stand_ins.items() if k in accepted})
         TaskDataModule(
             dataset=[{"prompt": ""}], eval_batch_size=self.eval_batch_size, prompts_per_step=self.prompts_per_step

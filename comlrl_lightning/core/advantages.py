@@ -6,7 +6,7 @@ K returns of that agent's K completions; any leading dimensions are independent 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -111,6 +111,45 @@ def _standardize(adv: Tensor, eps: float) -> Tensor:
     # The floor keeps all-equal groups at exactly 0 instead of 0/0 = NaN.
     std = adv.std(dim=-1, unbiased=False, keepdim=True).clamp_min(eps)
     return centred / std
+
+
+RewardAggregation = Literal["sum", "normalize_components"]  # how a reward's named components become advantages
+
+
+def component_advantages(
+    credit: Tensor, weights: Tensor, mode: str = "mean", normalize: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Per-component group advantages, then their weighted sum (GDPO).
+
+    For a reward that returns named components (``{"syntax": 0.5, "tests": 1.0, ...}``) the credit of each
+    completion is kept per component. ``reward_aggregation: sum`` normalises the (weighted) SUM of the components as
+    one reward; this is ``normalize_components``:
+
+        A_c = compute_advantages(credit[..., c], mode, normalize)      each component within its group of K
+        A   = sum_c weights[c] * A_c
+
+    With summed rewards two completions that trade one level for another tie, and a group whose sums all tie gets
+    zero advantage everywhere; normalised apart, each component still ranks the group. With one component and
+    weight 1 this is :func:`compute_advantages`.
+
+    Args:
+        credit: [..., K, C] per-completion credit of each component (``AgentSamples.credit_components``, stacked
+            over nodes: [M, K, C]); the group is dim -2.
+        weights: [C] the components' weights (``reward_component_weights``, 1.0 where a name is not given).
+        mode, normalize, eps: as in :func:`compute_advantages`, applied to every component.
+    Returns:
+        [..., K] advantages, at least float32.
+    """
+    if credit.dim() < 2:
+        raise ValueError(f"credit must be [..., K, C] (got shape {tuple(credit.shape)}).")
+    if weights.dim() != 1 or weights.shape[0] != credit.shape[-1]:
+        raise ValueError(
+            f"weights must be [C] with C = {credit.shape[-1]} components, the last dim of credit (got shape "
+            f"{tuple(weights.shape)})."
+        )
+    per_component = compute_advantages(credit.movedim(-1, -2), mode, normalize, eps)  # [..., C, K]
+    w = weights.to(device=per_component.device, dtype=torch.promote_types(per_component.dtype, weights.dtype))
+    return (per_component.to(w.dtype) * w.unsqueeze(-1)).sum(dim=-2)  # [..., K]
 
 
 def bootstrap_returns(rewards: Tensor, child_mean_returns: Tensor, has_child: Tensor, discount: float = 1.0) -> Tensor:

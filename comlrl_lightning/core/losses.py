@@ -5,13 +5,16 @@ Pure tensor math: no models, no Lightning. Shapes: B sequences (completions) x T
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-LOSS_AGGREGATIONS = ("seq_sum", "token_mean", "seq_mean_token_mean", "dr_grpo")
+# The choices of ``reference_kl_estimator`` and ``loss_aggregation`` (the fields' types: ``algorithms/fields.py``).
+KlEstimator = Literal["k1", "k2", "k3"]
+LossAggregation = Literal["seq_sum", "token_mean", "seq_mean_token_mean", "dr_grpo"]
+KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
+LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
 
 
 def kl_estimate(logp_policy: Tensor, logp_ref: Tensor, estimator: str = "k3") -> Tensor:
@@ -121,7 +124,7 @@ def policy_gradient_loss(
 
 
 ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
-IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ImportanceSamplingMode.__args__
+IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = get_args(ImportanceSamplingMode)
 
 
 def importance_sampling_weights(
@@ -292,4 +295,54 @@ def bradley_terry_loss(winner_scores: Tensor, loser_scores: Tensor) -> tuple[Ten
         "loss": loss.detach(),
         "accuracy": (margin.detach() > 0).to(dtype).mean(),
         "margin_mean": margin.detach().mean(),
+    }
+
+
+def token_ratios(token_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-token importance ratios r_{b,t} = π(y_{b,t}) / π_old(y_{b,t}) = exp(log π − log π_old), 0 where masked
+    (PPO, Schulman et al. 2017). Gradient through ``token_logprobs`` only."""
+    mask = mask.to(token_logprobs.dtype)
+    return torch.exp((token_logprobs - old_logprobs.detach()) * mask) * mask
+
+
+def sequence_ratios(token_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's sequence ratio (Zheng et al. 2025, arXiv:2507.18071) in its token form: s_b = exp(mean_t (log π −
+    log π_old)) over the completion's tokens, the same value at every token, r_{b,t} = sg(s_b)·π(y_{b,t})/sg(π(y_{b,t})):
+    equal to s_b, with the gradient s_b·∇log π(y_{b,t}). Clipping r clips s_b, the whole sequence at once. 0 where
+    masked; an empty completion has s = 1."""
+    mask = mask.to(token_logprobs.dtype)
+    lengths = mask.sum(-1, keepdim=True).clamp_min(1.0)
+    s = torch.exp(((token_logprobs - old_logprobs) * mask).sum(-1, keepdim=True) / lengths).detach()  # [B, 1]
+    return s * torch.exp(token_logprobs - token_logprobs.detach()) * mask
+
+
+def clipped_surrogate_loss(
+    ratios: Tensor, advantages: Tensor, weights: Tensor, epsilon_low: float, epsilon_high: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The clipped surrogate with asymmetric bounds (PPO; DAPO's clip-higher):
+
+        loss = −Σ_{b,t} w[b,t] · min(r_{b,t}·A_b, clip(r_{b,t}, 1 − ε_low, 1 + ε_high)·A_b)
+
+    With r = 1 (the first pass over fresh samples) its gradient is REINFORCE's, −Σ w·A·∇log π.
+
+    Args:
+        ratios: [B, T] from :func:`token_ratios` or :func:`sequence_ratios` (with grad).
+        advantages: [B]; weights: [B, T] from :func:`token_loss_weights` (0 on padding).
+    Returns:
+        (scalar loss, detached diagnostics: ``policy_loss``, ``clipped_tokens`` (tokens whose ratio was clipped
+        and whose clipped term was the minimum: no gradient), ``ratio_sum`` (Σ r over weighted tokens) and
+        ``ratio_tokens``).
+    """
+    dtype = torch.promote_types(ratios.dtype, torch.float32)
+    ratios, weights = ratios.to(dtype), weights.to(dtype)
+    advantages = advantages.to(dtype)[:, None]
+    clipped = ratios.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
+    unclipped_term, clipped_term = ratios * advantages, clipped * advantages
+    loss = -(weights * torch.minimum(unclipped_term, clipped_term)).sum()
+    counted = weights != 0
+    return loss, {
+        "policy_loss": loss.detach(),
+        "clipped_tokens": (counted & (clipped_term < unclipped_term)).sum().detach(),
+        "ratio_sum": (ratios.detach() * counted).sum(),
+        "ratio_tokens": counted.sum().detach(),
     }

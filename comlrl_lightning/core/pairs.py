@@ -18,12 +18,13 @@ by re-tokenising on load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, get_args
 
 import torch
 from torch import Tensor
 
-PAIR_SELECTIONS = ("reward_gap", "random", "all")
+PairSelection = Literal["reward_gap", "random", "all"]  # ``pair_selection`` (the field's type)
+PAIR_SELECTIONS: tuple[str, ...] = get_args(PairSelection)
 # Keys of one serialised pair, in file order (docs/algorithms.md#preference-pairs-and-madpo).
 RECORD_KEYS = (
     "prompts",
@@ -57,7 +58,7 @@ def select_pairs(
     """
     selection = str(selection).lower()
     if selection not in PAIR_SELECTIONS:
-        raise ValueError(f"pair_selection must be one of: reward_gap, all, random. (got {selection!r})")
+        raise ValueError(f"pair_selection must be one of: {', '.join(PAIR_SELECTIONS)}. (got {selection!r})")
     if limit is not None and limit < 1:
         raise ValueError(f"preference_pairs_per_sample must be >= 1 or null. (got {limit!r})")
     if selection == "all" and limit is not None:
@@ -167,4 +168,4 @@ class PreferencePair:
         )
 
 
-__all__ = ["PAIR_SELECTIONS", "RECORD_KEYS", "PreferencePair", "select_pairs"]
+__all__ = ["PAIR_SELECTIONS", "RECORD_KEYS", "PairSelection", "PreferencePair", "select_pairs"]

@@ -28,13 +28,13 @@ k < min(K_c, K_cmp); gap_k = r^cur_k - r^cmp_k; gap > 0 current wins, gap < 0 co
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 import torch
 from torch import Tensor
 
 from comlrl_lightning.choices import Choice
-from comlrl_lightning.core.pairs import PAIR_SELECTIONS
+from comlrl_lightning.core.pairs import PairSelection
 
 # The modes and their aliases (any case; docs/iterative.md).
 REPLAY_MODE = Choice(
@@ -49,7 +49,9 @@ REPLAY_MODE = Choice(
 REPLAY_MODES = REPLAY_MODE.values
 REPLAY_MODE_ALIASES = REPLAY_MODE.aliases
 normalize_replay_mode = REPLAY_MODE
-ITERATIVE_PAIR_SELECTIONS = (*PAIR_SELECTIONS, "comparator_reward")
+# The iterative variants' ``pair_selection``: the pairs' selections, and current vs comparator by comparator reward.
+IterativePairSelection = Literal[PairSelection, "comparator_reward"]
+ITERATIVE_PAIR_SELECTIONS: tuple[str, ...] = get_args(IterativePairSelection)
 _SHARD_NAME = "iteration_{:04d}.json"
 
 
@@ -115,9 +117,7 @@ def select_comparison_pairs(
     """
     selection = str(selection).lower()
     if selection not in ITERATIVE_PAIR_SELECTIONS:
-        raise ValueError(
-            f"pair_selection must be one of: reward_gap, all, random, comparator_reward. (got {selection!r})"
-        )
+        raise ValueError(f"pair_selection must be one of: {', '.join(ITERATIVE_PAIR_SELECTIONS)}. (got {selection!r})")
     if limit is not None and limit < 1:
         raise ValueError(f"preference_pairs_per_sample must be >= 1 or null. (got {limit!r})")
     if selection == "all" and limit is not None:
@@ -152,6 +152,7 @@ def select_comparison_pairs(
 
 __all__ = [
     "ITERATIVE_PAIR_SELECTIONS",
+    "IterativePairSelection",
     "REPLAY_MODES",
     "REPLAY_MODE_ALIASES",
     "normalize_replay_mode",

@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from comlrl_lightning.data.dynamic_sampling import DynamicSampling, ExtraItems
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.tree import Rollout
 from comlrl_lightning.runs import ranks
@@ -274,13 +275,16 @@ class RolloutBatch:
     """A batch of experience for an on-policy module: ``items`` whose rollout trees are sampled when the training
     step resolves the batch — by the weights of that moment. (Lightning fetches a batch one step ahead of its
     training step, so trees sampled in the loader would come from the weights one update back.) Iterating it
-    gives the items."""
+    gives the items. With ``dynamic`` (dynamic sampling, ``data/dynamic_sampling.py``) the tied nodes are dropped and
+    refilled from extra items."""
 
-    def __init__(self, items: list[Mapping[str, Any]], policy: TeamPolicy):
-        self.items, self.policy = list(items), policy
+    def __init__(self, items: list[Mapping[str, Any]], policy: TeamPolicy, dynamic: DynamicSampling | None = None):
+        self.items, self.policy, self.dynamic = list(items), policy, dynamic
 
     def resolve(self, **stamps: Any) -> Rollout:
         """The rollout trees of the items, sampled now (``stamps``: policy_version, env_step, reward)."""
+        if self.dynamic is not None:
+            return self.dynamic.resolve(self.policy, self.items, **stamps)
         return self.policy.rollout(self.items, **stamps)
 
     def __len__(self) -> int:
@@ -293,11 +297,11 @@ class RolloutBatch:
 class _Rollouts:
     """The collate function of a rollout loader: a batch of items becomes a ``RolloutBatch`` of ``policy``."""
 
-    def __init__(self, policy: TeamPolicy):
-        self.policy = policy
+    def __init__(self, policy: TeamPolicy, dynamic: DynamicSampling | None = None):
+        self.policy, self.dynamic = policy, dynamic
 
     def __call__(self, items: list) -> RolloutBatch:
-        return RolloutBatch(items, self.policy)
+        return RolloutBatch(items, self.policy, self.dynamic)
 
 
 class ResumableDataLoader(DataLoader):
@@ -379,11 +383,13 @@ class TaskDataModule(LightningDataModule):
         self.max_train_items, self.max_eval_items = max_train_items, max_eval_items
         self.load_kwargs = load_kwargs or {}
         self.rollout_policy: TeamPolicy | None = None  # set by an on-policy module when the fit starts
+        self.dynamic_sampling: DynamicSampling | None = None  # likewise, when its dynamic_sampling is on
         self.saved_world_size = 1  # processes of the run a checkpoint came from (resume)
         # Loaded now, so that a missing, empty or unreadable dataset is reported before any model loads.
         self.train_items = _head(load_items(self.dataset_source, self.split, **self.load_kwargs), self.max_train_items)
         if len(self.train_items) == 0:
             raise ValueError(f"dataset {self.dataset_source!r} has no items.")
+        self.extra_items = ExtraItems(self.train_items, self.seed)  # dynamic sampling's refills (attach_rollouts)
         self.eval_items_ = None
         if self.eval_source is not None:
             self.eval_items_ = _head(
@@ -407,17 +413,41 @@ class TaskDataModule(LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Nothing left to do: the items were loaded (and checked) when the module was built."""
 
-    def attach_rollouts(self, policy: TeamPolicy | None) -> None:
+    def attach_rollouts(
+        self,
+        policy: TeamPolicy | None,
+        dynamic_sampling: bool = False,
+        max_extra_prompts: int | None = None,
+        tie_by_components: bool = True,
+    ) -> None:
         """Serve ``RolloutBatch``-es of ``policy`` (on-policy modules hand theirs over when the fit starts; None:
-        plain lists of items)."""
+        plain lists of items). ``dynamic_sampling``: their tied nodes are dropped and refilled from this module's
+        stream of extra training items, at most ``max_extra_prompts`` per step and rank (None: as many as the step's
+        own items; ``tie_by_components``: a node ties only when its reward components tie too;
+        ``data/dynamic_sampling.py``)."""
         self.rollout_policy = policy
+        self.dynamic_sampling = None
+        if dynamic_sampling and policy is not None:
+            self.dynamic_sampling = DynamicSampling(
+                self.extra_items, max_extra_prompts, self.prompts_per_step, self._step_under_way, tie_by_components
+            )
+
+    def _step_under_way(self) -> int | None:
+        """The key of the training step under way (the count of started steps; None between steps or outside a
+        fit): what ``ExtraItems`` keys a step's draws by, so a checkpoint written mid-step keeps the position from
+        before them."""
+        trainer = self.trainer
+        if trainer is None or getattr(trainer, "fit_loop", None) is None:
+            return None
+        total = trainer.fit_loop.epoch_loop.batch_progress.total
+        return total.started if total.started > total.processed else None
 
     def train_dataloader(self) -> DataLoader:
         return self.sharded_loader(
             self.train_items,
             self.prompts_per_step,
             self.shuffle,
-            _Rollouts(self.rollout_policy) if self.rollout_policy else _as_list,
+            _Rollouts(self.rollout_policy, self.dynamic_sampling) if self.rollout_policy else _as_list,
         )
 
     def sharded_loader(self, items, batch_size: int, shuffle: bool, collate, passes: int = 1) -> DataLoader:
@@ -455,10 +485,17 @@ class TaskDataModule(LightningDataModule):
         return consumed // (batch_size * ranks.world_size()) if consumed < size else 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"world_size": ranks.world_size()}
+        """The run's process count; with dynamic sampling, every rank's position in its extra-item stream (gathered
+        on every rank: rank 0 writes the checkpoint)."""
+        state: dict[str, Any] = {"world_size": ranks.world_size()}
+        if self.dynamic_sampling is not None:
+            state["extra_items"] = ranks.gather(self.extra_items.saved_position(self._step_under_way()))
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.saved_world_size = int(state_dict.get("world_size", 1))
+        if "extra_items" in state_dict:
+            self.extra_items.load(state_dict["extra_items"])
 
     def val_dataloader(self):
         # During fit, evaluation runs in EvaluationCallback; the `validate` subcommand

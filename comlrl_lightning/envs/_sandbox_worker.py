@@ -1779,7 +1779,7 @@ class Isolation:
                     build_root(self.workdir, self.workdir, self.view)
                     os.chdir(self.workdir)  # the new root, entered while every directory above it can be searched
                 else:
-                    self.host_view(root)  # while this process can still open the view
+                    self.view_from_host(root)  # while this process can still open the view
                     os.chdir(self.workdir)  # by path, so that the next namespace takes the working directory along
                 os.setgroups([])
                 os.setresgid(gid, gid, 0)
@@ -1814,7 +1814,7 @@ class Isolation:
                     os.chdir(self.workdir)
                 except OSError:
                     os.fchdir(self.workdir_fd)
-                self.host_view(root)
+                self.view_from_host(root)
             return
         self.layers["read_only_root"] = True
 
@@ -1829,14 +1829,14 @@ class Isolation:
             umount(self.workdir)
         os.fchdir(self.workdir_fd)
         if self.ruleset is None:
-            self.host_view(root)
+            self.view_from_host(root)
         if root:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
             prctl(PR_SET_DUMPABLE, 0)  # the sandbox shares this uid: this process's memory stays unreadable
 
-    def host_view(self, root):
+    def view_from_host(self, root):
         """Without a root of its own the program sees the host's filesystem through Landlock: read the view's
         rules, write only below the working directory. A root trainer also opens now the view's directories that
         the job's uid cannot reach by path."""

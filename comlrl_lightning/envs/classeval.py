@@ -25,6 +25,10 @@ Team reward (:class:`ClassEvalReward`, default instance :data:`classeval_reward`
     cooperation   +0.5 every agent implemented ≥ 1 owned method and some test passed
     penalty       −0.2 any timeout or sandbox violation
 
+Reward components (``reward_aggregation``, README): :func:`classeval_reward_components` (``ClassEvalReward(components=True)``) returns
+these levels of each joint action as named components (:data:`COMPONENTS`, :func:`reward_components`) whose sum is the
+total :func:`classeval_reward` returns, for ``reward_aggregation: normalize_components``.
+
 The scale makes the paper's ``reward_processor`` shift −6 map a perfect team to 0. Tests run in
 :mod:`comlrl_lightning.envs.sandbox` (:func:`sandbox_job`): the merged class is the sandboxed program; the test
 module (its ``if __name__ == "__main__"`` block removed) + a ``_run_test(cls, method)`` helper running one
@@ -44,15 +48,19 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from comlrl_lightning.envs.coding import all_passed, per_turn_means, strip_markdown
+from comlrl_lightning.envs.coding import all_passed, components_summing_to, per_turn_means, strip_markdown
 from comlrl_lightning.envs.loading import load_rows
+from comlrl_lightning.envs.sandbox import Isolation
 from comlrl_lightning.envs.untrusted import compile_error, parse_python
 
 CLASSEVAL_HUB_ID = "FudanSELab/ClassEval"
 EVAL_HEAD = 16  # default eval set: the first EVAL_HEAD (stdlib-only) items, training: the rest
 REWARD_MIN, REWARD_MAX = -0.2, 6.0
+# The breakdown's levels as the reward's components (syntax, tests, penalty, cooperation bonus): in this order a row's
+# components add up to its total rounded to 10 decimals (coding.components_summing_to; level_tests takes the rounding).
+COMPONENTS = ("level_syntax", "level_tests", "penalty", "bonus")
 _STUB = "raise RuntimeError('method not implemented by its agent')"
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -358,10 +366,18 @@ def _item(row: Mapping[str, Any]) -> Mapping[str, Any]:
     return row if "test_cases" in row and "methods" in row else _normalise(row)
 
 
+def reward_components(row: Mapping[str, Any]) -> dict[str, float]:
+    """One :meth:`ClassEvalReward.breakdown` row as the reward's named components (:data:`COMPONENTS`); they add up
+    to ``row["total"]`` exactly (``level_tests`` takes the total's rounding to 10 decimals where it can, another level
+    where it cannot: ``coding.components_summing_to``)."""
+    return components_summing_to({name: float(row[name]) for name in COMPONENTS}, float(row["total"]), "level_tests")
+
+
 class ClassEvalReward:
     """The leveled ClassEval reward (module docstring); ``timeout_per_test``, ``workers`` and other sandbox
     limits (``timeout_total``, ``memory_mb``, ``disk_mb``, ``max_timeouts``) go to ``sandbox.run_many``;
-    ``sandbox_isolation="strict"`` refuses to run tests without the sandbox's kernel layers."""
+    ``sandbox_isolation="strict"`` refuses to run tests without the sandbox's kernel layers. ``components=True``
+    returns each joint action's levels as named components (:func:`reward_components`) instead of the total."""
 
     reward_range = (REWARD_MIN, REWARD_MAX)
 
@@ -370,11 +386,13 @@ class ClassEvalReward:
         timeout_per_test: float = 5.0,
         workers: int = 2,
         timeout_total: float = 60.0,
-        sandbox_isolation: Literal["best_effort", "strict"] = "best_effort",
+        sandbox_isolation: Isolation = "best_effort",
+        components: bool = False,
         **limits: Any,
     ):
         self.timeout_per_test = timeout_per_test
         self.workers = workers
+        self.components = components
         self.limits = {"timeout_total": timeout_total, "isolation": sandbox_isolation, **limits}
 
     def run(self, jobs: Sequence[Any]) -> list[Any]:
@@ -447,11 +465,13 @@ class ClassEvalReward:
 
     def __call__(
         self, *agent_completions: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[float]:
-        return [b["total"] for b in self.breakdown(*agent_completions, batch_items=batch_items)]
+    ) -> list[float] | list[dict[str, float]]:
+        rows = self.breakdown(*agent_completions, batch_items=batch_items)
+        return [reward_components(b) for b in rows] if self.components else [b["total"] for b in rows]
 
 
 _default_reward = ClassEvalReward()
+_default_components = ClassEvalReward(components=True)
 
 
 def classeval_reward(
@@ -462,6 +482,16 @@ def classeval_reward(
 
 
 classeval_reward.reward_range = (REWARD_MIN, REWARD_MAX)  # type: ignore[attr-defined]
+
+
+def classeval_reward_components(
+    *agent_completions: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, float]]:
+    """:func:`classeval_reward` with each joint action's levels as named components (their sum is its reward)."""
+    return _default_components(*agent_completions, batch_items=batch_items)
+
+
+classeval_reward_components.reward_range = (REWARD_MIN, REWARD_MAX)  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------------------------------ transition
@@ -483,7 +513,7 @@ class CodeFeedbackTransition:
         timeout_per_test: float = 5.0,
         workers: int = 2,
         max_failures: int = 3,
-        sandbox_isolation: Literal["best_effort", "strict"] = "best_effort",
+        sandbox_isolation: Isolation = "best_effort",
     ):
         rows = list(tasks or []) + (classeval_default_tasks() if load_default_tasks else [])
         self.tasks = {r.get("prompt") or r.get("skeleton"): _item(r) for r in rows}

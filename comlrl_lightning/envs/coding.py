@@ -29,19 +29,30 @@ well-formed function is scored by level 2 rather than by the gate.
 Tests run in :mod:`comlrl_lightning.envs.sandbox` (``run_many``: every joint action of a reward call in parallel;
 :func:`sandbox_job`): the asserts and the item's imports run in the sandbox's trusted evaluator, the program in a
 sandbox per test; the entry point is the only builtin name the program may provide (MBPP 126's ``sum``).
+
+Reward components (``reward_aggregation``, README): :data:`coding_reward_components` (``CodingReward(components=True)``) returns the levels
+of each joint action as named components (:func:`reward_components`: ``level_1``, ``level_2``, ``level_3``,
+``dependency_cap``, ``bonus``, ``penalty``) instead of their total; the trainer's team reward is their sum, the same
+float :data:`coding_reward` returns, and ``reward_aggregation: normalize_components`` normalises each level within
+its group. :data:`coding_reward` keeps returning the totals for code that reads floats.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import re
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from comlrl_lightning.envs.loading import load_rows
+from comlrl_lightning.envs.sandbox import Isolation
 from comlrl_lightning.envs.untrusted import compile_error, parse_python
 
 AUX_NAME = "aux"
 REWARD_MIN, REWARD_MAX = -0.7, 4.5
+# The breakdown's levels as the reward's components; level_3 (the pass ratio) last, where it absorbs the total's
+# rounding (components_summing_to).
+COMPONENTS = ("level_1", "level_2", "dependency_cap", "bonus", "penalty", "level_3")
 
 # --------------------------------------------------------------------------------------------- loading
 
@@ -541,13 +552,54 @@ def _empty_breakdown() -> dict[str, Any]:
     }
 
 
+def _added(parts: Mapping[str, float]) -> float:
+    running = 0.0
+    for value in parts.values():  # left to right from 0.0: how the reward caller adds unit-weighted components
+        running += value
+    return running
+
+
+def components_summing_to(parts: dict[str, float], total: float, prefer: str | None = None) -> dict[str, float]:
+    """``parts`` with one of them moved by about ``|total - Σ parts|`` so that they add up, left to right from 0.0 as
+    the reward caller adds unit-weighted components, to ``total`` exactly: returning the components then changes no
+    reward. Here ``total`` is the levels' sum rounded to 10 decimals, so the move is below 1e-10.
+
+    The sum is monotone in each part, so a bisection finds the value where one exists. ``prefer`` (the level that
+    carries non-dyadic fractions, the pass ratio) is tried first, then the others from the last to the first: the
+    last part reaches every float near ``total`` as long as it is no larger than ``total``."""
+    gap = total - _added(parts)
+    if gap == 0:
+        return parts
+    reach = 4 * abs(gap) + 8 * math.ulp(total)
+    for name in dict.fromkeys([*([prefer] if prefer is not None else []), *reversed(parts)]):
+        trial = dict(parts)
+        lo, hi = parts[name] - reach, parts[name] + reach
+        for _ in range(200):
+            mid = lo + (hi - lo) / 2
+            if mid in (lo, hi):
+                break
+            trial[name] = mid
+            running = _added(trial)
+            if running == total:
+                return trial
+            lo, hi = (mid, hi) if running < total else (lo, mid)
+    return parts  # no float of any one part reaches total
+
+
+def reward_components(row: Mapping[str, Any]) -> dict[str, float]:
+    """One :meth:`CodingReward.breakdown` row as the reward's named components (:data:`COMPONENTS`); they add up to
+    ``row["total"]`` exactly (``level_3`` takes the total's rounding to 10 decimals, :func:`components_summing_to`)."""
+    return components_summing_to({name: float(row[name]) for name in COMPONENTS}, float(row["total"]), "level_3")
+
+
 class CodingReward:
     """The leveled execution reward (see the module docstring); instances are reward functions.
 
     ``timeout_per_test`` and ``workers`` (parallel sandbox processes) plus any other sandbox limit
     (``timeout_total``, ``memory_mb``, ``disk_mb``, ``max_timeouts``) are forwarded to ``sandbox.run_many``;
     ``sandbox_isolation="strict"`` refuses to run tests on a machine without the sandbox's kernel layers (see
-    ``docs/environments.md``).
+    ``docs/environments.md``). ``components=True`` returns each joint action's levels as named components
+    (:func:`reward_components`, summing to the total) instead of the total.
     """
 
     reward_range = (REWARD_MIN, REWARD_MAX)
@@ -556,11 +608,13 @@ class CodingReward:
         self,
         timeout_per_test: float = 10.0,
         workers: int = 2,
-        sandbox_isolation: Literal["best_effort", "strict"] = "best_effort",
+        sandbox_isolation: Isolation = "best_effort",
+        components: bool = False,
         **limits: Any,
     ):
         self.timeout_per_test = timeout_per_test
         self.workers = workers
+        self.components = components
         self.limits = {"isolation": sandbox_isolation, **limits}
 
     def __call__(
@@ -568,8 +622,9 @@ class CodingReward:
         aux_completions: Sequence[str],
         main_completions: Sequence[str],
         batch_items: Sequence[Mapping[str, Any]] | None = None,
-    ) -> list[float]:
-        return [b["total"] for b in self.breakdown(aux_completions, main_completions, batch_items)]
+    ) -> list[float] | list[dict[str, float]]:
+        rows = self.breakdown(aux_completions, main_completions, batch_items)
+        return [reward_components(b) for b in rows] if self.components else [b["total"] for b in rows]
 
     def run(self, jobs: Sequence[Any]) -> list[Any]:
         """Sandbox results of ``sandbox.Job``s (or ``(program, tests)`` pairs), in order."""
@@ -647,6 +702,7 @@ class CodingReward:
 
 
 coding_reward = CodingReward()
+coding_reward_components = CodingReward(components=True)  # the same reward, its levels as named components
 
 
 def coding_reward_breakdown(
@@ -709,7 +765,7 @@ class LevelFeedbackTransition:
         timeout_per_test: float = 10.0,
         workers: int = 2,
         include_history: bool = False,
-        sandbox_isolation: Literal["best_effort", "strict"] = "best_effort",
+        sandbox_isolation: Isolation = "best_effort",
         **limits: Any,
     ):
         self.tasks = {t["prompt"]: t for t in (tasks or []) if t.get("prompt")}

@@ -137,19 +137,31 @@ def brevity_reward(*agent_completions: Sequence[str], max_chars: int = 40) -> li
 brevity_reward.reward_range = (0.0, 1.0)
 
 
+def letter_shares(joint: Sequence[str], letter: str = "e") -> list[float]:
+    """Each completion's share of ``letter`` among its letters (0 when it has none)."""
+    shares = []
+    for text in joint:
+        letters = [c for c in text.lower() if c.isalpha()]
+        shares.append(letters.count(letter) / len(letters) if letters else 0.0)
+    return shares
+
+
 def letter_reward(*agent_completions: Sequence[str], letter: str = "e") -> list[float]:
     """Mean over agents of the share of ``letter`` among the letters of each completion (0 when empty)."""
+    return [sum(shares) / len(shares) for shares in (letter_shares(j, letter) for j in zip(*agent_completions))]
+
+
+def letter_reward_components(*agent_completions: Sequence[str], letter: str = "e") -> list[dict[str, float]]:
+    """:func:`letter_reward` as named components, one per agent: ``agent_i`` = its share / N (they sum to the
+    reward), for ``reward_aggregation: normalize_components``."""
     rewards = []
     for joint in zip(*agent_completions):
-        shares = []
-        for text in joint:
-            letters = [c for c in text.lower() if c.isalpha()]
-            shares.append(letters.count(letter) / len(letters) if letters else 0.0)
-        rewards.append(sum(shares) / len(shares))
+        shares = letter_shares(joint, letter)
+        rewards.append({f"agent_{i}": share / len(shares) for i, share in enumerate(shares)})
     return rewards
 
 
-letter_reward.reward_range = (0.0, 1.0)
+letter_reward.reward_range = letter_reward_components.reward_range = (0.0, 1.0)
 
 
 def revise_transition(

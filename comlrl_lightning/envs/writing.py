@@ -41,6 +41,10 @@ is taken as 0.
 Per-level breakdowns (:func:`tldr_reward_breakdown`, :func:`arxiv_reward_breakdown`) also report every level
 *ungated* (each level scored as if the earlier gates had passed), which the evaluation logger uses.
 
+Reward components (``reward_aggregation``, README): :func:`tldr_reward_components` / :func:`arxiv_reward_components` return the four gated
+levels of each pair as named components (``level_1`` … ``level_4``, :func:`reward_components`); their sum is the
+float :func:`tldr_reward` / :func:`arxiv_reward` return, for ``reward_aggregation: normalize_components``.
+
 Data: :func:`tldr_tasks` / :func:`arxiv_tasks` read a local ``.jsonl``/``.jsonl.gz`` file or a Hugging Face
 dataset id. The ``*_train_tasks`` / ``*_eval_tasks`` functions (the configs' defaults) use the repository's
 shared offline copies under ``../shared/data`` when they exist (or ``$COMLRL_WRITING_DATA``), else the hub.
@@ -377,8 +381,30 @@ def arxiv_reward(
     return [float(arxiv_reward_breakdown(a, b)["total"]) for a, b in zip(backgrounds, methods)]
 
 
+def reward_components(breakdown: Mapping[str, Any]) -> dict[str, float]:
+    """The gated levels of one :func:`reward_breakdown` as named components, ``level_1`` … ``level_4``; added in this
+    order they give ``breakdown["total"]`` exactly (it is their sum)."""
+    return {f"level_{k}": float(breakdown[f"level_{k}"]) for k in range(1, 5)}
+
+
+def tldr_reward_components(
+    summaries: Sequence[str], details: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, float]]:
+    """:func:`tldr_reward` with each pair's levels as named components (their sum is its reward)."""
+    return [reward_components(tldr_reward_breakdown(a, b)) for a, b in zip(summaries, details)]
+
+
+def arxiv_reward_components(
+    backgrounds: Sequence[str], methods: Sequence[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, float]]:
+    """:func:`arxiv_reward` with each pair's levels as named components (their sum is its reward)."""
+    return [reward_components(arxiv_reward_breakdown(a, b)) for a, b in zip(backgrounds, methods)]
+
+
 tldr_reward.reward_range = (0.0, 3.0)
 arxiv_reward.reward_range = (0.0, 3.0)
+tldr_reward_components.reward_range = (0.0, 3.0)
+arxiv_reward_components.reward_range = (0.0, 3.0)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation

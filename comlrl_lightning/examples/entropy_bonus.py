@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from comlrl_lightning.algorithms import MAGRPO, GroupRelative
 from comlrl_lightning.algorithms.fields import FieldGroup
+from comlrl_lightning.algorithms.reinforce import register_policy_loss
 
 
 @dataclass
@@ -14,15 +15,20 @@ class EntropyFields(FieldGroup):
     entropy_coef: float = 0.01
 
 
+@register_policy_loss("entropy_bonus")  # from now on `policy_loss: entropy_bonus` is valid in any MAGRPO config
 class EntropyBonus(GroupRelative):
-    needs_token_entropy = True  # scoring returns H_t beside log π (PolicyBatch.entropy)
+    uses_entropy = True  # scoring returns H_t beside log π (PolicyBatch.entropy)
 
-    def policy_loss(self, agent, logp, batch):
-        loss, diagnostics = super().policy_loss(agent, logp, batch)
+    def __init__(self, entropy_coef: float, **settings):
+        super().__init__(**settings)
+        self.entropy_coef = entropy_coef
+
+    def loss(self, logp, batch):
+        loss, metrics = super().loss(logp, batch)
         bonus = (batch.weights.to(logp.device) * batch.entropy).sum()
-        return loss - self.host.entropy_coef * bonus, {**diagnostics, "entropy_bonus": bonus.detach()}
+        return loss - self.entropy_coef * bonus, {**metrics, "entropy_bonus": bonus.detach()}
 
 
 class EntropyMAGRPO(MAGRPO):
     field_groups = (*MAGRPO.field_groups, EntropyFields)
-    objective_class = EntropyBonus
+    field_defaults = {"policy_loss": "entropy_bonus"}

@@ -206,8 +206,9 @@ class CentralizedCollaboration:
         joint_completions: Sequence[str],
         prompts: Sequence[str] | None = None,
         batch_items: Sequence[Mapping[str, Any]] | None = None,
-    ) -> list[float]:
-        """Raw team rewards, one per joint completion; the user's reward is called once for the whole batch."""
+    ) -> list[float] | list[dict[str, float]]:
+        """Raw team rewards, one per joint completion (the user's named components when it returns them); the user's
+        reward is called once for the whole batch."""
         texts = list(joint_completions)
         items = self._items(batch_items, len(texts))
         if not texts:
@@ -221,7 +222,10 @@ class CentralizedCollaboration:
                 split.append([""] * self.num_roles)
         role_lists = [[row[i] for row in split] for i in range(self.num_roles)]
         role_prompts = [self.role_formatters[0](item) for item in items]
-        return self._caller.raw(role_lists, prompts=role_prompts, batch_items=items)
+        out = self._caller.raw_rewards(role_lists, prompts=role_prompts, batch_items=items)
+        if out.names is None:
+            return out.values
+        return [dict(zip(out.names, row)) for row in out.components]  # the user's named components, passed on
 
     def __repr__(self) -> str:
         name = getattr(self.reward_func, "__name__", type(self.reward_func).__name__)

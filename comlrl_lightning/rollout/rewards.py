@@ -7,6 +7,13 @@ One documented reward signature (docs/differences.md)::
 ``agent_completions[i]`` is agent i's list of completion strings; every list has one entry per joint action
 and the function returns one team reward per joint action. ``prompts``/``batch_items`` are passed only when
 the function names them (or takes ``**kwargs``). Unlike CoMLRL we never guess by retrying after a TypeError.
+
+Reward components (``reward_aggregation``, README): instead of a float, the reward may return a mapping ``{name: float}`` per joint action
+(its levels: ``{"syntax": 0.5, "tests": 0.8}``), the same names for every joint action of a call. The team reward is
+then the components' sum, weighted by ``component_weights`` (``reward_component_weights``; a name it does not give
+weighs 1.0), and ``reward_processor`` applies to that sum exactly as to a float; the components themselves are kept
+(:class:`RawRewards`, ``Node.reward_components``) so that ``reward_aggregation: normalize_components`` can normalise
+each one within its group.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import math
 import numbers
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from comlrl_lightning.runs import stop
@@ -138,6 +146,19 @@ def check_reward_signature(reward_func: Callable[..., Any], num_agents: int) -> 
         ) from None
 
 
+@dataclass(frozen=True)
+class RawRewards:
+    """One reward call's output before ``reward_processor``.
+
+    ``values[j]``: the team reward of joint action j (the weighted sum of its components when the reward returns
+    them); ``names``: the component names in first-seen order, ``components[j][c]`` the raw value of component c
+    (both None for a reward that returns floats)."""
+
+    values: list[float]
+    names: list[str] | None = None
+    components: list[list[float]] | None = None
+
+
 class RewardTimeoutError(TimeoutError):
     """``reward_func`` did not return within ``reward_timeout`` seconds."""
 
@@ -147,6 +168,9 @@ class RewardCaller:
 
     ``timeout`` (the ``reward_timeout`` field) bounds one call: a reward that hangs ends the run with
     :class:`RewardTimeoutError` naming the field and ``where()`` (the module's step) instead of hanging it.
+    ``component_weights`` (the ``reward_component_weights`` field) weighs the named components of a reward that
+    returns them (module docstring) in the team reward; a name it does not give weighs 1.0, a name the reward does
+    not return is an error.
     """
 
     def __init__(
@@ -155,6 +179,7 @@ class RewardCaller:
         reward_processor: Callable[[float], float] | None = None,
         timeout: float | None = None,
         where: Callable[[], str] | None = None,
+        component_weights: Mapping[str, float] | None = None,
     ):
         if not callable(reward_func):
             raise ValueError(f"reward_func must be a callable, got {type(reward_func).__name__}.")
@@ -166,6 +191,7 @@ class RewardCaller:
         self.reward_processor = reward_processor
         self.timeout = timeout
         self.where = where
+        self.component_weights = check_component_weights(component_weights)
         self._pass_prompts = _accepts(reward_func, "prompts")
         self._pass_items = _accepts(reward_func, "batch_items")
 
@@ -206,15 +232,35 @@ class RewardCaller:
         check_count: bool = True,
     ) -> list[float]:
         """Team rewards before ``reward_processor``; one per joint action (``check_count=False`` leaves the count
-        to the caller: the actor-critic family also accepts one value, or one per agent)."""
+        to the caller: the actor-critic family also accepts one value, or one per agent). A reward's components are
+        summed (weighted); :meth:`raw_rewards` keeps them."""
+        return self.raw_rewards(agent_completions, prompts, batch_items, check_count).values
+
+    def raw_rewards(
+        self,
+        agent_completions: Sequence[Sequence[str]],
+        prompts: Sequence[str] | None = None,
+        batch_items: Sequence[Mapping[str, Any]] | None = None,
+        check_count: bool = True,
+    ) -> RawRewards:
+        """:meth:`raw` with the reward's components, when it returns them (:class:`RawRewards`)."""
         expected = len(agent_completions[0])
         kwargs: dict[str, Any] = {}
         if self._pass_prompts and prompts is not None:
             kwargs["prompts"] = list(prompts)
         if self._pass_items and batch_items is not None:
             kwargs["batch_items"] = list(batch_items)
-        values = self._call([list(c) for c in agent_completions], kwargs)
-        values = _as_float_list(values)
+        output = self._call([list(c) for c in agent_completions], kwargs)
+        names, rows = _component_rows(output, callable_name(self.reward_func))
+        if names is None:
+            if self.component_weights:
+                raise ValueError(
+                    f"reward_component_weights is set ({sorted(self.component_weights)}) but reward_func "
+                    f"{callable_name(self.reward_func)} returned plain numbers, not named components."
+                )
+            values = _as_float_list(output)
+        else:
+            values = self._weighted_sums(names, rows)
         if check_count and len(values) != expected:
             raise ValueError(
                 f"reward_func returned {len(values)} values for {expected} joint actions; it must return one team "
@@ -223,7 +269,26 @@ class RewardCaller:
         bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
         if bad:
             raise ValueError(f"reward_func returned a non-finite value {values[bad[0]]!r} at joint action {bad[0]}.")
-        return values
+        return RawRewards(values, names, rows)
+
+    def _weighted_sums(self, names: list[str], rows: list[list[float]]) -> list[float]:
+        """Each joint action's team reward: sum_c w_c * component_c, added left to right from 0.0 in the names'
+        order, so that with unit weights it is exactly ``sum(mapping.values())``."""
+        weights = self.component_weights or {}
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise ValueError(
+                f"reward_component_weights names {unknown}, which reward_func {callable_name(self.reward_func)} "
+                f"does not return (its components: {names})."
+            )
+        w = [weights.get(name, 1.0) for name in names]
+        sums = []
+        for row in rows:
+            total = 0.0
+            for weight, value in zip(w, row):
+                total += weight * value
+            sums.append(total)
+        return sums
 
     def process(self, raw: Sequence[float]) -> list[float]:
         if self.reward_processor is None:
@@ -240,6 +305,69 @@ class RewardCaller:
         return self.process(self.raw(agent_completions, prompts, batch_items, check_count))
 
 
+def check_component_weights(weights: Mapping[str, float] | None) -> dict[str, float] | None:
+    """``reward_component_weights`` as ``{name: float}`` (None stays None); a clear error for anything else."""
+    if weights is None:
+        return None
+    if not isinstance(weights, Mapping):
+        raise ValueError(
+            f"reward_component_weights must be a mapping {{component name: weight}}, got {type(weights).__name__}."
+        )
+    out = {}
+    for name, weight in weights.items():
+        if not isinstance(name, str):
+            raise ValueError(f"reward_component_weights: component names must be strings (got {name!r}).")
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+            raise ValueError(f"reward_component_weights[{name!r}] must be a finite number (got {weight!r}).")
+        out[name] = float(weight)
+    return out
+
+
+def _component_rows(values: Any, reward: str) -> tuple[list[str] | None, list[list[float]] | None]:
+    """A reward's named components: the names (first-seen order) and one row of values per joint action; (None,
+    None) when it returned numbers. Every joint action must give the same names (in any order)."""
+    if isinstance(values, Mapping):
+        values = [values]  # one joint action
+    if not isinstance(values, (list, tuple)) or not any(isinstance(v, Mapping) for v in values):
+        return None, None
+    kinds = [i for i, v in enumerate(values) if not isinstance(v, Mapping)]
+    if kinds:
+        raise TypeError(
+            f"reward_func {reward} returned named components for some joint actions and "
+            f"{type(values[kinds[0]]).__name__} {values[kinds[0]]!r} for joint action {kinds[0]}; return one form for "
+            "every joint action."
+        )
+    names = list(values[0])
+    if not names:
+        raise ValueError(f"reward_func {reward} returned an empty mapping of components at joint action 0.")
+    rows = []
+    for j, mapping in enumerate(values):
+        if set(mapping) != set(names):
+            raise ValueError(
+                f"reward_func {reward} returned components {list(mapping)} at joint action {j} but {names} at joint "
+                "action 0; every joint action of a call must return the same component names."
+            )
+        row = []
+        for name in names:
+            v = mapping[name]
+            v = v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v
+            if not isinstance(name, str):
+                raise TypeError(f"reward_func {reward}: component names must be strings (got {name!r}).")
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(
+                    f"reward_func {reward}: component {name!r} of joint action {j} must be a number, got "
+                    f"{type(v).__name__} {v!r}."
+                )
+            if not math.isfinite(v):
+                raise ValueError(
+                    f"reward_func {reward} returned a non-finite value {v!r} for component {name!r} at joint action "
+                    f"{j}."
+                )
+            row.append(float(v))
+        rows.append(row)
+    return names, rows
+
+
 def _as_float_list(values: Any) -> list[float]:
     """A reward's output as floats; strings and booleans are rejected rather than guessed (``"1"``, ``True``)."""
     if hasattr(values, "tolist"):  # torch / numpy
@@ -247,7 +375,10 @@ def _as_float_list(values: Any) -> list[float]:
     if isinstance(values, (int, float)) and not isinstance(values, bool):
         values = [values]
     if not isinstance(values, (list, tuple)):
-        raise TypeError(f"reward_func must return a list of floats, got {type(values).__name__}.")
+        raise TypeError(
+            f"reward_func must return a list of floats (or of {{name: float}} component mappings), got "
+            f"{type(values).__name__}."
+        )
     values = [v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v for v in values]
     for i, v in enumerate(values):  # numpy / torch scalars were unwrapped above
         if isinstance(v, bool) or not isinstance(v, numbers.Real):

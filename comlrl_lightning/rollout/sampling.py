@@ -11,7 +11,7 @@ sampled them; the loss always scores the sampled ids with the training model (:f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,9 @@ from comlrl_lightning.agents.value_head import cache_of
 CACHE_KEYWORD = "cache" if "cache" in getattr(_generation, "ALL_CACHE_NAMES", ()) else "past_key_values"
 
 
-GENERATION_DTYPES = ("model", "bfloat16", "float16")
+# What the ``hf`` backend samples with (``generation_dtype``): the training weights, or a half-precision copy.
+GenerationDtype = Literal["model", "bfloat16", "float16"]
+GENERATION_DTYPES: tuple[str, ...] = get_args(GenerationDtype)
 
 
 @dataclass
@@ -41,7 +43,7 @@ class SamplingConfig:
     top_p: float = 0.6
     top_k: int | None = 50
     keep_logprobs: bool = False
-    dtype: str = "model"  # ``model``, or a half-precision copy to sample with (``bfloat16``, ``float16``)
+    dtype: GenerationDtype = "model"  # ``model``, or a half-precision copy to sample with
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

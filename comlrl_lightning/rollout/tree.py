@@ -34,7 +34,6 @@ JOINT_MODE = Choice(
     {"aligned": ("align",), "cross": ("crossed",)},
     message="Unsupported joint_mode: {value} (joint_mode must be one of: {allowed}{aliases}).",
 )
-JOINT_MODES = JOINT_MODE.values
 normalize_joint_mode = JOINT_MODE
 
 
@@ -48,9 +47,9 @@ class AgentSamples:
     completion_mask: Tensor  # [K, T] bool
     texts: list[str]
     credit: Tensor | None = None  # [K] return credited to each completion (set after the tree)
+    credit_components: Tensor | None = None  # [K, C] the same credit per reward component (None without components)
     sequence_kl: Tensor | None = None  # [K] Σ_t KL estimate (reference KL in the reward)
     ref_logprobs: Tensor | None = None  # [K, T] reference log-probs (reference KL in the loss)
-    old_logprobs: Tensor | None = None  # [K, T] the sampling policy's log-probs (set by a PPO-style subclass)
     sampling_logprobs: Tensor | None = None  # [K, T] log π(token) read at sampling (``SamplingConfig.keep_logprobs``)
     engine_logprobs: Tensor | None = None  # [K, T] the inference engine's own log-probs of its samples (vLLM)
     extras: dict[str, Tensor] = field(default_factory=dict)  # a new algorithm's per-sample state, [K, ...] each
@@ -68,6 +67,10 @@ class Node:
     policy_version: int  # optimizer updates done when it was sampled
     item_index: int = 0  # position of its dataset item in the rollout's batch
     returns: Tensor | None = None  # [J]
+    # a reward that returns named components (rollout/rewards.py): their raw values, names and returns
+    reward_components: Tensor | None = None  # [J, C] before the weights and reward_processor
+    component_names: list[str] | None = None  # [C], first-seen order
+    component_returns: Tensor | None = None  # [J, C] G_c = r_c + γ·mean(child G_c)
     # actor-critic tables, [N, J] (agent i's part of joint action j):
     agent_rewards: Tensor | None = None  # processed environment rewards (the reward may return 1, J or N values)
     shaped_rewards: Tensor | None = None  # r' = r − β·KL
@@ -88,7 +91,8 @@ class Node:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> "Node":
         state = dict(state)
-        state["agents"] = [AgentSamples(**a) for a in state["agents"]]
+        known = {f.name for f in fields(AgentSamples)}  # a field of an older release is dropped
+        state["agents"] = [AgentSamples(**{k: v for k, v in a.items() if k in known}) for a in state["agents"]]
         return cls(**state)
 
     @property
@@ -98,6 +102,18 @@ class Node:
     @property
     def mean_return(self) -> float:
         return float(self.returns.mean())
+
+
+def _same_names(names: Sequence[list[str] | None]) -> list[str] | None:
+    """The component names of one level's reward calls (actor-critic: one per node): all None or all the same."""
+    if all(n is None for n in names):
+        return None
+    if any(n != names[0] for n in names):
+        raise ValueError(
+            f"the reward returned different components at nodes of the same turn ({names[0]} and "
+            f"{next(n for n in names if n != names[0])}); return the same names, or numbers, for every call."
+        )
+    return names[0]
 
 
 def episode(root: Node) -> Iterator[Node]:
@@ -121,14 +137,33 @@ class _Pending:
 
 @dataclass
 class Rollout:
+    """The trees of a batch of items, as the engine built them — or a selection of the nodes of one or more rollouts
+    (:meth:`of_nodes`; dynamic sampling keeps the nodes that can teach, ``data/dynamic_sampling.py``). In a selection
+    ``levels[t]`` holds the selected nodes of turn t (possibly none, when a deeper turn has some), ``roots`` the
+    selected first-turn nodes, and a node's ``children`` still name its original children, selected or not."""
+
     roots: list[Node]
     levels: list[list[Node]]  # levels[t] = nodes at turn t, in creation order
-    num_joint_actions: int
+    num_joint_actions: int  # joint actions rewarded (env steps), selected or not
     timings: dict[str, float]
+    metrics: dict[str, float] = field(default_factory=dict)  # what made it reports (``rollout/...``), logged with it
 
     @property
     def nodes(self) -> list[Node]:
         return [n for level in self.levels for n in level]
+
+    @classmethod
+    def of_nodes(
+        cls,
+        nodes: Sequence[Node],
+        num_joint_actions: int,
+        timings: Mapping[str, float],
+        metrics: Mapping[str, float] | None = None,
+    ) -> "Rollout":
+        """A rollout of ``nodes`` grouped by turn (levels up to the deepest turn among them, each in the given order)."""
+        depth = max((n.turn for n in nodes), default=-1) + 1
+        levels = [[n for n in nodes if n.turn == t] for t in range(depth)]
+        return cls(levels[0] if levels else [], levels, num_joint_actions, dict(timings), dict(metrics or {}))
 
 
 class RolloutEngine:
@@ -246,14 +281,18 @@ class RolloutEngine:
                 )
                 for m in range(M)
             ]
-            agent_rewards = torch.stack([p for p, _ in per_node])  # [M, N, J]
-            raw_t = torch.stack([r for _, r in per_node])  # [M, J] team view: mean over agents
+            agent_rewards = torch.stack([p[0] for p in per_node])  # [M, N, J]
+            raw_t = torch.stack([p[1] for p in per_node])  # [M, J] team view: mean over agents
             rewards = agent_rewards.mean(dim=1)
+            names = _same_names([p[3] for p in per_node])
+            components = None if names is None else [p[2] for p in per_node]  # M x [J, C]
         else:
-            raw = reward.raw(agent_texts, prompts=reward_prompts, batch_items=reward_items)
-            raw_t = torch.tensor(raw, dtype=torch.float32).view(M, J)
-            rewards = torch.tensor(reward.process(raw), dtype=torch.float32).view(M, J)
+            out = reward.raw_rewards(agent_texts, prompts=reward_prompts, batch_items=reward_items)
+            raw_t = torch.tensor(out.values, dtype=torch.float32).view(M, J)
+            rewards = torch.tensor(reward.process(out.values), dtype=torch.float32).view(M, J)
             agent_rewards = None
+            names = out.names
+            components = None if names is None else torch.tensor(out.components, dtype=torch.float32).view(M, J, -1)
         timings["reward"] += time.perf_counter() - tic
 
         level = []
@@ -288,6 +327,8 @@ class RolloutEngine:
                 policy_version,
                 pending.item_index,
                 agent_rewards=None if agent_rewards is None else agent_rewards[m],
+                reward_components=None if components is None else components[m],
+                component_names=None if names is None else list(names),
             )
             if pending.parent is not None:
                 parent, j = pending.parent
@@ -295,11 +336,23 @@ class RolloutEngine:
             level.append(node)
         return level, env_step
 
-    def _node_rewards(self, reward: RewardCaller, texts, prompts, items, J: int) -> tuple[Tensor, Tensor]:
-        """One node's per-agent processed rewards [N, J] and its raw team rewards [J] (actor-critic)."""
-        raw = reward.raw(texts, prompts=prompts, batch_items=items, check_count=False)
-        processed = expand_rewards(reward.process(raw), self.num_agents, J, per_agent=self.per_agent_rewards or J == 1)
-        return processed, expand_rewards(raw, self.num_agents, J, per_agent=self.per_agent_rewards or J == 1).mean(0)
+    def _node_rewards(
+        self, reward: RewardCaller, texts, prompts, items, J: int
+    ) -> tuple[Tensor, Tensor, Tensor | None, list[str] | None]:
+        """One node's per-agent processed rewards [N, J], its raw team rewards [J] and, for a reward that returns
+        components, their team view [J, C] (spread like the rewards, then the mean over agents) and names
+        (actor-critic)."""
+        out = reward.raw_rewards(texts, prompts=prompts, batch_items=items, check_count=False)
+        per_agent = self.per_agent_rewards or J == 1
+        processed = expand_rewards(reward.process(out.values), self.num_agents, J, per_agent=per_agent)
+        raw = expand_rewards(out.values, self.num_agents, J, per_agent=per_agent).mean(0)
+        if out.names is None:
+            return processed, raw, None, None
+        columns = torch.tensor(out.components, dtype=torch.float32).T  # [C, L]: L = 1, J or N values
+        components = torch.stack(
+            [expand_rewards(c, self.num_agents, J, per_agent=per_agent).mean(0) for c in columns], dim=-1
+        )  # [J, C]
+        return processed, raw, components, out.names
 
     def _format(self, agent: int, pending: _Pending) -> str:
         external = None if pending.external_prompts is None else pending.external_prompts[agent]
@@ -351,7 +404,9 @@ class RolloutEngine:
         return children
 
     def _compute_returns(self, levels: list[list[Node]], K: int) -> None:
-        """Bottom-up returns, then each completion's credit (aligned: its action's return; cross: the sum)."""
+        """Bottom-up returns, then each completion's credit (aligned: its action's return; cross: the sum). A reward
+        with components gets the same recursion and credit per component (``component_returns``,
+        ``credit_components``), from their raw values."""
         for level in reversed(levels):
             for node in level:
                 J = node.rewards.shape[0]
@@ -361,9 +416,31 @@ class RolloutEngine:
                     child_mean[j] = child.returns.mean()
                     has_child[j] = True
                 node.returns = bootstrap_returns(node.rewards, child_mean, has_child, self.discount)
-                if self.joint_mode == "cross" and self.num_agents > 1:
-                    credit = cross_credit(node.returns, self.num_agents, K)  # [N, K]
-                else:
-                    credit = node.returns.unsqueeze(0).expand(self.num_agents, K)
+                credit = self._credit(node.returns, K)  # [N, K]
                 for i, agent in enumerate(node.agents):
                     agent.credit = credit[i].clone()
+                if node.reward_components is None:
+                    continue
+                C = node.reward_components.shape[-1]
+                child_means = torch.zeros(J, C)
+                for j, child in node.children.items():
+                    if child.component_names != node.component_names:
+                        raise ValueError(
+                            f"the reward returned components {child.component_names} at turn {child.turn + 1} but "
+                            f"{node.component_names} at turn {node.turn + 1} of the same episode; per-component "
+                            "returns need the same names at every turn."
+                        )
+                    child_means[j] = child.component_returns.mean(dim=0)
+                node.component_returns = bootstrap_returns(
+                    node.reward_components, child_means, has_child.unsqueeze(-1), self.discount
+                )  # [J, C]
+                per_component = self._credit(node.component_returns.T, K)  # [C, N, K]
+                for i, agent in enumerate(node.agents):
+                    agent.credit_components = per_component[:, i].T.contiguous()  # [K, C]
+
+    def _credit(self, returns: Tensor, K: int) -> Tensor:
+        """[..., J] joint returns -> [..., N, K] per-completion credit (aligned: J = K, each agent's k-th sample
+        gets joint action k's return; cross: the sum over the joint actions that use it)."""
+        if self.joint_mode == "cross" and self.num_agents > 1:
+            return cross_credit(returns, self.num_agents, K)
+        return returns.unsqueeze(-2).expand(*returns.shape[:-1], self.num_agents, K)

@@ -51,10 +51,6 @@ def weights_changed() -> None:
     _UPDATES += 1
 
 
-def updates_made() -> int:
-    return _UPDATES
-
-
 @dataclass(frozen=True)
 class WeightsSeen:
     """What a holder of a model's weights (a sampling copy, an inference engine) saw when it last took them: each

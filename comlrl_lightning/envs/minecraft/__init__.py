@@ -11,9 +11,10 @@ server), and the team reward says how much of the target structure their joint b
 
 Each module has a loader that stores the rules in every item (``strbuild_tasks`` / ``housebuild_tasks``, with
 ``*_train_tasks`` / ``*_eval_tasks`` defaults and ``StrBuildTasks`` / ``HouseBuildTasks`` for YAML), one
-formatter per agent, the reward (``reward_range`` set), a multi-turn external transition with the repository's
-feedback modes (``StrBuildFeedback``, ``HouseBuildFeedback``; use ``external_prompt_passthrough: true``) and an
-eval logger/aggregator. Completions are parsed without ever raising: malformed text only scores low.
+formatter per agent, the reward (``reward_range`` set; ``*_reward_components`` returns its terms as named
+components), a multi-turn external transition with the repository's feedback modes
+(``StrBuildFeedback``, ``HouseBuildFeedback``; use ``external_prompt_passthrough: true``) and an eval
+logger/aggregator. Completions are parsed without ever raising: malformed text only scores low.
 
 Data: ``../shared/data/minecraft`` (or ``$COMLRL_MINECRAFT_DATA``, e.g. a clone of the repository).
 """
@@ -28,6 +29,7 @@ from comlrl_lightning.envs.minecraft.housebuild import (
     housebuild_eval_logger,
     housebuild_eval_tasks,
     housebuild_reward,
+    housebuild_reward_components,
     housebuild_tasks,
     housebuild_train_tasks,
 )
@@ -41,6 +43,7 @@ from comlrl_lightning.envs.minecraft.strbuild import (
     strbuild_eval_logger,
     strbuild_eval_tasks,
     strbuild_reward,
+    strbuild_reward_components,
     strbuild_tasks,
     strbuild_train_tasks,
 )
@@ -58,6 +61,7 @@ __all__ = [
     "housebuild_eval_logger",
     "housebuild_eval_tasks",
     "housebuild_reward",
+    "housebuild_reward_components",
     "housebuild_tasks",
     "housebuild_train_tasks",
     "strbuild_agent0_prompt",
@@ -66,6 +70,7 @@ __all__ = [
     "strbuild_eval_logger",
     "strbuild_eval_tasks",
     "strbuild_reward",
+    "strbuild_reward_components",
     "strbuild_tasks",
     "strbuild_train_tasks",
 ]

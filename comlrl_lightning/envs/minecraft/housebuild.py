@@ -560,14 +560,33 @@ def housebuild_reward(
 ) -> list[float]:
     """HouseBuild team reward in [−0.1, 1] per joint action (``batch_items`` aligned with the completions; one item
     serves them all)."""
+    return [b["total"] for b in _joint_breakdowns(agent_completions, batch_items)]
+
+
+def _joint_breakdowns(agent_completions: Sequence[Sequence[Any]], batch_items: Sequence[Mapping[str, Any]] | None):
     if not batch_items:
         raise ValueError("housebuild_reward needs batch_items (the HouseBuild items with their blueprints).")
     count = len(agent_completions[0]) if agent_completions else 0
     items = list(batch_items) * count if len(batch_items) == 1 else list(batch_items)
-    return [housebuild_breakdown(joint, item)["total"] for joint, item in zip(zip(*agent_completions), items)]
+    return [housebuild_breakdown(joint, item) for joint, item in zip(zip(*agent_completions), items)]
+
+
+def reward_components(breakdown: Mapping[str, float]) -> dict[str, float]:
+    """The terms of one :func:`housebuild_breakdown` as the reward's named components: ``match`` and
+    ``spider_penalty`` (−spider_penalty); added in this order they give ``breakdown["total"]`` exactly."""
+    return {"match": breakdown["match"], "spider_penalty": -breakdown["spider_penalty"]}
+
+
+def housebuild_reward_components(
+    *agent_completions: Sequence[Any], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, float]]:
+    """:func:`housebuild_reward` with each joint action's terms as named components (:func:`reward_components`; their sum
+    is its reward), for ``reward_aggregation: normalize_components``."""
+    return [reward_components(b) for b in _joint_breakdowns(agent_completions, batch_items)]
 
 
 housebuild_reward.reward_range = (REWARD_MIN, REWARD_MAX)
+housebuild_reward_components.reward_range = (REWARD_MIN, REWARD_MAX)
 
 
 # ------------------------------------------------------------------------------------------------ prompts

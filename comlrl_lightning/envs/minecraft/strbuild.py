@@ -469,14 +469,39 @@ def strbuild_reward(
 ) -> list[float]:
     """StrBuild team reward in [−3, 2] per joint action (``batch_items`` aligned with the completions; one item
     serves them all)."""
+    return [b["total"] for b in _joint_breakdowns(agent_completions, batch_items)]
+
+
+def _joint_breakdowns(agent_completions: Sequence[Sequence[Any]], batch_items: Sequence[Mapping[str, Any]] | None):
     if not batch_items:
         raise ValueError("strbuild_reward needs batch_items (the StrBuild items with their targets).")
     count = len(agent_completions[0]) if agent_completions else 0
     items = list(batch_items) * count if len(batch_items) == 1 else list(batch_items)
-    return [strbuild_breakdown(joint, item)["total"] for joint, item in zip(zip(*agent_completions), items)]
+    return [strbuild_breakdown(joint, item) for joint, item in zip(zip(*agent_completions), items)]
+
+
+def reward_components(breakdown: Mapping[str, float]) -> dict[str, float]:
+    """The weighted terms of one :func:`strbuild_breakdown` as the reward's named components: ``coverage``
+    (2.0·coverage), ``extra`` (−1.5·extra_ratio), ``adjacent`` (−1.0·adjacent_same_ratio) and ``palette``
+    (−0.25·missing_palettes); added in this order they give ``breakdown["total"]`` exactly."""
+    return {
+        "coverage": WEIGHTS["coverage"] * breakdown["coverage"],
+        "extra": -(WEIGHTS["extra"] * breakdown["extra_ratio"]),
+        "adjacent": -(WEIGHTS["adjacent"] * breakdown["adjacent_same_ratio"]),
+        "palette": -(WEIGHTS["palette"] * breakdown["missing_palettes"]),
+    }
+
+
+def strbuild_reward_components(
+    *agent_completions: Sequence[Any], batch_items: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, float]]:
+    """:func:`strbuild_reward` with each joint action's terms as named components (:func:`reward_components`; their sum
+    is its reward), for ``reward_aggregation: normalize_components``."""
+    return [reward_components(b) for b in _joint_breakdowns(agent_completions, batch_items)]
 
 
 strbuild_reward.reward_range = (REWARD_MIN, REWARD_MAX)
+strbuild_reward_components.reward_range = (REWARD_MIN, REWARD_MAX)
 
 
 def expected_blocks(task: StrBuildTask, num_agents: int) -> tuple[dict[Position, str], dict[Position, int]]:
