@@ -34,8 +34,7 @@ from comlrl_lightning.algorithms.iterative import Rounds, iterative_groups
 from comlrl_lightning.algorithms.objective import Objective
 from comlrl_lightning.algorithms.pairs import Pairs, pair_micro_batches
 from comlrl_lightning.core.losses import assert_finite, madpo_loss
-from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
-from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
+from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.rollout.sampling import collate_rows, shares_prompts, take, token_logprobs
 
 
@@ -95,7 +94,6 @@ class MADPO(MultiAgentModule):
     algorithm_name = "MADPO"
     field_groups = (*MultiAgentModule.field_groups, JointActionFields, PreferenceFields, DPOFields)
     objective_class = JointDPO
-    pair_selections = PAIR_SELECTIONS
     rounds_class: ClassVar[type[Rounds] | None] = None  # the iterative variant: Rounds (module.rounds)
     keep_comparator_loaded = True  # an iterative variant's 'model' comparator stays loaded between rounds
     pair_passes = 1  # DPO passes over the pairs in one epoch
@@ -215,7 +213,6 @@ class MADPOIter(MADPO):
 
     algorithm_name = "MADPOIter"
     field_groups = (*iterative_groups(MADPO.field_groups), MADPOIterFields)
-    pair_selections = ITERATIVE_PAIR_SELECTIONS
     rounds_class = Rounds
     epochs_per_iteration = 1
 

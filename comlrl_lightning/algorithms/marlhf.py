@@ -56,8 +56,7 @@ from comlrl_lightning.algorithms.pairs import Pairs, pair_micro_batches
 from comlrl_lightning.algorithms.reinforce import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.choices import Choice
 from comlrl_lightning.core.losses import assert_finite, bradley_terry_loss
-from comlrl_lightning.core.pairs import PAIR_SELECTIONS, PreferencePair
-from comlrl_lightning.core.replay import ITERATIVE_PAIR_SELECTIONS
+from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.rollout.rewards import RewardCaller
 from comlrl_lightning.rollout.sampling import take
 from comlrl_lightning.runs import ranks
@@ -221,7 +220,6 @@ class MARLHF(OnPolicyModule):
         ReferenceKLFields,
         MARLHFFields,
     )
-    pair_selections = PAIR_SELECTIONS
     rounds_class: ClassVar[type[Rounds] | None] = None  # the iterative variant: Rounds (module.rounds)
     keep_comparator_loaded = True
     rl_backend: ClassVar[type[OnPolicyModule] | None] = None  # the RL stage's loop (set by ``with_backend``)
@@ -452,7 +450,6 @@ class MARLHFIter(MARLHF):
     algorithm_name = "MARLHFIter"
     field_groups = (*iterative_groups(MARLHF.field_groups), MARLHFIterFields)
     field_defaults = {"reward_num_train_epochs": 2}
-    pair_selections = ITERATIVE_PAIR_SELECTIONS
     rounds_class = Rounds
     keep_comparator_loaded = False  # free 'model' comparators after each collection: the RL stage needs the memory
 
