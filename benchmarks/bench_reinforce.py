@@ -14,7 +14,7 @@ Phases of one update, each timed separately (median over ``--repeats`` after one
 Implementations:
 
     ours        comlrl_lightning.MAGRPO: ``module.engine.rollout`` for generate/reward, then the pieces of
-                ``MAGRPO.update`` (objective.policy_batch -> token_logprobs -> policy_gradient_loss -> backward -> step)
+                ``MAGRPO.update`` (module.agent_batch -> token_logprobs -> policy_gradient_loss -> backward -> step)
     per-sample  (``--baseline``) a per-sample implementation in CoMLRL's style (docs/differences.md):
                 one generate per agent per prompt, one reward call per joint action, and for the loss one
                 forward per completion with a Python loop over token positions (log_softmax per position)
@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # roofline.py
 
 from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLHF, PreferenceDataModule  # noqa: E402
 from comlrl_lightning.agents.memory import keep_freed_memory  # noqa: E402
-from comlrl_lightning.algorithms.optimization import clip_and_measure, trained_models, trained_parameters  # noqa: E402
+from comlrl_lightning.algorithms.optimization import clip_and_measure, trained_parameters  # noqa: E402
 from comlrl_lightning.core.advantages import compute_advantages  # noqa: E402
 from comlrl_lightning.core.losses import policy_gradient_loss  # noqa: E402
 from comlrl_lightning.envs.toy import brevity_reward, letter_reward  # noqa: E402
@@ -250,12 +250,12 @@ def ours_once(module: MAGRPO, optimizer, items, args) -> dict[str, tuple[float, 
     with Phase(device) as update:  # MAGRPO.update without Lightning's wrappers: one graph (agent) at a time
         optimizer.zero_grad()
         for i, model in enumerate(module.agents):
-            batch = module.objective.policy_batch(nodes, i)
+            batch = module.agent_batch(nodes, i)
             with precision(args):
                 logp = token_logprobs(model, batch.inputs)
                 loss, _ = policy_gradient_loss(logp, batch.advantages.to(logp.device), batch.weights.to(logp.device))
             loss.backward()
-        clip_and_measure(trained_parameters(trained_models(module), optimizer), module.max_grad_norm)
+        clip_and_measure(trained_parameters(module.trained_models(), optimizer), module.max_grad_norm)
         optimizer.step()
         weights_changed()  # what MultiAgentModule.update tells the generation copies
 
@@ -354,7 +354,7 @@ class ActorCritic:
         with Phase(device) as rollout_phase:
             rollout = self.module.collect_rollout(self.items)
         assert_forced([a.completion_mask for n in rollout.nodes for a in n.agents], self.args, self.num_agents)
-        (batch,) = self.module.schedule(self.module.objective.records(rollout))  # advantages, then one mini-batch
+        (batch,) = self.module.schedule(self.module.records(rollout))  # advantages, then one mini-batch
         with warnings.catch_warnings(), Phase(device) as update:
             warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True to a scalar")
             self.module.update(batch)
@@ -422,7 +422,8 @@ class PairCollection:
         self.batch: list = []
         self.data = PreferenceDataModule(dataset=self.items, show_progress=False)
         self.data.attach(self.module.pairs.plan())
-        engine, rollout = self.module.engine, self.module.engine.rollout
+        engine = self.module.pairs.policy.engine  # the candidates' engine (K_c aligned samples per task)
+        rollout = engine.rollout
 
         def timed_rollout(*a, **kw):  # keep the engine's own generate / reward split of the collection
             out = rollout(*a, **kw)
@@ -491,7 +492,7 @@ class RewardModelUpdate:
         ]
         tokens = int(rm.tokenize(texts)["attention_mask"].sum())
         with Phase(self.args.device) as update:
-            self.module.update(pairs)
+            self.module.update_reward_model(pairs)
         self.counts.append({"reward-model update": (len(pairs), tokens)})
         return {"reward-model update": (update.seconds, update.peak_mib)}
 

@@ -10,7 +10,7 @@ Phases, each through the package's own code:
     reward     the same rollout → its ``reward`` timing (``--reward task``: the task's real reward, e.g. the
                sandboxed coding reward; default ``trivial``, a length check)
     score      one no-grad forward per agent over every sample (what the reference KL or old log-probs cost)
-    update     forward + backward of every agent's policy loss (``objective.policy_batch`` → ``token_logprobs`` → loss)
+    update     forward + backward of every agent's policy loss (``module.agent_batch`` → ``token_logprobs`` → loss)
     optimizer  the AdamW step the module configures (``configure_optimizers``)
     step       generate + reward + update + optimizer: a default MAGRPO step
 
@@ -146,8 +146,9 @@ def worker(args) -> dict:
                 "prompt_tokens": statistics.mean(len(n.agents[0].prompt_ids) for n in nodes),
             }
 
-        # MAGRPO's rows and advantages: its objective's since the objectives (a checkout before them: the module's).
-        policy_batch = getattr(module, "objective", module).policy_batch
+        # MAGRPO's rows and advantages (step 2 of its update): the module's agent_batch; a checkout from before
+        # objectives were losses of tensors: its objective's policy_batch (before objectives: the module's).
+        policy_batch = getattr(module, "agent_batch", None) or getattr(module, "objective", module).policy_batch
 
         def score():
             with torch.no_grad(), precision():

@@ -114,6 +114,27 @@ class Spec:
 
 SPECS: dict[str, Spec] = {
     "MAGRPO": Spec(cl.MAGRPO, GROUP, 40, note="default config (normalized advantages)"),
+    "MAGRPO-clipped": Spec(
+        cl.MAGRPO,
+        dict(GROUP, policy_loss="clipped", num_iterations=2),
+        40,
+        note="policy_loss clipped: 2 passes per drained buffer, ratio clipped to [0.8, 1.2]",
+    ),
+    "MAGRPO-gspo": Spec(
+        cl.MAGRPO,
+        dict(GROUP, policy_loss="gspo", num_iterations=2),
+        40,
+        note="policy_loss gspo: sequence ratio clipped to [0.8, 1.2], 2 passes",
+    ),
+    "MAGRPO-dynamic": Spec(
+        cl.MAGRPO, dict(GROUP, dynamic_sampling=True), 40, note="dynamic_sampling: tied groups dropped and refilled"
+    ),
+    "MAGRPO-components": Spec(
+        cl.MAGRPO,
+        dict(GROUP, reward_func=toy.letter_reward_components, reward_aggregation="normalize_components"),
+        40,
+        note="each agent's share a reward component, normalised within its group (normalize_components)",
+    ),
     "MAGRPO-raw": Spec(cl.MAGRPO, RAW_ADVANTAGES, 40, note="advantage_normalization off"),
     "MARLOO-raw": Spec(
         cl.MARLOO,
@@ -163,7 +184,7 @@ SPECS: dict[str, Spec] = {
             **GROUP,
             **REWARD_MODEL,
             "num_iterations": 20,
-            "num_train_epochs": 4,
+            "rl_epochs_per_round": 4,
             "preference_pairs_per_sample": 8,
             "reward_train_batch_size": 32,
         },
