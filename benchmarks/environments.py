@@ -33,6 +33,26 @@ run's memory, sandbox workers or crash do not reach the next; the results are re
 config does not exist is skipped with the reason printed. Writes ``benchmarks/results/environments.md`` (the
 table), ``environments.json`` (every number, every curve, a sample completion per run) and ``environments.png``
 (one panel per env).
+
+``--variant dynamic`` trains the same configs with MAGRPO's answer to tied groups, adding to the flags above
+
+    --model.init_args.dynamic_sampling=true                      tied rollout-tree nodes (every agent's K returns
+    --model.init_args.dynamic_sampling_max_extra_prompts=N       equal: zero advantage) dropped and refilled with up
+                                                                 to N (--extra-prompts, 3) extra prompts per step
+    --model.init_args.reward_aggregation=normalize_components    each named reward component normalised in its group
+    --model.init_args.reward_func=<the reward's components twin> (the config's reward, its terms as a dict)
+
+(an env whose reward has no components twin — BFCL, TravelPlanner — gets dynamic sampling only, its reward summed as
+the config says; the output says so). Each run also records, from its ``metrics.csv``, the mean share of the step's
+own nodes that tied (``rollout/zero_advantage_ratio_before``), of the nodes trained on
+(``rollout/zero_advantage_ratio``), and the extra prompts rolled out per update (counted at every step). It writes
+``environments_dynamic.md``/``.json`` (``--name``; no plot) next to, never over, the baseline's files;
+``--compare BASELINE.json`` (a ``--variant baseline`` run's JSON with the same budget) puts the baseline's numbers
+beside them as the "without" column:
+
+    .venv/bin/python benchmarks/environments.py --only mbpp --seeds 0 --updates 3 --out /tmp/base
+    .venv/bin/python benchmarks/environments.py --only mbpp --seeds 0 --updates 3 --variant dynamic \\
+        --compare /tmp/base/environments.json
 """
 
 from __future__ import annotations
@@ -89,6 +109,26 @@ WRITING_CREDIT = [
     ("ungated total", "avg_ungated_total_reward"),
 ]
 WRITING_NEVER = [("passes the length gate (level 1)", "level_1_pass_rate")]
+# --variant dynamic: each config's reward_func -> the same reward with its terms as named components (the
+# ``*_reward_components`` twins); a reward not listed (BFCL, TravelPlanner) has none: dynamic sampling only.
+COMPONENT_TWINS = {
+    "comlrl_lightning.envs.coding.coding_reward": "comlrl_lightning.envs.coding.coding_reward_components",
+    "comlrl_lightning.envs.classeval.classeval_reward": "comlrl_lightning.envs.classeval.classeval_reward_components",
+    "comlrl_lightning.envs.writing.tldr_reward": "comlrl_lightning.envs.writing.tldr_reward_components",
+    "comlrl_lightning.envs.writing.arxiv_reward": "comlrl_lightning.envs.writing.arxiv_reward_components",
+    "comlrl_lightning.envs.minecraft.strbuild.strbuild_reward": (
+        "comlrl_lightning.envs.minecraft.strbuild.strbuild_reward_components"
+    ),
+    "comlrl_lightning.envs.minecraft.housebuild.housebuild_reward": (
+        "comlrl_lightning.envs.minecraft.housebuild.housebuild_reward_components"
+    ),
+}
+DYNAMIC_ROLLOUT = {  # metrics.csv column -> the run's key (mean over the rows that logged it)
+    "rollout/zero_advantage_ratio_before": "zero_nodes_before",  # dynamic sampling: the step's own nodes that tied
+    "rollout/zero_advantage_ratio": "zero_nodes",  # the nodes trained on that tie (baseline: every node)
+    "rollout/dynamic_sampling_extra_prompts": "extra_prompts_row",
+    "rollout/dynamic_sampling_fill_ratio": "fill_ratio",
+}
 
 
 @dataclass
@@ -243,7 +283,23 @@ def cli_args(env: Env, seed: int, settings: dict[str, Any], root: str) -> list[s
             "--model.init_args.use_chat_template=false",
             f"--model.init_args.model_config={json.dumps(model_config)}",
         ]
+    if settings.get("variant") == "dynamic":
+        args += [
+            "--model.init_args.dynamic_sampling=true",
+            f"--model.init_args.dynamic_sampling_max_extra_prompts={settings['extra_prompts']}",
+        ]
+        if settings["reward_twin"]:
+            args += [
+                "--model.init_args.reward_aggregation=normalize_components",
+                f"--model.init_args.reward_func={settings['reward_twin']}",
+            ]
     return args + list(settings["cli_args"])
+
+
+def config_reward(env: Env) -> str:
+    import yaml
+
+    return str(yaml.safe_load((REPO / "configs" / env.config).read_text())["model"]["init_args"]["reward_func"])
 
 
 def config_tokens(env: Env) -> int:
@@ -311,8 +367,23 @@ def run_one(name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
             self.measure(trainer, module)
             marks["intermediate_eval"] = intermediate
 
+    class RolloutLog(Callback):
+        """Each training step's rollout metrics (``module.last_rollout.metrics``: dynamic sampling's extra prompts,
+        exactly; metrics.csv averages the steps pooled into one update)."""
+
+        def __init__(self):
+            self.steps: list[dict[str, float]] = []
+            self.seen = None
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            rollout = getattr(module, "last_rollout", None)
+            if rollout is not None and rollout is not self.seen:
+                self.seen = rollout
+                self.steps.append({k: float(v) for k, v in rollout.metrics.items()})
+
+    logs = f"{name}_seed{seed}" + ("_dynamic" if settings.get("variant") == "dynamic" else "")
     with tempfile.TemporaryDirectory() as tmp:
-        root = settings.get("keep_logs") and str(Path(settings["keep_logs"], f"{name}_seed{seed}")) or tmp
+        root = settings.get("keep_logs") and str(Path(settings["keep_logs"], logs)) or tmp
         argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI reads its flags from args= only (Lightning warns otherwise)
         try:
             cli = cli_main(cli_args(env, seed, settings, root), run=False)
@@ -323,17 +394,25 @@ def run_one(name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
         if not eval_items:
             raise RuntimeError(f"{env.config} has no evaluation items (data.init_args.eval_dataset)")
         items, distinct, repeats = held_out(eval_items, settings["held_out"])
-        trainer.callbacks.append(HeldOutCurve(items, settings["eval_batch"], settings["every"]))
+        rollout_log = RolloutLog()
+        trainer.callbacks += [HeldOutCurve(items, settings["eval_batch"], settings["every"]), rollout_log]
         trainer.fit(module, datamodule=data)
         fit_end = time.perf_counter()
         log_dir = Path(trainer.logger.log_dir) if trainer.logger is not None else None
-        train_curve, zero_adv = read_metrics(log_dir)
+        train_curve, zero_adv, rollout_stats = read_metrics(log_dir)
         examples = read_examples(log_dir)
         turns = int(getattr(module, "num_turns", 1))
         updates = int(trainer.global_step)
     # Training time: from after the first evaluation to before the last, less the evaluations in between.
     train_seconds = marks["train_end"] - marks["train_start"] - marks["intermediate_eval"]
     key = f"eval/turn_{turns}/reward_mean"
+    extra = [step.get("rollout/dynamic_sampling_extra_prompts", 0.0) for step in rollout_log.steps]
+    rollout_stats.update(
+        rollout_steps=len(rollout_log.steps),
+        extra_prompts=sum(extra),
+        extra_prompts_per_update=sum(extra) / max(updates, 1),
+        extra_prompts_per_step=statistics.mean(extra) if extra else 0.0,
+    )
     return {
         "env": name,
         "seed": seed,
@@ -354,6 +433,7 @@ def run_one(name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
         "evaluations": module_curve,
         "train_curve": train_curve,
         "zero_advantage_ratio": zero_adv,
+        "rollout_stats": rollout_stats,
         "examples": examples,
         "reward_range": reward_range(module),
         "settings": settings,
@@ -378,14 +458,21 @@ def reward_range(module) -> list[float] | None:
     return [float(lo), float(hi)]
 
 
-def read_metrics(log_dir: Path | None) -> tuple[dict[str, list[tuple[int, float]]], float | None]:
-    """From the run's ``metrics.csv``: the training rollout reward per turn against the update, and the mean share
-    of samples with a zero advantage (every sample of its group scored the same) over updates and agents."""
+def read_metrics(
+    log_dir: Path | None,
+) -> tuple[dict[str, list[tuple[int, float]]], float | None, dict[str, float | None]]:
+    """From the run's ``metrics.csv``: the training rollout reward per turn against the update; the mean share of
+    samples with a zero advantage (every sample of its group scored the same) over updates and agents (the
+    ``agent_<i>/zero_advantage_ratio`` columns); and the means of the rollout-tree node metrics
+    (``DYNAMIC_ROLLOUT``: the share of nodes that tied, before and after dynamic sampling's refill; None when not
+    logged)."""
     path = log_dir / "metrics.csv" if log_dir is not None else None
+    stats: dict[str, float | None] = dict.fromkeys(DYNAMIC_ROLLOUT.values())
     if path is None or not path.is_file():
-        return {}, None
+        return {}, None, stats
     curve: dict[str, list[tuple[int, float]]] = {}
     zero: list[float] = []
+    nodes: dict[str, list[float]] = {}
     with path.open() as f:
         for row in csv.DictReader(f):
             for col, value in row.items():
@@ -393,9 +480,12 @@ def read_metrics(log_dir: Path | None) -> tuple[dict[str, list[tuple[int, float]
                     continue
                 if col.startswith("rollout/turn_") and col.endswith("/reward_mean"):
                     curve.setdefault(col.split("/")[1], []).append((int(row["step"]), float(value)))
-                elif col.endswith("/zero_advantage_ratio"):
+                elif col in DYNAMIC_ROLLOUT:
+                    nodes.setdefault(DYNAMIC_ROLLOUT[col], []).append(float(value))
+                elif col.startswith("agent_") and col.endswith("/zero_advantage_ratio"):
                     zero.append(float(value))
-    return curve, (statistics.mean(zero) if zero else None)
+    stats.update({key: statistics.mean(values) for key, values in nodes.items()})
+    return curve, (statistics.mean(zero) if zero else None), stats
 
 
 def read_examples(log_dir: Path | None, chars: int = 400) -> list[dict[str, Any]]:
@@ -446,6 +536,14 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "after_all": a,
                 }
     zero = [r["zero_advantage_ratio"] for r in ok if r.get("zero_advantage_ratio") is not None]
+    settings = ok[0]["settings"]
+    row["variant"] = settings.get("variant", "baseline")
+    if row["variant"] == "dynamic":
+        row["reward_twin"] = settings["reward_twin"]
+        row["extra_prompts_budget"] = settings["extra_prompts"]
+    for key in (*DYNAMIC_ROLLOUT.values(), "extra_prompts_per_update", "extra_prompts_per_step"):
+        values = [r["rollout_stats"][key] for r in ok if (r.get("rollout_stats") or {}).get(key) is not None]
+        row[key] = statistics.mean(values) if values else None
     row.update(
         turns=turns,
         reward_range=ok[0]["reward_range"],
@@ -655,6 +753,16 @@ def env_settings(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "eval_seed": EVAL_SEED,
         "threads": args.threads,
         "keep_logs": args.keep_logs,
+        # --variant dynamic only (a baseline's settings stay those of earlier JSONs: --resume still matches them)
+        **(
+            {
+                "variant": "dynamic",
+                "extra_prompts": args.extra_prompts,
+                "reward_twin": COMPONENT_TWINS.get(config_reward(env)),
+            }
+            if args.variant == "dynamic"
+            else {}
+        ),
     }
 
 
@@ -690,6 +798,7 @@ def worker_argv(name: str, seed: int, result: Path, args: argparse.Namespace) ->
         argv += ["--threads", str(args.threads)]
     if args.keep_logs:
         argv += ["--keep-logs", args.keep_logs]
+    argv += ["--variant", args.variant, "--extra-prompts", str(args.extra_prompts)]
     return argv + [f"--cli-arg={a}" for a in args.cli_arg]
 
 
@@ -751,8 +860,31 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         default=[],
         help="an extra CLI flag for every run, e.g. --cli-arg=--model.init_args.agent_learning_rate=1e-4",
     )
-    parser.add_argument("--out", default=str(RESULTS), help="directory for environments.md/.png (and .json)")
-    parser.add_argument("--json", default=None, help="the JSON's path (default <out>/environments.json)")
+    parser.add_argument(
+        "--variant",
+        choices=("baseline", "dynamic"),
+        default="baseline",
+        help="baseline: the configs as shipped; dynamic: + dynamic sampling and per-component reward normalisation "
+        "(module docstring)",
+    )
+    parser.add_argument(
+        "--extra-prompts",
+        type=int,
+        default=3,
+        help="--variant dynamic: dynamic_sampling_max_extra_prompts (extra prompts one step may roll out)",
+    )
+    parser.add_argument(
+        "--compare",
+        default=None,
+        help="--variant dynamic: a --variant baseline run's JSON, shown beside the results as the 'without' column",
+    )
+    parser.add_argument("--out", default=str(RESULTS), help="directory for <name>.md/.png (and .json)")
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="file name stem of the results (default environments; environments_dynamic for --variant dynamic)",
+    )
+    parser.add_argument("--json", default=None, help="the JSON's path (default <out>/<name>.json)")
     parser.add_argument(
         "--resume", action="store_true", help="reuse the runs of an existing JSON made with the same settings"
     )
@@ -786,10 +918,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         parser.error(f"--only: unknown env(s) {unknown}; choose from: {', '.join(ENVS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
-    json_path = Path(args.json) if args.json else out / "environments.json"
-    previous = {}
+    args.name = args.name or ("environments" if args.variant == "baseline" else "environments_dynamic")
+    json_path = Path(args.json) if args.json else out / f"{args.name}.json"
+    if args.compare and args.variant != "dynamic":
+        parser.error("--compare: only with --variant dynamic")
+    if args.compare and Path(args.compare).resolve() == json_path.resolve():
+        parser.error("--compare: the baseline JSON cannot be the one this run writes")
+    previous, args.history = {}, []
     if args.resume and json_path.is_file():
-        for row in json.loads(json_path.read_text()).get("rows", []):
+        earlier = json.loads(json_path.read_text())
+        args.history = earlier.get("commands") or [earlier.get("command", "?")]  # whose runs --resume may reuse
+        for row in earlier.get("rows", []):
             for r in row.get("runs", []):
                 if "error" not in r:
                     previous[(r["env"], r["seed"])] = r
@@ -811,6 +950,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"{args.updates} updates, {settings['tokens']} new tokens, seeds {seeds}",
             flush=True,
         )
+        if args.variant == "dynamic":
+            print(f"    {name}: {variant_text(settings)}", flush=True)
         runs = []
         for seed in seeds:
             old = previous.get((name, seed))
@@ -850,10 +991,21 @@ def write(rows, out: Path, json_path: Path, command: str, seeds, args, total: fl
     model = "random `tiny` models (a smoke run, not a result)" if args.tiny else f"two `{EMBEDDED}` agents"
     text = table(rows)
     runs_seconds = sum(r.get("seconds", 0.0) for row in rows for r in row.get("runs", []))  # reused runs too
+    dynamic = args.variant == "dynamic"
+    what = (
+        "MAGRPO with dynamic sampling and per-component reward normalisation (`--variant dynamic`: "
+        f"dynamic_sampling=true, dynamic_sampling_max_extra_prompts={args.extra_prompts}, "
+        "reward_aggregation=normalize_components with the reward's components twin; see the section below), "
+        "each env's shipped config otherwise as it is"
+        if dynamic
+        else "MAGRPO, each env's shipped config as it is"
+    )
+    curves = "" if dynamic else f"Curves: {args.name}.png; "
     header = (
-        f"`{command}`\n\nMAGRPO, each env's shipped config as it is, {model}, {args.updates} updates "
+        f"`{command}`\n\n{what}, {model}, {args.updates} updates "
         f"(trainer.max_steps), seeds "
-        f"{seeds}; only the budget is overridden (benchmarks/environments.py). Reward = the module's "
+        f"{seeds}; only the budget {'and the variant are' if dynamic else 'is'} overridden "
+        f"(benchmarks/environments.py). Reward = the module's "
         f"evaluation (task reward after the config's reward_processor, one sampled trajectory per draw, the "
         f"config's sampling, fixed evaluation seed {EVAL_SEED}) on held-out items (items × draws each) before "
         f"the first and after the last update; for two-turn envs the reward of turn 2. Mean ± std over seeds; "
@@ -861,12 +1013,14 @@ def write(rows, out: Path, json_path: Path, command: str, seeds, args, total: fl
         f"excludes both. "
         f"{'Total' if final else 'So far'}: {runs_seconds:.0f} s of runs ({time.perf_counter() - total:.0f} s in "
         f"this invocation; --resume reuses earlier runs) on {machine}. "
-        f"Curves: environments.png; every number: {json_path.name}.\n\n"
+        f"{curves}every number: {json_path.name}.\n\n"
     )
     reading = "\n".join(f"- **{r['env']}** (`{r['config']}`): {ENVS[r['env']].reading}" for r in rows)
+    baseline = read_compare(args.compare) if dynamic else None
     body = (
         header
         + text
+        + (dynamic_section(rows, baseline, args) if dynamic else "")
         + "\n\n## Partial credit (held-out, mean over seeds)\n\n"
         + credit_table(rows)
         + "\n\n## What each reward credits\n\n"
@@ -875,11 +1029,15 @@ def write(rows, out: Path, json_path: Path, command: str, seeds, args, total: fl
         + examples_text(rows)
         + "\n"
     )
-    (out / "environments.md").write_text(body, encoding="utf-8")
+    md = out / f"{args.name}.md"
+    md.write_text(body, encoding="utf-8")
     json_path.write_text(
         json.dumps(
             {
                 "command": command,
+                "commands": [*args.history, command],
+                "variant": args.variant,
+                **({"extra_prompts": args.extra_prompts, "compare": args.compare} if dynamic else {}),
                 "seeds": seeds,
                 "updates": args.updates,
                 "tiny": args.tiny,
@@ -899,10 +1057,106 @@ def write(rows, out: Path, json_path: Path, command: str, seeds, args, total: fl
         f"{args.updates} update(s)\nheld-out team reward (mean over seeds {seeds}, band = min..max); the training "
         "rollouts' reward (mean over seeds) at the update that sampled them"
     )
-    plot(rows, out / "environments.png", title)
+    written = [md, json_path]
+    if not dynamic:  # the variant writes its table and JSON only (its curves are in the JSON)
+        plot(rows, out / f"{args.name}.png", title)
+        written.append(out / f"{args.name}.png")
     if final:
         print(text)
-        print(f"wrote {out / 'environments.md'}, {json_path}, {out / 'environments.png'}")
+        if dynamic:
+            print(dynamic_table(rows, baseline))
+        print("wrote " + ", ".join(str(p) for p in written))
+
+
+# ------------------------------------------------------------------------------------------------ --variant dynamic
+def variant_text(settings: dict[str, Any]) -> str:
+    """What ``--variant dynamic`` changes for one env (printed, and in the table)."""
+    text = f"dynamic sampling (up to {settings['extra_prompts']} extra prompts per step)"
+    if settings["reward_twin"]:
+        return text + f", reward_aggregation=normalize_components with reward_func={settings['reward_twin']}"
+    return text + " only: its reward has no components twin, reward_aggregation stays sum"
+
+
+def read_compare(path: str | None) -> dict[str, dict[str, Any]] | None:
+    """The rows (by env) of a ``--variant baseline`` run's JSON, or None."""
+    if not path:
+        return None
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {"command": data.get("commands") or [data.get("command")], "rows": {r["env"]: r for r in data["rows"]}}
+
+
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.0f}%"
+
+
+def num(value: float | None, spec: str = "+.3f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def dynamic_table(rows: list[dict[str, Any]], baseline: dict[str, Any] | None) -> str:
+    """Per env: the zero-advantage shares and the held-out reward without (``--compare``) and with the variant."""
+    lines = [
+        (
+            "| env | reward aggregation | tied nodes, without (baseline) | tied nodes with: the step's own "
+            "(before refill) | with: trained on (after refill) | fill ratio | extra prompts / update | samples "
+            "with advantage 0, without → with | held-out without: before → after | held-out with: before → after "
+            "| wall s / run without / with | s / update without / with |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b = (baseline or {}).get("rows", {}).get(r["env"], {})
+        if "before_mean" not in r:
+            lines.append(f"| {r['env']} | | | | | | | | | | | {r.get('note', '')} |")
+            continue
+        twin = r.get("reward_twin")
+        aggregation = f"normalize_components (`{twin.rsplit('.', 1)[1]}`)" if twin else "sum (no components twin)"
+        held_b = f"{b['before_mean']:+.3f} → {b['after_mean']:+.3f}" if "before_mean" in b else "—"
+        lines.append(
+            f"| {r['env']} | {aggregation} | {pct(b.get('zero_nodes'))} | {pct(r.get('zero_nodes_before'))} | "
+            f"{pct(r.get('zero_nodes'))} | {num(r.get('fill_ratio'), '.2f')} | "
+            f"{num(r.get('extra_prompts_per_update'), '.2f')} | {pct(b.get('zero_advantage_ratio'))} → "
+            f"{pct(r.get('zero_advantage_ratio'))} | {held_b} | {r['before_mean']:+.3f} → {r['after_mean']:+.3f} | "
+            f"{num(b.get('seconds_mean'), '.0f')} / {r['seconds_mean']:.0f} | "
+            f"{num(b.get('seconds_per_update'), '.1f')} / {r['seconds_per_update']:.1f} |"
+        )
+    done = {r["env"] for r in rows}
+    for name, b in (baseline or {}).get("rows", {}).items():  # run without the variant only: its numbers alone
+        if name not in done and "before_mean" in b:
+            lines.append(
+                f"| {name} | not run with the variant | {pct(b.get('zero_nodes'))} | — | — | — | — | "
+                f"{pct(b.get('zero_advantage_ratio'))} → — | {b['before_mean']:+.3f} → {b['after_mean']:+.3f} | — | "
+                f"{b['seconds_mean']:.0f} / — | {b['seconds_per_update']:.1f} / — |"
+            )
+    return "\n".join(lines)
+
+
+def dynamic_section(rows: list[dict[str, Any]], baseline: dict[str, Any] | None, args: argparse.Namespace) -> str:
+    without = (
+        "the baseline (`--variant baseline`, the configs as shipped) from "
+        + f"`{args.compare}`, run by "
+        + "; ".join(f"`{c}`" for c in baseline["command"])
+        if baseline
+        else "no baseline given (`--compare`): the 'without' columns are empty"
+    )
+    return (
+        "\n\n## Dynamic sampling: without and with\n\n"
+        + f"Without: {without}. With: these runs, by "
+        + "; ".join(f"`{c}`" for c in [*args.history])
+        + ("; " if args.history else "")
+        + "this file's command (top).\n\n"
+        + dynamic_table(rows, baseline)
+        + "\n\nTied nodes: the mean over updates of the share of rollout-tree nodes (one prompt's K joint actions "
+        "at one turn) whose every agent's K returns tie, so that every agent's advantage is 0 (metrics.csv: "
+        "`rollout/zero_advantage_ratio` without; with, `rollout/zero_advantage_ratio_before` for the step's own "
+        "nodes and `rollout/zero_advantage_ratio` for the nodes trained on after the refill). With "
+        "normalize_components a node ties only when every reward component ties too, so its 'before' can be below "
+        "the baseline's share even on the same samples. Fill ratio: untied nodes trained on / the step's node "
+        "count (1: refilled completely). Extra prompts / update: extra prompts rolled out over the run (counted "
+        "at every training step) / optimizer updates. Samples with advantage 0: the mean of "
+        "`agent_<i>/zero_advantage_ratio` (the main table's measure). Both variants start from the same weights and "
+        "evaluate with the same seed, so their 'before' agree.\n"
+    )
 
 
 if __name__ == "__main__":
