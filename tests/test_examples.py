@@ -37,6 +37,29 @@ def test_the_examples_stay_within_their_line_budget(name, budget):
     assert lines_of((EXAMPLES / name).read_text()) <= budget
 
 
+def test_the_gspo_worked_example_is_the_shipped_code_within_40_lines():
+    """docs/new_algorithm.md's GSPO section shows the package's own objective, registration, ratio and config (no copy
+    that drifts), in at most 40 non-blank lines."""
+    import inspect
+    import re
+
+    from comlrl_lightning.algorithms.reinforce import SequenceRatio
+    from comlrl_lightning.core.losses import sequence_ratios
+
+    doc = (REPO / "docs" / "new_algorithm.md").read_text()
+    section = doc[doc.index("## A worked example: GSPO") : doc.index("and its test builds it")]
+    blocks = re.findall(r"```(?:python|yaml)\n(.*?)```", section, re.S)
+    assert len(blocks) == 2 and sum(lines_of(b) for b in blocks) <= 40
+    code, config = blocks
+    shipped = inspect.getsource(SequenceRatio).strip()
+    assert shipped.splitlines()[1:] == code.strip().split("\n\n\ndef ")[0].splitlines()[1:]  # after its decorator
+    ratio = inspect.getsource(sequence_ratios)
+    for line in code.split("def sequence_ratios")[1].splitlines()[1:]:
+        assert line.split("  #")[0].strip() in ratio  # each statement, its comment aside
+    for line in config.splitlines()[3:]:
+        assert line.split("#")[0].strip() in (REPO / "configs" / "magrpo_gspo.yaml").read_text()
+
+
 def fit_cli(tmp_path, class_path, *overrides):
     from comlrl_lightning.cli import main
 
