@@ -564,3 +564,17 @@ def test_a_checkpoint_of_the_nested_backend_loads_into_the_one_team():
     restored.load_state_dict(checkpoint["state_dict"])
     for key, value in restored.state_dict().items():
         assert torch.equal(value, state[key]), key
+
+
+@pytest.mark.parametrize("algo", ["magrpo", "iac"])
+def test_a_marlhf_pickles_with_its_backend(algo):
+    """A spawned process (``ddp_spawn``) gets the module pickled: the class composed with the backend is not
+    importable by name, so it is rebuilt from (MARLHF, backend) on load."""
+    import pickle
+
+    module = make_marlhf(algo)
+    module.configure_model()  # the team, the critics' part and the reward model, loaded before pickling
+    back = pickle.loads(pickle.dumps(module))
+    assert type(back) is type(module) and back.rl_backend is module.rl_backend
+    assert same(module.agents.parameters(), back.agents.parameters())
+    assert same(module.reward_model.parameters(), back.reward_model.parameters())

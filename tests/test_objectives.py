@@ -314,3 +314,18 @@ def test_several_passes_resume_exactly(tmp_path):
     assert resumed.env_step == full.env_step
     for a, b in zip(full.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_a_buffered_node_of_the_release_with_old_logprobs_loads_and_an_unknown_field_is_loud():
+    """``AgentSamples.old_logprobs`` (never set by a shipped objective) is gone: a checkpoint that still holds it
+    loads; any other unknown field is an error, not silently dropped."""
+    seed_everything(0)
+    module = make()
+    module.configure_model()
+    node = module.policy.rollout(ITEMS[:1]).nodes[0]
+    state = node.state_dict()
+    state["agents"] = [{**a, "old_logprobs": None} for a in state["agents"]]
+    assert torch.equal(Node.from_state_dict(state).agents[0].completion_ids, node.agents[0].completion_ids)
+    state["agents"] = [{**a, "typo_logprobs": None} for a in state["agents"]]
+    with pytest.raises(TypeError, match="typo_logprobs"):
+        Node.from_state_dict(state)

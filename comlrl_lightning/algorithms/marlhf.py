@@ -225,6 +225,14 @@ class MARLHF(OnPolicyModule):
     rl_backend: ClassVar[type[OnPolicyModule] | None] = None  # the RL stage's loop (set by ``with_backend``)
     normalizes_components = False  # the RL stage's reward is the learned model's score, one float
 
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        """Pickled (a spawned process, ``ddp_spawn``) as MARLHF's class and its backend: the composed class is
+        rebuilt by ``with_backend`` where it is unpickled (it is not importable by name)."""
+        reduced = super().__reduce_ex__(protocol)
+        if self.rl_backend is None:
+            return reduced
+        return (new_with_backend, (type(self).__bases__[0], self.rl_backend), *reduced[2:])
+
     @property
     def passes(self) -> int:
         return 1  # the RL stage's objective is the backend's default one (no ratio: one pass)
@@ -551,3 +559,8 @@ def with_backend(marlhf: type[MARLHF], backend: type[OnPolicyModule]) -> type[MA
 
 
 _WITH_BACKEND: dict[tuple[type, type], type] = {}
+
+
+def new_with_backend(marlhf: type[MARLHF], backend: type[OnPolicyModule]) -> MARLHF:
+    """An empty instance of ``with_backend(marlhf, backend)``, for unpickling (its state is set next)."""
+    return object.__new__(with_backend(marlhf, backend))

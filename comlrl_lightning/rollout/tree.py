@@ -37,6 +37,9 @@ JOINT_MODE = Choice(
 normalize_joint_mode = JOINT_MODE
 
 
+REMOVED_FIELDS = ("old_logprobs",)  # AgentSamples fields of an earlier release, dropped when a checkpoint loads
+
+
 @dataclass
 class AgentSamples:
     """One agent's K samples at one node."""
@@ -91,8 +94,9 @@ class Node:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> "Node":
         state = dict(state)
-        known = {f.name for f in fields(AgentSamples)}  # a field of an older release is dropped
-        state["agents"] = [AgentSamples(**{k: v for k, v in a.items() if k in known}) for a in state["agents"]]
+        state["agents"] = [
+            AgentSamples(**{k: v for k, v in a.items() if k not in REMOVED_FIELDS}) for a in state["agents"]
+        ]
         return cls(**state)
 
     @property
