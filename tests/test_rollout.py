@@ -1357,6 +1357,21 @@ def test_external_transition_contract(fake, passthrough):
     assert [len(level) for level in roll.levels] == [1, 2, 4]
 
 
+def test_a_reward_that_names_the_history_gets_each_trajectorys_earlier_responses(fake):
+    seen = []
+
+    def reward(a, b, response_history_per_agent):
+        seen.append(response_history_per_agent)
+        return [float(len(h[0])) for h in response_history_per_agent]
+
+    engine = make_engine(reward, H=2, transition=Transition())
+    (root,) = engine.rollout(MODELS, TOKS, [{"prompt": "p"}]).roots
+    # turn 1: two joint actions, no earlier turn; turn 2: one call for both children, each with its own parent action
+    assert seen[0] == [[[], []], [[], []]]
+    assert seen[1] == [[["A:p#0"], ["B:p#0"]]] * 2 + [[["A:p#1"], ["B:p#1"]]] * 2
+    assert _values(root.rewards) == [0.0, 0.0] and _values(root.children[0].rewards) == [1.0, 1.0]
+
+
 def test_transition_error_propagates(fake):
     engine = make_engine(TableReward(), H=2, transition=lambda **kw: ["only one"])
     with pytest.raises(ValueError, match="returned 1 values but expected 2"):

@@ -2,11 +2,14 @@
 
 One documented reward signature (docs/differences.md)::
 
-    reward_func(*agent_completions, prompts=None, batch_items=None) -> list[float]
+    reward_func(*agent_completions, prompts=None, batch_items=None, response_history_per_agent=None) -> list[float]
 
 ``agent_completions[i]`` is agent i's list of completion strings; every list has one entry per joint action
 and the function returns one team reward per joint action. ``prompts``/``batch_items`` are passed only when
 the function names them (or takes ``**kwargs``). Unlike CoMLRL we never guess by retrying after a TypeError.
+``response_history_per_agent`` (also only when named) gives an environment with state its trajectory: one entry per
+joint action, ``[N]`` lists of each agent's responses in the earlier turns (empty lists at turn 1), so the reward can
+replay them from the task item (BridgeBuild, ResourceGathering) instead of keeping state between calls.
 
 Reward components (``reward_aggregation``, README): instead of a float, the reward may return a mapping ``{name: float}`` per joint action
 (its levels: ``{"syntax": 0.5, "tests": 0.8}``), the same names for every joint action of a call. The team reward is
@@ -194,6 +197,7 @@ class RewardCaller:
         self.component_weights = check_component_weights(component_weights)
         self._pass_prompts = _accepts(reward_func, "prompts")
         self._pass_items = _accepts(reward_func, "batch_items")
+        self._pass_history = _accepts(reward_func, "response_history_per_agent")
 
     def _call(self, args: list, kwargs: dict) -> Any:
         stop.check()  # a safe point per reward call (runs/stop.py)
@@ -230,11 +234,12 @@ class RewardCaller:
         prompts: Sequence[str] | None = None,
         batch_items: Sequence[Mapping[str, Any]] | None = None,
         check_count: bool = True,
+        histories: Sequence[Sequence[Sequence[str]]] | None = None,
     ) -> list[float]:
         """Team rewards before ``reward_processor``; one per joint action (``check_count=False`` leaves the count
         to the caller: the actor-critic family also accepts one value, or one per agent). A reward's components are
         summed (weighted); :meth:`raw_rewards` keeps them."""
-        return self.raw_rewards(agent_completions, prompts, batch_items, check_count).values
+        return self.raw_rewards(agent_completions, prompts, batch_items, check_count, histories).values
 
     def raw_rewards(
         self,
@@ -242,14 +247,21 @@ class RewardCaller:
         prompts: Sequence[str] | None = None,
         batch_items: Sequence[Mapping[str, Any]] | None = None,
         check_count: bool = True,
+        histories: Sequence[Sequence[Sequence[str]]] | None = None,
     ) -> RawRewards:
-        """:meth:`raw` with the reward's components, when it returns them (:class:`RawRewards`)."""
+        """:meth:`raw` with the reward's components, when it returns them (:class:`RawRewards`). ``histories``: per
+        joint action, each agent's earlier responses (none given: a first turn)."""
         expected = len(agent_completions[0])
         kwargs: dict[str, Any] = {}
         if self._pass_prompts and prompts is not None:
             kwargs["prompts"] = list(prompts)
         if self._pass_items and batch_items is not None:
             kwargs["batch_items"] = list(batch_items)
+        if self._pass_history:
+            first = [[] for _ in agent_completions]
+            kwargs["response_history_per_agent"] = (
+                [[list(h) for h in row] for row in histories] if histories is not None else [first] * expected
+            )
         output = self._call([list(c) for c in agent_completions], kwargs)
         names, rows = _component_rows(output, callable_name(self.reward_func))
         if names is None:
@@ -301,8 +313,10 @@ class RewardCaller:
             )
         return processed
 
-    def __call__(self, agent_completions, prompts=None, batch_items=None, check_count: bool = True) -> list[float]:
-        return self.process(self.raw(agent_completions, prompts, batch_items, check_count))
+    def __call__(
+        self, agent_completions, prompts=None, batch_items=None, check_count: bool = True, histories=None
+    ) -> list[float]:
+        return self.process(self.raw(agent_completions, prompts, batch_items, check_count, histories))
 
 
 def check_component_weights(weights: Mapping[str, float] | None) -> dict[str, float] | None:

@@ -274,6 +274,7 @@ class RolloutEngine:
         agent_texts = [[samples[i].texts[r] for r in agent_rows[:, i].tolist()] for i in range(N)]
         reward_prompts = [prompts[0][m] for m in range(M) for _ in range(J)]
         reward_items = [frontier[m].item for m in range(M) for _ in range(J)]
+        histories = [frontier[m].response_history for m in range(M) for _ in range(J)]
         if self.reward_per_node:  # actor-critic: one call per node; 1, J or N values (per agent)
             per_node = [
                 self._node_rewards(
@@ -281,6 +282,7 @@ class RolloutEngine:
                     [t[m * J : (m + 1) * J] for t in agent_texts],
                     reward_prompts[m * J : (m + 1) * J],
                     reward_items[m * J : (m + 1) * J],
+                    histories[m * J : (m + 1) * J],
                     J,
                 )
                 for m in range(M)
@@ -291,7 +293,7 @@ class RolloutEngine:
             names = _same_names([p[3] for p in per_node])
             components = None if names is None else [p[2] for p in per_node]  # M x [J, C]
         else:
-            out = reward.raw_rewards(agent_texts, prompts=reward_prompts, batch_items=reward_items)
+            out = reward.raw_rewards(agent_texts, reward_prompts, reward_items, histories=histories)
             raw_t = torch.tensor(out.values, dtype=torch.float32).view(M, J)
             rewards = torch.tensor(reward.process(out.values), dtype=torch.float32).view(M, J)
             agent_rewards = None
@@ -341,12 +343,12 @@ class RolloutEngine:
         return level, env_step
 
     def _node_rewards(
-        self, reward: RewardCaller, texts, prompts, items, J: int
+        self, reward: RewardCaller, texts, prompts, items, histories, J: int
     ) -> tuple[Tensor, Tensor, Tensor | None, list[str] | None]:
         """One node's per-agent processed rewards [N, J], its raw team rewards [J] and, for a reward that returns
         components, their team view [J, C] (spread like the rewards, then the mean over agents) and names
         (actor-critic)."""
-        out = reward.raw_rewards(texts, prompts=prompts, batch_items=items, check_count=False)
+        out = reward.raw_rewards(texts, prompts, items, check_count=False, histories=histories)
         per_agent = self.per_agent_rewards or J == 1
         processed = expand_rewards(reward.process(out.values), self.num_agents, J, per_agent=per_agent)
         raw = expand_rewards(out.values, self.num_agents, J, per_agent=per_agent).mean(0)
