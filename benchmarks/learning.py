@@ -136,6 +136,39 @@ SPECS: dict[str, Spec] = {
         note="each agent's share a reward component, normalised within its group (normalize_components)",
     ),
     "MAGRPO-raw": Spec(cl.MAGRPO, RAW_ADVANTAGES, 40, note="advantage_normalization off"),
+    "MAGRPO-alternating": Spec(
+        cl.MAGRPO,
+        dict(GROUP, agent_update_schedule="alternating", alternate_every=5),
+        40,
+        note="agent_update_schedule alternating: blocks of 5 updates per agent (each agent steps 20 times)",
+    ),
+    "MAGRPO-sequential": Spec(
+        cl.MAGRPO,
+        dict(GROUP, agent_update_schedule="sequential", sequential_order="shuffled", policy_loss="clipped"),
+        40,
+        note="agent_update_schedule sequential (HAPPO's M, shuffled order) with the clipped ratio loss",
+    ),
+    "MAGRPO-frozen-partner": Spec(
+        cl.MAGRPO,
+        dict(GROUP, trained_agents=[0]),
+        40,
+        note="trained_agents [0]: agent 1 frozen at its random init (the team reward's ceiling is ~0.56)",
+    ),
+    "MAGRPO-selfplay": Spec(
+        cl.MAGRPO,
+        dict(
+            GROUP,
+            num_agents=1,
+            num_turns=2,
+            formatters=[toy.proposer_prompt],
+            external_transition=toy.switch_roles,
+            external_prompt_passthrough=True,
+            reward_func=toy.role_reward,
+        ),
+        40,
+        note="self-play: ONE agent, proposer (share of e) at turn 1 and solver (share of vowels) at turn 2 by a "
+        "role-switching transition; reward = mean over the two turns",
+    ),
     "MARLOO-raw": Spec(
         cl.MARLOO,
         RAW_ADVANTAGES,
@@ -225,10 +258,13 @@ class HeldOutCurve(Callback):
 
 
 def held_out_reward(module, items) -> float:
-    """The module's evaluation of ``items`` (task reward, one sampled trajectory each), with a fixed seed."""
+    """The module's evaluation of ``items`` (task reward, one sampled trajectory each), with a fixed seed: the mean
+    of its turns' rewards (one turn but for the self-play row)."""
     with torch.random.fork_rng():
         torch.manual_seed(EVAL_SEED)
-        return module.evaluation.evaluate(items, batch_size=len(items))["eval/turn_1/reward_mean"]
+        metrics = module.evaluation.evaluate(items, batch_size=len(items))
+    turns = [value for key, value in metrics.items() if key.startswith("eval/turn_") and key.endswith("/reward_mean")]
+    return sum(turns) / len(turns)
 
 
 def run(name: str, spec: Spec, seed: int, every: int) -> dict[str, Any]:

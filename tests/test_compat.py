@@ -729,3 +729,28 @@ def test_messages_carry_comlrl_sentences():
     for build, sentence in cases:
         with pytest.raises((ValueError, TypeError, OSError), match=re.escape(sentence)):
             build()
+
+
+def test_a_hand_made_alternation_of_two_trainers_is_one_config(tmp_path):
+    """CoMLRL's recursive self-improvement: a trainer per agent, trained in turn by a hand-written loop. Here one
+    trainer takes agent_update_schedule: alternating (docs/compat.md); frozen partners are trained_agents."""
+    trainer = compat.MAGRPOTrainer(
+        agent_model="tiny",
+        reward_func=length_reward,
+        train_dataset=ITEMS,
+        args=compat.MAGRPOConfig(
+            output_dir=str(tmp_path),
+            agent_update_schedule="alternating",
+            alternate_every=1,
+            num_turns=1,
+            num_generations=2,
+            rollout_buffer_size=1,
+            **SMALL,
+        ),
+        trainer_options=QUIET,
+    )
+    trainer.train()
+    rows = [r for r in metric_rows(tmp_path) if r.get("agent_0/stepped")]
+    assert [(float(r["agent_0/stepped"]), float(r["agent_1/stepped"])) for r in rows] == [(1, 0), (0, 1), (1, 0)]
+    with pytest.raises(ValueError, match="trained_agents must be distinct agent indices"):
+        compat.MAGRPOConfig(trained_agents=[5], **SMALL)

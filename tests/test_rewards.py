@@ -188,7 +188,7 @@ class TestRewardCallerValues:
         with pytest.raises(
             TypeError,
             match=r"cannot take the completions of \d agents.*expected signature is "
-            r"reward_func\(\*agent_completions, prompts=None, batch_items=None\)",
+            r"reward_func\(\*agent_completions, prompts=None, batch_items=None, response_history_per_agent=None\)",
         ):
             check_reward_signature(reward, agents)
 

@@ -49,3 +49,44 @@ def test_story_tasks():
     assert len(toy.story_tasks()) == len(toy.STORY_TOPICS)
     assert len(toy.story_tasks(45)) == 45
     assert toy.opening_prompt(ITEM).startswith("Write the opening sentence")
+
+
+# ----------------------------------------------------------------------------------------------- self-play
+def test_word_chain_rule_transition_and_revision_by_hand():
+    from comlrl_lightning.envs.toy import (
+        revise_word_transition,
+        word_chain_prompt,
+        word_chain_tasks,
+        word_chain_transition,
+        word_rule_reward,
+    )
+
+    item = word_chain_tasks()[1]
+    assert item["letter"] == "b"
+    first = word_chain_prompt(item)
+    # one clean word with the letter: 1; starts right but more than a word: 0.5; wrong letter, empty: 0
+    assert word_rule_reward(["Banana", "bat and ball", "apple", ""], prompts=[first] * 4) == [1.0, 0.5, 0.0, 0.0]
+    history = [[first]]
+    (reply,) = word_chain_transition("word chain from b", ["Banana"], 1, history, [["Banana"]])
+    assert "said 'banana'" in reply and "starts with 'a'" in reply  # the other player answers from the last letter
+    assert word_rule_reward(["apple", "Banana"], prompts=[reply] * 2) == [1.0, 0.0]
+    (revise,) = revise_word_transition("word chain from b", ["apple"], 1, history, [["apple"]])
+    assert "starts with 'b'" in revise and "It breaks the rule." in revise  # a revision keeps the rule
+    (kept,) = revise_word_transition("word chain from b", ["bread"], 1, history, [["bread"]])
+    assert "It keeps the rule." in kept
+
+
+def test_one_agent_plays_both_roles_rewarded_by_the_role_of_the_turn():
+    from comlrl_lightning.envs.toy import proposer_prompt, role_reward, switch_roles
+
+    assert proposer_prompt({"topic": "rain"}).startswith("You are the proposer.")
+    assert proposer_prompt({"topic": "rain"}).endswith("write with the letter e")
+    (second,) = switch_roles("rain", ["eee"], 1, [["p"]], [["eee"]])
+    assert second.startswith("You are the solver.") and "The proposer wrote: eee" in second
+    assert second.endswith("write with vowels only")
+    (third,) = switch_roles("rain", ["aa"], 1, [["p", second]], [["eee", "aa"]])
+    assert third.startswith("You are the proposer.") and "The solver wrote: aa" in third
+    # turn 1 (no history): the proposer's share of e; turn 2 (one turn played): the solver's share of vowels
+    texts = ["eeaa", "eb ob!"]
+    assert role_reward(texts, response_history_per_agent=[[[]], [[]]]) == [0.5, 0.25]
+    assert role_reward(texts, response_history_per_agent=[[["x"]], [["x"]]]) == [1.0, 0.5]

@@ -100,6 +100,7 @@ class LoRATeam(nn.Module):
         self.num_agents = num_agents
         self.adapter_parameters = {adapter_name(i): self._parameters_of(adapter_name(i)) for i in range(num_agents)}
         self.active: str | None = None
+        self.frozen: set[str] = set()  # adapters that never learn (trained_agents)
         self.activate(adapter_name(0))
         self.views = [AdapterView(self, adapter_name(i)) for i in range(num_agents)]
 
@@ -122,17 +123,23 @@ class LoRATeam(nn.Module):
         return self.peft.get_base_model()
 
     def activate(self, name: str) -> None:
-        """Route forwards through adapter ``name``. peft's switch also freezes the other adapters; every adapter
-        stays trainable here (each agent's update trains its own adapter only, through its own forwards)."""
+        """Route forwards through adapter ``name``. peft's switch also freezes the other adapters; every adapter but
+        the frozen ones stays trainable here (each agent's update trains its own adapter only, through its own
+        forwards)."""
         if self.active != name:
             self.peft.base_model.set_adapter(name)
             self.train_every_adapter()
             self.active = name
 
     def train_every_adapter(self) -> None:
-        for params in self.adapter_parameters.values():
+        for name, params in self.adapter_parameters.items():
             for p in params:
-                p.requires_grad_(True)
+                p.requires_grad_(name not in self.frozen)
+
+    def freeze(self, name: str) -> None:
+        """Adapter ``name`` never learns: no gradients (whichever adapter is active), no optimizer state."""
+        self.frozen.add(name)
+        self.train_every_adapter()
 
     def reference(self) -> "ReferenceView":
         """The base with every adapter off: the reference policy of the KL penalty, without a second copy."""
@@ -165,6 +172,10 @@ class AdapterView(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """This agent's adapter weights: what its optimizer group trains and its gradient norm measures."""
         return self.team.adapter_parameters[self.name]
+
+    def freeze(self) -> None:
+        """This agent never learns (its adapter only: the base and the other agents are untouched)."""
+        self.team.freeze(self.name)
 
     def forward(self, *args: Any, **kwargs: Any):
         self.team.activate(self.name)

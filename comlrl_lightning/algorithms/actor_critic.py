@@ -634,6 +634,13 @@ class IAC(OnPolicyModule):
             batch.values = values_of(self.critic_for(agent), critic_view(batch.inputs, self.critic_type))
         return logp
 
+    def stage_models(self, agents: Sequence[int]) -> list[Any]:
+        """A sequential stage steps its agents and, IAC, their separate critics (they learn in the agents' forwards)."""
+        models = super().stage_models(agents)
+        if self.use_separate_critic and not self.centralized:
+            models += [self.critics[i] for i in agents]
+        return models
+
     def extra_losses(self, samples: list[JointSample], step: Any) -> dict[str, Any]:
         """No forward of its own (each critic learned with its agent); the turn's losses as CoMLRL logs them."""
         return self.turn_losses(samples, step, ("policy_loss", "value_loss"))

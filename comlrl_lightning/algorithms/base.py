@@ -39,6 +39,7 @@ from comlrl_lightning.algorithms.fields import (
     OptimizationFields,
     RewardComponentFields,
     SamplingFields,
+    ScheduleFields,
     TaskFields,
     build_groups,
     effective_hparams,
@@ -54,7 +55,9 @@ from comlrl_lightning.algorithms.optimization import (
     build_optimizer,
 )
 from comlrl_lightning.algorithms.resume import RunState, report_changed_fields
+from comlrl_lightning.algorithms.schedule import AgentSchedule, shared_models
 from comlrl_lightning.algorithms.team import (
+    agent_groups,
     assemble_team,
     check_first_items,
     check_strategy,
@@ -83,6 +86,7 @@ class MultiAgentModule(LightningModule):
     algorithm_name = "MultiAgentModule"
     field_groups: ClassVar[tuple[type[FieldGroup], ...]] = (
         AgentFields,
+        ScheduleFields,
         TaskFields,
         RewardComponentFields,
         SamplingFields,
@@ -93,6 +97,7 @@ class MultiAgentModule(LightningModule):
     objective_class: ClassVar[type[Objective]]  # what module.objective is: the algorithm's learning rule
     evaluation_class: ClassVar[type[evaluation.Evaluation]] = evaluation.Evaluation  # what module.evaluation is
     normalizes_components: ClassVar[bool] = False  # reward_aggregation normalize_components (the MAGRPO family)
+    steps_sequentially: ClassVar[bool] = False  # agent_update_schedule sequential (the on-policy families)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -150,6 +155,20 @@ class MultiAgentModule(LightningModule):
         """The rules that involve several fields; run before any model loads. Families extend it."""
         self.team = assemble_team(self.field_values)  # sources, devices, learning rates, LoRA plan (team.py)
         self.num_agents = self.team.num_agents
+        self.agent_schedule = AgentSchedule(
+            self.num_agents,
+            self.trained_agents,
+            self.agent_update_schedule,
+            self.alternate_every,
+            self.alternate_groups,
+            self.sequential_order,
+            shared=shared_models(self.agent_sources, self.num_agents),
+        )
+        require(
+            self.agent_update_schedule != "sequential" or self.steps_sequentially,
+            f"agent_update_schedule=sequential weighs each later agent's advantages by the ratios of the agents "
+            f"updated before it; {self.algorithm_name}'s update has no advantages: use simultaneous or alternating.",
+        )
         require(
             self.reward_aggregation == "sum" or self.normalizes_components,
             f"reward_aggregation=normalize_components normalises components within a group of samples, which "
@@ -260,7 +279,8 @@ class MultiAgentModule(LightningModule):
 
     # ------------------------------------------------------------------ the optimizer and an update's optimizer side
     def configure_optimizers(self):
-        agents = agent_parameter_groups(self.agents, self.team.learning_rates)  # loads the team and the parts
+        trained = self.agent_schedule.trained  # a frozen agent has no parameter group: no optimizer state
+        agents = agent_parameter_groups(self.agents, self.team.learning_rates, trained)  # loads the team and parts
         parts = [group for part in self.model_parts() for group in part.parameter_groups()]
         return build_optimizer(
             agents + parts,
@@ -274,16 +294,22 @@ class MultiAgentModule(LightningModule):
         )
 
     def trained_models(self) -> list[tuple[list[str], nn.Module]]:
-        """(metric names, model) of every model the module trains: each distinct agent model, then the parts'."""
-        return agent_trained_models(self.agents) + [t for part in self.model_parts() for t in part.trained_models()]
+        """(metric names, model) of every model the module trains: each distinct trained agent model, then the
+        parts'."""
+        trained = agent_trained_models(self.agents, self.agent_schedule.trained)
+        return trained + [t for part in self.model_parts() for t in part.trained_models()]
 
-    def begin_update(self, rows: int, parts: list[ModelPart] | None = None, agents: bool = True) -> UpdateStep:
-        """The optimizer side of one update on ``rows`` rows that trains the agents (unless ``agents`` is False) and
-        the models of ``parts`` (default: every part): gradients zeroed now; ``step.backward(loss, metrics)`` per
-        forward, ``step.finish()`` clips, steps and returns the metrics (``optimization.UpdateStep``)."""
+    def begin_update(
+        self, rows: int, parts: list[ModelPart] | None = None, agents: list[int] | None = None
+    ) -> UpdateStep:
+        """The optimizer side of one update on ``rows`` rows that trains ``agents`` (default: every trained agent;
+        ``[]``: none) and the models of ``parts`` (default: every part): gradients zeroed now;
+        ``step.backward(loss, metrics)`` per forward, ``step.finish()`` clips, steps and returns the metrics
+        (``optimization.UpdateStep``)."""
         self.generation_engine.release_memory()  # vLLM's sleep mode: the engines' memory is the update's now
         parts = self.model_parts() if parts is None else parts
-        models = list({id(m): m for m in self.agents}.values()) if agents else []
+        agents = self.agent_schedule.trained if agents is None else agents
+        models = [self.agents[ids[0]] for ids in agent_groups(self.agents, agents)]
         models += [m for part in parts for m in part.models()]
         strategy = self.trainer.strategy
         return UpdateStep(
@@ -333,6 +359,7 @@ class MultiAgentModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["comlrl_lightning"] = self.run_state.state_dict()
+        checkpoint["comlrl_lightning"]["agent_schedule"] = self.agent_schedule.state_dict()
         for part in self.parts():
             part.save(checkpoint["comlrl_lightning"])
 
@@ -340,6 +367,7 @@ class MultiAgentModule(LightningModule):
         report_changed_fields(self, checkpoint)  # a resumed fit whose fields differ from the checkpoint's
         state = checkpoint.get("comlrl_lightning", {})
         self.run_state.load_state_dict(state, checkpoint.get("global_step", 0))
+        self.agent_schedule.load_state_dict(state.get("agent_schedule", {}))
         for part in self.parts():
             part.load(state)
 

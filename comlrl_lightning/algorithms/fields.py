@@ -37,6 +37,7 @@ from comlrl_lightning.core.losses import (
 )
 from comlrl_lightning.core.pairs import PairSelection, select_pairs
 from comlrl_lightning.core.replay import REPLAY_MODE
+from comlrl_lightning.core.schedules import AgentOrder, LogRatio
 from comlrl_lightning.rollout.generation import GenerationBackendName, make_backend
 from comlrl_lightning.rollout.rewards import check_component_weights
 from comlrl_lightning.rollout.sampling import GenerationDtype, SamplingConfig, validate_generation_kwargs
@@ -309,6 +310,48 @@ class AgentFields(FieldGroup):
         )
         require(self.lora_alpha > 0, f"lora_alpha must be > 0 (got {self.lora_alpha!r}).")
         require(0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1) (got {self.lora_dropout!r}).")
+
+
+AgentUpdateSchedule = Literal["simultaneous", "alternating", "sequential"]
+
+
+@dataclasses.dataclass
+class ScheduleFields(FieldGroup):
+    """Which agents learn, and when (``algorithms/schedule.py``; docs/algorithms.md#who-trains-when).
+
+    Args:
+        trained_agents: the agents that are updated (null: all); the others sample with frozen weights: no
+            gradients, no optimizer state (a fixed partner, a judge, an older copy).
+        agent_update_schedule: ``simultaneous`` (every trained agent steps at every update), ``alternating``
+            (blocks of ``alternate_every`` updates train one agent or group in turn) or ``sequential`` (HAPPO /
+            HAGRPO: every update steps the agents one after another, each later agent's advantage weighted by the
+            clipped ratio product of those before it).
+        alternate_every: updates per block of an ``alternating`` schedule.
+        alternate_groups: the blocks' agents in turn, e.g. ``[[0], [1]]`` (null: each trained agent alone, in order).
+        sequential_order: a ``sequential`` update's order: ``fixed`` (the trained agents in order), ``reversed``, or
+            ``shuffled`` (a fresh order per update, drawn from the run's seed and the update index).
+        m_clip_min: the sequential weight M (the product of the earlier agents' π_new/π_old) is clipped below to this.
+        m_clip_max: ... and above to this.
+        m_log_ratio: each earlier agent's ratio from the ``sum`` of its tokens' log-ratios (the sequence's ratio) or
+            their ``mean`` (HAGRPO's ``normalize_log_prob_by_length``).
+    """
+
+    trained_agents: list[int] | None = None
+    agent_update_schedule: AgentUpdateSchedule = "simultaneous"
+    alternate_every: int = 1
+    alternate_groups: list[list[int]] | None = None
+    sequential_order: AgentOrder = "fixed"
+    m_clip_min: float = 0.1
+    m_clip_max: float = 2.0
+    m_log_ratio: LogRatio = "sum"
+
+    def check(self) -> None:
+        require(self.alternate_every >= 1, f"alternate_every must be >= 1 (got {self.alternate_every!r}).")
+        require(
+            0 < self.m_clip_min <= 1 <= self.m_clip_max,
+            f"m_clip_min and m_clip_max must satisfy 0 < m_clip_min <= 1 <= m_clip_max (got {self.m_clip_min!r}, "
+            f"{self.m_clip_max!r}).",
+        )
 
 
 @dataclasses.dataclass

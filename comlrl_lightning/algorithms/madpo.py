@@ -118,16 +118,16 @@ class MADPO(MultiAgentModule):
         """One MADPO update (one optimizer step, one ``global_step``) on a batch of pairs; the batch's loss is the
         mean over its pairs whichever micro-batches score them."""
         with self.record.timed("update"):
-            step = self.begin_update(len(pairs))
+            (stepping,) = self.agent_schedule.stages()  # every trained agent, or an alternating block's
+            step = self.begin_update(len(pairs), agents=stepping)
             # 1. The pairs were collected and scored by the data side (module docstring): each holds every agent's
             #    prompt, winner and loser token ids.
             for rows in self.pair_micro_batches(pairs):
                 chunk = take(pairs, rows)
                 # 2. Every agent's margins Δ_i on the micro-batch's pairs (one forward per agent over its winner and
-                #    loser rows), gathered on this module's device (parallel_training: mp puts agents elsewhere).
-                margins = torch.stack(
-                    [self.agent_margins(i, chunk).to(self.device) for i in range(self.num_agents)], dim=1
-                )
+                #    loser rows; an agent that does not step now adds its margin without gradients), gathered on
+                #    this module's device (parallel_training: mp puts agents elsewhere).
+                margins = torch.stack([self.margins_of(i, chunk, i in stepping) for i in range(self.num_agents)], dim=1)
                 # 3. The joint loss −log σ(η·Σ_i Δ_i), the micro-batch's share of the batch mean, backward (the
                 #    agents are coupled through the team margin: their graphs are alive together until here).
                 loss, metrics = self.objective.loss(margins)
@@ -136,8 +136,9 @@ class MADPO(MultiAgentModule):
                 step.backward(loss * share, {key: value * share for key, value in metrics.items()})
             # 4. Clip and step.
             metrics = step.finish()
+            self.agent_schedule.advance()
             # 5. What the batch itself says: the oracle's reward gap and the candidates' mean reward at collection.
-            batch_metrics = self.pair_metrics(pairs)
+            batch_metrics = {**self.pair_metrics(pairs), **self.agent_schedule.metrics(stepping)}
         return {**metrics, **batch_metrics, **self.record.take_timings()}
 
     def pair_micro_batches(self, pairs: Sequence[PreferencePair]) -> list[slice | Tensor]:
@@ -157,6 +158,11 @@ class MADPO(MultiAgentModule):
             groups=[tuple(p.prompts) for p in pairs],
             share_prompts=all(shares_prompts(self.policy_model(i)) for i in range(n)),
         )
+
+    def margins_of(self, agent: int, pairs: Sequence[PreferencePair], learns: bool) -> Tensor:
+        """:meth:`agent_margins` on this module's device, with gradients when the agent ``learns`` in this update."""
+        with torch.set_grad_enabled(learns):
+            return self.agent_margins(agent, pairs).to(self.device)
 
     def agent_margins(self, agent: int, pairs: Sequence[PreferencePair]) -> Tensor:
         """Δ_i per pair: Σ_t log π_i over the winner's generated tokens minus the loser's, one batched forward."""

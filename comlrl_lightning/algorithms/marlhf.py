@@ -345,7 +345,7 @@ class MARLHF(OnPolicyModule):
         """One reward-model update (one optimizer step, one ``global_step``; the agents do not train) on a batch
         of pairs; the batch's loss is the mean over its pairs whichever micro-batches score them."""
         with self.record.timed("update"):
-            step = self.begin_update(len(pairs), parts=[self.reward_part], agents=False)
+            step = self.begin_update(len(pairs), parts=[self.reward_part], agents=[])
             # 1. The pairs were collected and ranked by the task reward (the data side; module docstring).
             for rows in self.reward_micro_batches(pairs):
                 chunk = take(pairs, rows)

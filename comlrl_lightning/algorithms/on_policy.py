@@ -30,6 +30,7 @@ from comlrl_lightning.agents.memory import check_update_memory
 from comlrl_lightning.algorithms.base import MultiAgentModule
 from comlrl_lightning.algorithms.fields import JointActionFields, ReferenceKLFields, RolloutFields, require
 from comlrl_lightning.core.losses import assert_finite, kl_estimate
+from comlrl_lightning.core.schedules import ratio_product_weights, sequence_log_ratios
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
 from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.sampling import (
@@ -85,6 +86,7 @@ class OnPolicyModule(MultiAgentModule):
     reward_per_node: ClassVar[bool] = False  # one reward call per node, 1/J/N values (actor-critic)
     per_agent_rewards: ClassVar[bool] = True  # an N-value reward is one reward per agent
     passes: int = 1  # shuffled passes over every drained buffer
+    steps_sequentially = True  # agent_update_schedule sequential: the update weighs advantages by earlier ratios
 
     def init_state(self) -> None:
         super().init_state()
@@ -105,7 +107,8 @@ class OnPolicyModule(MultiAgentModule):
     def keeps_old_logprobs(self) -> bool:
         """Whether every fresh sample stores π_old, the training model's log-probs under the weights that sampled
         it (``attach_training_logprobs``): a ratio objective's denominator, the engine correction's numerator."""
-        return getattr(self.objective, "uses_old_logprobs", False) or self.corrects_engine_sampling
+        sequential = self.agent_update_schedule == "sequential"  # M: the earlier agents' new/old ratios
+        return getattr(self.objective, "uses_old_logprobs", False) or self.corrects_engine_sampling or sequential
 
     @torch.no_grad()
     def score_no_grad(self, agent: int, inputs: ScoringInputs) -> Tensor:
@@ -150,6 +153,11 @@ class OnPolicyModule(MultiAgentModule):
         require(
             self.num_turns == 1 or self.external_transition is not None,
             f"Multi-turn {self.algorithm_name} requires an external_transition.",
+        )
+        require(
+            self.agent_update_schedule != "sequential" or self.joint_mode == "aligned" or self.num_agents == 1,
+            "agent_update_schedule=sequential weighs each joint action by the ratios of the agents' own samples in "
+            "it; joint_mode=cross pairs every sample with many partners: use joint_mode aligned.",
         )
         require(
             not self.vllm_importance_sampling_correction or self.generation_backend == "vllm",
@@ -335,27 +343,59 @@ class OnPolicyModule(MultiAgentModule):
     # ------------------------------------------------------------------ the update
     def update(self, records: list[Any]) -> dict[str, float]:
         """One team update on a mini-batch of ``records`` (possibly empty on a data-parallel rank): one optimizer
-        step, one ``global_step``. Step 1, the rollout, happened in ``train_step``."""
+        step, one ``global_step``. Step 1, the rollout, happened in ``train_step``. The agents that step are the
+        schedule's (``module.agent_schedule``): every trained agent in one stage, an alternating block's, or — a
+        sequential schedule — one agent per stage, each stepped before the next (HAPPO)."""
         with self.record.timed("update"):
-            step, batch_metrics = self.begin_update(len(records)), {}
+            stages = self.agent_schedule.stages()
+            stepping = [i for stage in stages for i in stage]
+            step, batch_metrics = self.begin_update(len(records), agents=stepping), {}
             if records:
-                # 2. returns and advantages: each agent's rows of the mini-batch
-                batches = [self.agent_batch(records, i) for i in range(self.num_agents)]
-                gaps = [EngineGap() for _ in batches]
-                # 3. for each agent x micro-batch: score, loss, backward
-                for i, _, _, rows in self.agent_micro_batches([batch.inputs for batch in batches]):
-                    chunk = batches[i].rows(rows)
-                    logp = self.score(i, chunk)
-                    loss, metrics = self.objective.loss(logp, chunk)
-                    assert_finite("policy loss", loss, step=self.global_step, agent=i)
-                    gaps[i].add(logp, chunk)
-                    step.backward(loss, {"loss": loss, **prefixed(f"agent_{i}/", {"loss": loss, **metrics})})
+                # 2. returns and advantages: each stepping agent's rows of the mini-batch
+                batches = {i: self.agent_batch(records, i) for i in stepping}
+                gaps = {i: EngineGap() for i in stepping}
+                earlier: list[Tensor] = []  # a sequential update: the log-ratios of the agents already stepped
+                for s, stage in enumerate(stages):
+                    if earlier:  # weigh this agent's advantages by the clipped ratio product M of those before it
+                        self.weigh_by_earlier_agents(batches, stage, earlier)
+                    # 3. for each agent x micro-batch: score, loss, backward
+                    for i, _, _, rows in self.agent_micro_batches({i: batches[i].inputs for i in stage}):
+                        chunk = batches[i].rows(rows)
+                        logp = self.score(i, chunk)
+                        loss, metrics = self.objective.loss(logp, chunk)
+                        assert_finite("policy loss", loss, step=self.global_step, agent=i)
+                        gaps[i].add(logp, chunk)
+                        step.backward(loss, {"loss": loss, **prefixed(f"agent_{i}/", {"loss": loss, **metrics})})
+                    if s + 1 < len(stages):  # sequential: this agent steps before the next
+                        step.step_now(self.stage_models(stage))
+                        earlier += [self.log_ratios_after_step(i, batches[i]) for i in stage]
                 step.add(self.extra_losses(records, step))
                 batch_metrics = {**self.batch_metrics(records), **update_metrics(batches, gaps)}
             # 4. clip and step
             metrics = self.objective.summarize(step.finish())
+            self.agent_schedule.advance()
         # 5. log
-        return {**metrics, **batch_metrics, **self.record.take_timings()}
+        return {**metrics, **batch_metrics, **self.agent_schedule.metrics(stepping), **self.record.take_timings()}
+
+    def stage_models(self, agents: Sequence[int]) -> list[Any]:
+        """The models a sequential stage of ``agents`` steps (IAC: each agent's critic learns with it)."""
+        return [self.agents[i] for i in agents]
+
+    @torch.no_grad()
+    def log_ratios_after_step(self, agent: int, batch: PolicyBatch) -> Tensor:
+        """log π_new − log π_old per row of ``agent``'s ``batch`` [B], its new weights against the sampling policy's
+        (``m_log_ratio``: the sequence's sum or its tokens' mean): one no-grad forward."""
+        new = self.score_no_grad(agent, batch.inputs)
+        return sequence_log_ratios(new, batch.old_logprobs, batch.inputs.completion_mask, self.m_log_ratio)
+
+    def weigh_by_earlier_agents(self, batches: dict[int, PolicyBatch], stage: Sequence[int], earlier: list) -> None:
+        """A sequential update: ``stage``'s advantages times M = clip(Π π_new/π_old of the agents before it,
+        ``m_clip_min``, ``m_clip_max``), row by row (a row is the same joint action for every agent: aligned joint
+        mode); logged as ``agent_i/sequential_weight_mean``."""
+        weight = ratio_product_weights(earlier, self.m_clip_min, self.m_clip_max)
+        for i in stage:
+            batches[i].advantages = batches[i].advantages * weight.to(batches[i].advantages.dtype)
+            batches[i].extras["sequential_weight"] = weight
 
     def agent_batch(self, records: list[Any], agent: int) -> PolicyBatch:
         """Step 2: agent ``agent``'s rows of a mini-batch with their advantages (a family defines it)."""
@@ -375,23 +415,23 @@ class OnPolicyModule(MultiAgentModule):
         return {}
 
     # ------------------------------------------------------------------ the per-agent x micro-batch loop
-    def agent_micro_batches(self, inputs: Sequence[ScoringInputs]) -> Iterator[tuple[int, int, int, Any]]:
-        """The one loop of an update's forwards: agent by agent, micro-batch by micro-batch (``micro_batch_size``,
-        ``micro_batch_tokens``; a prompt shared by K rows counted once), after the memory pre-check of every
-        forward. Yields ``(agent, index, count, rows)``: the micro-batch's rows of ``inputs[agent]``, its index and
-        the agent's number of micro-batches."""
-        plans = [
-            micro_batches(x, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i)))
-            for i, x in enumerate(inputs)
-        ]
+    def agent_micro_batches(self, inputs: Mapping[int, ScoringInputs]) -> Iterator[tuple[int, int, int, Any]]:
+        """The one loop of an update's forwards: agent by agent (the agents of ``inputs``, in its order),
+        micro-batch by micro-batch (``micro_batch_size``, ``micro_batch_tokens``; a prompt shared by K rows counted
+        once), after the memory pre-check of every forward. Yields ``(agent, index, count, rows)``: the micro-batch's
+        rows of ``inputs[agent]``, its index and the agent's number of micro-batches."""
+        plans = {
+            i: micro_batches(x, self.micro_batch_size, self.micro_batch_tokens, shares_prompts(self.policy_model(i)))
+            for i, x in inputs.items()
+        }
         self.check_update_fits(
             [
                 (self.policy_model(i), trim_prompt_padding(select_rows(inputs[i], r)))
-                for i, p in enumerate(plans)
+                for i, p in plans.items()
                 for r in p
             ]
         )
-        for agent, plan in enumerate(plans):
+        for agent, plan in plans.items():
             for index, rows in enumerate(plan):
                 yield agent, index, len(plan), rows
 
@@ -520,13 +560,16 @@ def advantage_metrics(advantages: Tensor) -> dict[str, float]:
     }
 
 
-def update_metrics(batches: list[PolicyBatch], gaps: list[EngineGap]) -> dict[str, float]:
-    """Per agent, :func:`advantage_metrics` (a zero advantage: a group whose returns were all equal, no learning
-    signal, trl's ``frac_reward_zero_std``); the engine gap averaged over the agents (vLLM)."""
+def update_metrics(batches: Mapping[int, PolicyBatch], gaps: Mapping[int, EngineGap]) -> dict[str, float]:
+    """Per stepping agent, :func:`advantage_metrics` (a zero advantage: a group whose returns were all equal, no
+    learning signal, trl's ``frac_reward_zero_std``) and a sequential update's mean weight M; the engine gap averaged
+    over the agents (vLLM)."""
     metrics = {}
-    for i, batch in enumerate(batches):
+    for i, batch in batches.items():
         metrics.update(prefixed(f"agent_{i}/", advantage_metrics(batch.advantages)))
-    measured = [g.total / g.tokens for g in gaps if g.tokens]
+        if "sequential_weight" in batch.extras:
+            metrics[f"agent_{i}/sequential_weight_mean"] = float(batch.extras["sequential_weight"].mean())
+    measured = [g.total / g.tokens for g in gaps.values() if g.tokens]
     if measured:
         metrics["rollout/engine_logprob_gap"] = sum(measured) / len(batches)
     return metrics

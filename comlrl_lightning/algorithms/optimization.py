@@ -170,13 +170,14 @@ class UpdateStep:
         # Sharded models: FSDP averages over ranks; scaling by rows x D / all rows makes it row-weighted.
         self.scale = rows * ranks.world_size() / max(ranks.reduce_sum(rows), 1) if sharded else 1.0
         self.sums: dict[str, Any] = defaultdict(float)
+        self.measured: dict[str, float] = {}  # what the models stepped by step_now measured
         optimizer.zero_grad()
 
     def backward(self, loss: Tensor, metrics: dict[str, Any] | None = None) -> None:
         """Back-propagate one forward's loss and add its metrics (summed on the device, read once at the end; a
         tensor joins the running total's device: agents placed on different devices add to one loss)."""
         with self.no_sync():  # DDP expects one backward per forward; ours are one per agent: synced once in finish
-            self._backward(loss * self.scale if self.sharded else loss)
+            self._backward(loss * self.scale if self.scale != 1.0 else loss)
         self.add(metrics or {})
 
     def add(self, metrics: dict[str, Any]) -> None:
@@ -185,29 +186,44 @@ class UpdateStep:
             total = self.sums[key]
             self.sums[key] = total + (value.to(total.device) if isinstance(total, Tensor) else value)
 
+    def step_now(self, models: Sequence[Any]) -> None:
+        """Step ``models`` now, before the update's later forwards (a sequential schedule's earlier agents): their
+        gradients averaged, clipped, measured and applied, then cleared. The update's one ``global_step`` is still
+        :meth:`finish`'s."""
+        now = [m for m in self.sharded if any(m is x for x in models)]
+        self.sharded = [m for m in self.sharded if not any(m is x for x in models)]
+        self.measured.update(self._apply(now, getattr(self.optimizer, "optimizer", self.optimizer)))
+        self.optimizer.zero_grad()
+
     def finish(self) -> dict[str, float]:
         """Average, clip, step: the gradient norms, the learning rates this update used and the summed metrics."""
-        if self.sharded:  # data-parallel runs: one all-reduce per update (else nothing)
-            reduce_gradients(self.sharded)
+        metrics = {**self.measured, **self._apply(self.sharded, self.optimizer)}
+        return {**metrics, **{key: float(value) for key, value in self.sums.items()}}
+
+    def _apply(self, sharded: list[Any], optimizer: Any) -> dict[str, float]:
+        """One optimizer step on the gradients there are (of ``sharded`` models, and the unsharded ones'), through
+        ``optimizer`` (Lightning's, which counts ``global_step``, or the torch optimizer it wraps)."""
+        if sharded:  # data-parallel runs: one all-reduce per step (else nothing)
+            reduce_gradients(sharded)
         else:
             ranks.average_gradients((p for g in self.optimizer.param_groups for p in g["params"]), self.rows)
-        metrics = {
-            **clip_and_measure(trained_parameters(self.trained, self.optimizer), self.max_grad_norm),
-            **{key: float(value) for key, value in self.sums.items()},
-        }
+        metrics = clip_and_measure(trained_parameters(self.trained, self.optimizer), self.max_grad_norm)
         for group in self.optimizer.param_groups:  # the rate this update used
             metrics[f"{group.get('name', 'group')}/learning_rate"] = group["lr"]
         stepped = [any(p.grad is not None for p in group["params"]) for group in self.optimizer.param_groups]
-        self.optimizer.step()
-        refresh(self.sharded)  # sharded models: gather the updated weights
+        optimizer.step()
+        refresh(sharded)  # sharded models: gather the updated weights
         weights.weights_changed()  # a generation copy of the weights (generation_dtype) is now stale
         if self.scheduler is not None:
             self.scheduler.step_groups(stepped)
         return metrics
 
 
-def agent_parameter_groups(agents: Any, learning_rates: Sequence[float]) -> list[dict[str, Any]]:
-    """One AdamW parameter group per distinct agent model: its learning rate, named ``agent_<i>``."""
+def agent_parameter_groups(
+    agents: Any, learning_rates: Sequence[float], trained: Sequence[int]
+) -> list[dict[str, Any]]:
+    """One AdamW parameter group per distinct model of the ``trained`` agents: its learning rate, named
+    ``agent_<i>`` (a frozen agent has none: no optimizer state)."""
     return [
         {
             "params": trainable_parameters(agents[ids[0]]),
@@ -215,10 +231,11 @@ def agent_parameter_groups(agents: Any, learning_rates: Sequence[float]) -> list
             "name": f"agent_{ids[0]}",
             "agents": ids,
         }
-        for ids in agent_groups(agents)
+        for ids in agent_groups(agents, trained)
     ]
 
 
-def agent_trained_models(agents: Any) -> list[tuple[list[str], Any]]:
-    """(metric names, model) of each distinct agent model (``agent_<i>`` for every agent sharing it)."""
-    return [([f"agent_{i}" for i in ids], agents[ids[0]]) for ids in agent_groups(agents)]
+def agent_trained_models(agents: Any, trained: Sequence[int]) -> list[tuple[list[str], Any]]:
+    """(metric names, model) of each distinct model of the ``trained`` agents (``agent_<i>`` for every agent sharing
+    it)."""
+    return [([f"agent_{i}" for i in ids], agents[ids[0]]) for ids in agent_groups(agents, trained)]

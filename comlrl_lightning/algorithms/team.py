@@ -168,6 +168,16 @@ def team_for(
     return Team(actors, 1, tokenizers, [collaboration.formatter], collaboration, collaboration)
 
 
+def freeze(model: nn.Module) -> None:
+    """``model`` never learns: no gradients, so no optimizer state either (a frozen agent of ``trained_agents``; a LoRA
+    team's agent freezes its own adapter only)."""
+    own = getattr(model, "freeze", None)
+    if callable(own):
+        own()
+    else:
+        model.requires_grad_(False)
+
+
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     """What training ``model`` updates: its parameters that require gradients, or — an agent of a LoRA team, which
     shares its module with the other agents — its own adapter's."""
@@ -321,6 +331,8 @@ def load_models(module: Any, wrap_agents: Callable[[list[nn.Module]], list[nn.Mo
             apply_gradient_checkpointing(module.team, model)
         if wrap_agents is not None:
             models = wrap_agents(models)
+        for i in module.agent_schedule.frozen:  # trained_agents: the others sample with frozen weights
+            freeze(models[i])
         module._modules["agents"] = nn.ModuleList(models)
         for part in module.model_parts():
             part.module = part.build(module._tokenizers, module._modules["agents"])
@@ -332,12 +344,13 @@ def load_models(module: Any, wrap_agents: Callable[[list[nn.Module]], list[nn.Mo
                 shard(model, strategy.device_mesh["data_parallel"])
 
 
-def agent_groups(agents: Any) -> list[list[int]]:
-    """Agent indices grouped by model identity (a group of several = shared weights)."""
+def agent_groups(agents: Any, among: Any = None) -> list[list[int]]:
+    """Agent indices grouped by model identity (a group of several = shared weights); with ``among``, the groups
+    of those agents only."""
     groups: dict[int, list[int]] = {}
     for i, model in enumerate(agents):
         groups.setdefault(id(model), []).append(i)
-    return list(groups.values())
+    return [g for g in groups.values() if among is None or set(g) & set(among)]
 
 
 def apply_gradient_checkpointing(team: Team, model: nn.Module) -> None:

@@ -11,6 +11,22 @@ and the two parts to complement rather than repeat each other::
 
 ``brevity_reward`` and ``letter_reward`` are simpler signals that even a randomly initialised tiny model can
 learn in a few updates (used by the learning tests and the quick start).
+
+Self-play with ONE agent (docs/algorithms.md#self-play-and-self-improvement), each turn a prompt the external
+transition writes:
+
+* ``word chain``: a two-player word game the agent plays against itself. Turn 1 says a word starting with the
+  item's letter; every later turn, as the other player, a word starting with the last letter of the previous
+  word (:func:`word_chain_transition`). :func:`word_rule_reward` scores each turn against the rule its prompt states
+  (1: one word of 3+ letters starting with the letter; 0.5: it starts with the letter but is not one clean word).
+  :func:`revise_word_transition` turns the same task into a revise-your-answer loop (MAFT): the rule stays, the
+  agent sees its previous answer and whether it kept the rule.
+* ``role game``: the agent is the ``proposer`` at odd turns and the ``solver`` at even ones
+  (:func:`switch_roles`); each role has its own objective, stated last in its prompt and scored by
+  :func:`role_reward` from the turn: the proposer writes with the letter ``e``, the solver with vowels only —
+  signals a random tiny model learns (the learning benchmark's self-play row). The two objectives are compatible:
+  a random 138K-parameter model does not learn to condition on its prompt within the benchmark's 40 updates
+  (measured: a one-agent "write with the letter in the prompt" task stays at 0.50).
 """
 
 from __future__ import annotations
@@ -178,3 +194,141 @@ def revise_transition(
         "the other part."
         for i in range(num_agents)
     ]
+
+
+# ------------------------------------------------------------------------------------------------ self-play
+ROLES = ("proposer", "solver")
+ROLE_TASKS = {"proposer": "write with the letter e", "solver": "write with vowels only"}
+VOWELS = "aeiou"
+_RULE = re.compile(r"starts with '([a-z])'")
+WORD_CHAIN_LETTERS = "abcdefghilmnoprstw"
+
+
+def word_chain_tasks(num_items: int | None = None) -> list[dict[str, Any]]:
+    """Word-chain items ``{"letter", "prompt"}``: one per starting letter (cycled to ``num_items``)."""
+    letters = (
+        WORD_CHAIN_LETTERS
+        if num_items is None
+        else [WORD_CHAIN_LETTERS[i % len(WORD_CHAIN_LETTERS)] for i in range(num_items)]
+    )
+    return [{"letter": c, "prompt": f"word chain from {c}"} for c in letters]
+
+
+def word_chain_eval_tasks() -> list[dict[str, Any]]:
+    return word_chain_tasks()[::3]
+
+
+def word_rule(letter: str) -> str:
+    return f"Answer with one English word that starts with '{letter}'. Answer with the word only."
+
+
+def word_chain_prompt(item: Mapping[str, Any]) -> str:
+    return f"We are playing a word chain game. {word_rule(item['letter'])}"
+
+
+def _first_word(text: str) -> str:
+    words = _WORD.findall(text)
+    return words[0].lower() if words else ""
+
+
+def word_chain_transition(
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    prompt_history_per_agent: Sequence[Sequence[str]],
+    response_history_per_agent: Sequence[Sequence[str]],
+) -> list[str]:
+    """The next player's prompt (the same agent, the other side of the game): the word just said and the rule for
+    the reply, its first letter the last letter of that word (``a`` when there is no word)."""
+    prompts = []
+    for completion in agent_completions:
+        word = _first_word(completion)
+        letter = word[-1] if word else "a"
+        said = f"The other player said '{word}'." if word else "The other player said nothing."
+        prompts.append(f"We are playing a word chain game. {said} {word_rule(letter)}")
+    return prompts
+
+
+def revise_word_transition(
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    prompt_history_per_agent: Sequence[Sequence[str]],
+    response_history_per_agent: Sequence[Sequence[str]],
+) -> list[str]:
+    """Revise-your-answer (MAFT-style self-improvement): the same rule as the last prompt, the agent's previous
+    answer and whether it kept the rule."""
+    prompts = []
+    for completion, history in zip(agent_completions, prompt_history_per_agent):
+        match = _RULE.search(history[-1])
+        letter = match.group(1) if match else "a"
+        verdict = "It keeps the rule." if word_rule_score(completion, letter) == 1.0 else "It breaks the rule."
+        prompts.append(
+            f"Your previous answer was: {completion.strip()[:80]!r}. {verdict} Answer again, better. {word_rule(letter)}"
+        )
+    return prompts
+
+
+def word_rule_score(completion: str, letter: str) -> float:
+    """1 for one word of 3+ letters starting with ``letter`` (and nothing else); 0.5 when the first word starts with
+    it but the answer is not one clean word; else 0."""
+    words = _WORD.findall(completion)
+    if not words or not words[0].lower().startswith(letter):
+        return 0.0
+    return 1.0 if len(words) == 1 and len(words[0]) >= 3 and words[0].isalpha() else 0.5
+
+
+def word_rule_reward(*agent_completions: Sequence[str], prompts: Sequence[str]) -> list[float]:
+    """Each joint action's mean over agents of :func:`word_rule_score` against the letter its turn's prompt states
+    (``starts with 'x'``: the first turn's item letter, a chain's last letter, a revision's same letter)."""
+    rewards = []
+    for joint, prompt in zip(zip(*agent_completions), prompts):
+        match = _RULE.search(prompt)
+        letter = match.group(1) if match else "a"
+        rewards.append(sum(word_rule_score(c, letter) for c in joint) / len(joint))
+    return rewards
+
+
+word_rule_reward.reward_range = (0.0, 1.0)
+
+
+def role_instruction(role: str) -> str:
+    """What a role is asked to do, last in its prompt."""
+    return f"Answer as the {role}: {ROLE_TASKS[role]}"
+
+
+def proposer_prompt(item: Mapping[str, Any]) -> str:
+    return f"You are the {ROLES[0]}. Topic: {item['topic']}. {role_instruction(ROLES[0])}"
+
+
+def switch_roles(
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    prompt_history_per_agent: Sequence[Sequence[str]],
+    response_history_per_agent: Sequence[Sequence[str]],
+) -> list[str]:
+    """Self-play's role switch: after turn t the agent plays the other role, reading the last move."""
+    turn = len(response_history_per_agent[0])  # turns played, the current one included
+    role, last = ROLES[turn % 2], ROLES[(turn - 1) % 2]
+    return [
+        f"You are the {role}. Topic: {prompt}. The {last} wrote: {c.strip()[:80]}. {role_instruction(role)}"
+        for c in agent_completions
+    ]
+
+
+def role_reward(
+    *agent_completions: Sequence[str], response_history_per_agent: Sequence[Sequence[Sequence[str]]]
+) -> list[float]:
+    """The role of the turn (proposer at turns 1, 3, ...; solver at 2, 4, ...: read from the turns played before
+    it) decides the objective: the proposer's share of ``e`` among its letters, the solver's share of vowels (0 for
+    no letters); the mean over agents."""
+    rewards = []
+    for joint, history in zip(zip(*agent_completions), response_history_per_agent):
+        letters = "e" if ROLES[len(history[0]) % 2] == "proposer" else VOWELS
+        shares = [sum(letter_shares([text], c)[0] for c in letters) for text in joint]
+        rewards.append(sum(shares) / len(shares))
+    return rewards
+
+
+role_reward.reward_range = (0.0, 1.0)

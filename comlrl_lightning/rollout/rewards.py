@@ -7,7 +7,7 @@ One documented reward signature (docs/differences.md)::
 ``agent_completions[i]`` is agent i's list of completion strings; every list has one entry per joint action
 and the function returns one team reward per joint action. ``prompts``/``batch_items`` are passed only when
 the function names them (or takes ``**kwargs``). Unlike CoMLRL we never guess by retrying after a TypeError.
-``response_history_per_agent`` (also only when named) gives an environment with state its trajectory: one entry per
+``response_history_per_agent`` (only when a parameter has that name; ``**kwargs`` does not ask for it) gives an environment with state its trajectory: one entry per
 joint action, ``[N]`` lists of each agent's responses in the earlier turns (empty lists at turn 1), so the reward can
 replay them from the task item (BridgeBuild, ResourceGathering) instead of keeping state between calls.
 
@@ -41,6 +41,14 @@ def _accepts(func: Callable, name: str) -> bool:
     except (TypeError, ValueError):  # builtins without a signature
         return False
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _names(func: Callable, name: str) -> bool:
+    """True when ``func`` has a parameter called ``name`` (not merely ``**kwargs``)."""
+    try:
+        return name in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def call_filtered(func: Callable, **kwargs: Any) -> Any:
@@ -128,7 +136,9 @@ def format_prompt(formatter: Formatter, item: Mapping[str, Any], external_prompt
     return formatter(shifted, external_prompts=external_prompt)
 
 
-REWARD_SIGNATURE = "reward_func(*agent_completions, prompts=None, batch_items=None) -> list[float]"
+REWARD_SIGNATURE = (
+    "reward_func(*agent_completions, prompts=None, batch_items=None, response_history_per_agent=None) -> list[float]"
+)
 
 
 def check_reward_signature(reward_func: Callable[..., Any], num_agents: int) -> None:
@@ -138,7 +148,8 @@ def check_reward_signature(reward_func: Callable[..., Any], num_agents: int) -> 
         signature = inspect.signature(reward_func)
     except (TypeError, ValueError):  # builtins without a signature: nothing to check
         return
-    named = {name: [] for name in ("prompts", "batch_items") if name in signature.parameters}  # what we pass
+    passed = ("prompts", "batch_items", "response_history_per_agent")
+    named = {name: [] for name in passed if name in signature.parameters}  # what we pass
     try:
         signature.bind(*([[]] * num_agents), **named)
     except TypeError as err:
@@ -197,7 +208,7 @@ class RewardCaller:
         self.component_weights = check_component_weights(component_weights)
         self._pass_prompts = _accepts(reward_func, "prompts")
         self._pass_items = _accepts(reward_func, "batch_items")
-        self._pass_history = _accepts(reward_func, "response_history_per_agent")
+        self._pass_history = _names(reward_func, "response_history_per_agent")
 
     def _call(self, args: list, kwargs: dict) -> Any:
         stop.check()  # a safe point per reward call (runs/stop.py)
