@@ -3,7 +3,8 @@ through the CLI as written, and runs two updates with tiny stand-ins.
 
 The stand-ins change only what needs a GPU or the network: every model id becomes the tiny factory model, bf16
 loading and the memory options are dropped (fp32 on CPU), ``mp`` placement becomes one device, the W&B logger a
-CSV logger, and the sizes come from ``test_configs.SMALL`` (plus two samples per
+CSV logger, tasks read from a repository's file that is not here (BridgeBuild's and ResourceGathering's maps) become
+seeded tasks of the same format, and the sizes come from ``test_configs.SMALL`` (plus two samples per
 prompt, one evaluation and a buffer of one rollout tree). The reward, formatters, transitions, turns, joint mode and
 data functions are the recipe's own.
 """
@@ -52,9 +53,13 @@ PAPER = {
     "strbuild_magrpo": (QWEN3_4B, 2, 4, "aligned", 5e-6, 512, 0.6, 0.6, 1, -0.1, None, 20, -2.0),
     "strbuild_iac": (QWEN3_4B, 1, 4, "aligned", 2.5e-6, 512, 0.6, 0.6, 1, -0.1, None, 150, -2.0),
     "strbuild_maac": (QWEN3_4B, 1, 4, "aligned", 2.5e-6, 512, 0.6, 0.6, 1, -0.1, None, 150, -2.0),
+    "resourcegathering_maac": (QWEN3_4B, 1, 4, "aligned", 2.5e-6, 512, 0.5, 0.6, 1, None, None, 150, 0.0),
     "housebuild_magrpo": (QWEN3_4B, 2, 4, "aligned", 1e-5, 512, 0.6, 0.6, 1, -0.1, None, 20, -1.0),
     "housebuild_iac": (QWEN3_4B, 1, 4, "aligned", 5e-6, 512, 0.6, 0.6, 1, 0.0, None, 150, -1.0),
     "housebuild_maac": (QWEN3_4B, 1, 4, "aligned", 5e-6, 512, 0.6, 0.6, 1, 0.0, None, 150, -1.0),
+    "bridgebuild_magrpo": (QWEN3_4B, 2, 4, "aligned", 5e-6, 512, 0.6, 0.6, 1, 1.0, None, 20, 0.0),
+    "bridgebuild_iac": (QWEN3_4B, 1, 4, "aligned", 2.5e-6, 512, 0.6, 0.6, 1, 1.0, None, 150, 0.0),
+    "bridgebuild_maac": (QWEN3_4B, 1, 4, "aligned", 2.5e-6, 512, 0.6, 0.6, 1, 1000.0, None, 150, 0.0),
 }
 # "# Setting: models <id> x <n> (bf16) | K = <k> | turns = <t> | ..." in every recipe's header.
 SETTING = re.compile(r"^# Setting: models (\S+) x (\d+) \(bf16\) \| K = (\d+) \| turns = (\d+) \|", re.M)
@@ -108,6 +113,14 @@ def stand_in(recipe: Path, root: Path) -> Path:
         precision="32-true",
         logger={"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"name": recipe.stem}},
     )
+    for key in ("dataset", "eval_dataset"):
+        spec = cfg["data"]["init_args"].get(key)
+        if isinstance(spec, dict) and (spec.get("init_args") or {}).get("source") == "file":
+            module, _, name = spec["class_path"].rpartition(".")
+            try:
+                getattr(importlib.import_module(module), name)(**spec["init_args"])()  # the loader reads when called
+            except FileNotFoundError:  # the repository's maps are not here: seeded maps of the same format
+                spec["init_args"]["source"] = "generated"
     args = cfg["model"]["init_args"]
     args.pop("parallel_training", None)
     args.pop("agent_devices", None)

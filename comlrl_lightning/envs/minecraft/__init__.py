@@ -1,4 +1,4 @@
-"""Minecraft building environments, StrBuild and HouseBuild (OpenMLRL/LLM_Collab_Minecraft, MIT).
+"""Minecraft environments, StrBuild, HouseBuild, BridgeBuild and ResourceGathering (OpenMLRL/LLM_Collab_Minecraft, MIT).
 
 Two agents write Minecraft commands; the commands are checked and applied to a simulated block world (no Minecraft
 server), and the team reward says how much of the target structure their joint build reproduces:
@@ -8,6 +8,12 @@ server), and the team reward says how much of the target structure their joint b
 * :mod:`~comlrl_lightning.envs.minecraft.housebuild` — HouseBuild: build a house from layered blueprints with
   ``/fill``, under per-agent resource limits and a spider threat (``/kill``); the share of matching cells minus
   a spider penalty, in [−0.1, 1].
+* :mod:`~comlrl_lightning.envs.minecraft.bridgebuild` — BridgeBuild: two workers with partial views join two anchors
+  across water with JSON actions (messages, probes, ``/fill``, moves); a per-turn reward in [−18, 15] replayed from
+  the trajectory's history (``response_history_per_agent``).
+* :mod:`~comlrl_lightning.envs.minecraft.resourcegathering` — ResourceGathering: two workers with asymmetric tools
+  gather wood, stone and iron on a partly seen grid, messaging each other; a shaped per-turn reward replayed from
+  the trajectory.
 
 Each module has a loader that stores the rules in every item (``strbuild_tasks`` / ``housebuild_tasks``, with
 ``*_train_tasks`` / ``*_eval_tasks`` defaults and ``StrBuildTasks`` / ``HouseBuildTasks`` for YAML), one
@@ -19,6 +25,20 @@ logger/aggregator. Completions are parsed without ever raising: malformed text o
 Data: ``../shared/data/minecraft`` (or ``$COMLRL_MINECRAFT_DATA``, e.g. a clone of the repository).
 """
 
+from comlrl_lightning.envs.minecraft.bridgebuild import (
+    BridgeBuildFeedback,
+    BridgeBuildMode,
+    BridgeBuildTasks,
+    bridgebuild_agent0_prompt,
+    bridgebuild_agent1_prompt,
+    bridgebuild_eval_aggregator,
+    bridgebuild_eval_logger,
+    bridgebuild_eval_tasks,
+    bridgebuild_reward,
+    bridgebuild_reward_components,
+    bridgebuild_tasks,
+    bridgebuild_train_tasks,
+)
 from comlrl_lightning.envs.minecraft.housebuild import (
     HouseBuildFeedback,
     HouseBuildMode,
@@ -32,6 +52,22 @@ from comlrl_lightning.envs.minecraft.housebuild import (
     housebuild_reward_components,
     housebuild_tasks,
     housebuild_train_tasks,
+)
+from comlrl_lightning.envs.minecraft.resourcegathering import (
+    ResourceGatheringFeedback,
+    ResourceGatheringMode,
+    ResourceGatheringReward,
+    ResourceGatheringTasks,
+    generate_resourcegathering_tasks,
+    resourcegathering_agent0_prompt,
+    resourcegathering_agent1_prompt,
+    resourcegathering_eval_aggregator,
+    resourcegathering_eval_logger,
+    resourcegathering_eval_tasks,
+    resourcegathering_reward,
+    resourcegathering_reward_components,
+    resourcegathering_tasks,
+    resourcegathering_train_tasks,
 )
 from comlrl_lightning.envs.minecraft.strbuild import (
     StrBuildFeedback,
@@ -49,12 +85,29 @@ from comlrl_lightning.envs.minecraft.strbuild import (
 )
 
 __all__ = [
+    "BridgeBuildFeedback",
+    "BridgeBuildMode",
+    "BridgeBuildTasks",
     "HouseBuildFeedback",
     "HouseBuildMode",
     "HouseBuildTasks",
+    "ResourceGatheringFeedback",
+    "ResourceGatheringMode",
+    "ResourceGatheringReward",
+    "ResourceGatheringTasks",
     "StrBuildFeedback",
     "StrBuildMode",
     "StrBuildTasks",
+    "bridgebuild_agent0_prompt",
+    "bridgebuild_agent1_prompt",
+    "bridgebuild_eval_aggregator",
+    "bridgebuild_eval_logger",
+    "bridgebuild_eval_tasks",
+    "bridgebuild_reward",
+    "bridgebuild_reward_components",
+    "bridgebuild_tasks",
+    "bridgebuild_train_tasks",
+    "generate_resourcegathering_tasks",
     "housebuild_agent0_prompt",
     "housebuild_agent1_prompt",
     "housebuild_eval_aggregator",
@@ -64,6 +117,15 @@ __all__ = [
     "housebuild_reward_components",
     "housebuild_tasks",
     "housebuild_train_tasks",
+    "resourcegathering_agent0_prompt",
+    "resourcegathering_agent1_prompt",
+    "resourcegathering_eval_aggregator",
+    "resourcegathering_eval_logger",
+    "resourcegathering_eval_tasks",
+    "resourcegathering_reward",
+    "resourcegathering_reward_components",
+    "resourcegathering_tasks",
+    "resourcegathering_train_tasks",
     "strbuild_agent0_prompt",
     "strbuild_agent1_prompt",
     "strbuild_eval_aggregator",
