@@ -883,27 +883,20 @@ class ResourceGatheringReward:
     ) -> tuple[float, float]:
         """(lowest, highest) reward of one turn: each worker closes at most 2 cells of distance per step."""
         pos, neg = (lambda v: max(0.0, v)), (lambda v: min(0.0, v))
-        high = (
-            pos(s.progress_reward_scale)
-            + pos(s.terminal_bonus)
-            + pos(s.move_to_zone_bonus_scale) * 2 * 2 * max_path_len
-            + pos(s.useful_comm_bonus_scale) * 2
-            + pos(s.first_enter_zone_bonus_scale) * 2
-            - neg(s.move_cost_scale) * 2 * max_path_len
-            - neg(s.comm_cost_scale) * 2 * comm_limit
-            - neg(s.wasted_extraction_penalty) * 2 * extraction_limit
-        )
-        low = (
-            neg(s.progress_reward_scale)
-            + neg(s.terminal_bonus)
-            + neg(s.move_to_zone_bonus_scale) * 2 * 2 * max_path_len
-            + neg(s.useful_comm_bonus_scale) * 2
-            + neg(s.first_enter_zone_bonus_scale) * 2
-            - pos(s.move_cost_scale) * 2 * max_path_len
-            - pos(s.comm_cost_scale) * 2 * comm_limit
-            - pos(s.wasted_extraction_penalty) * 2 * extraction_limit
-        )
-        return (low, high)
+
+        def total(bonus, cost):  # the bonuses' extreme parts, minus the costs' opposite ones, at their most
+            return (
+                bonus(s.progress_reward_scale)
+                + bonus(s.terminal_bonus)
+                + bonus(s.move_to_zone_bonus_scale) * 2 * 2 * max_path_len
+                + bonus(s.useful_comm_bonus_scale) * 2
+                + bonus(s.first_enter_zone_bonus_scale) * 2
+                - cost(s.move_cost_scale) * 2 * max_path_len
+                - cost(s.comm_cost_scale) * 2 * comm_limit
+                - cost(s.wasted_extraction_penalty) * 2 * extraction_limit
+            )
+
+        return (total(neg, pos), total(pos, neg))
 
     def breakdowns(
         self, agent_completions: Sequence[Sequence[Any]], batch_items=None, response_history_per_agent=None
