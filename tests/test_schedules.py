@@ -246,3 +246,20 @@ def test_a_frozen_agent_of_a_lora_team_keeps_its_adapter(tmp_path):
     assert changed == [True, False, True]
     assert not any(p.requires_grad for p in module.agents[1].trainable_parameters())  # whichever adapter is active
     assert [g["name"] for g in trainer.optimizers[0].param_groups] == ["agent_0", "agent_2"]
+
+
+def test_a_sequential_actor_critic_update_steps_each_agent_with_its_critic(tmp_path):
+    module = make_module(
+        IAC, num_generations=1, rollout_buffer_size=2, critic_model="tiny", agent_update_schedule="sequential"
+    )
+    critics = [[p.detach().clone() for p in c.parameters()] for c in module.critics]
+    snaps = Snapshots()
+    trainer = fit(module, tmp_path, max_steps=2, callbacks=[snaps])
+    assert [snaps.changed(u) for u in (1, 2)] == [[True, True], [True, True]]
+    for before, critic in zip(critics, module.critics):  # each critic stepped in its agent's stage
+        assert any(not torch.equal(a, b) for a, b in zip(before, critic.parameters()))
+    rows = read_metrics(trainer)
+    assert len(column(rows, "agent_1/sequential_weight_mean")) == 2 and not column(
+        rows, "agent_0/sequential_weight_mean"
+    )
+    assert trainer.global_step == 2  # one team update each, whatever the stages
