@@ -313,6 +313,7 @@ class AgentFields(FieldGroup):
 
 
 AgentUpdateSchedule = Literal["simultaneous", "alternating", "sequential"]
+VllmMode = Literal["colocate", "server"]
 
 
 @dataclasses.dataclass
@@ -435,6 +436,10 @@ class SamplingFields(FieldGroup):
         vllm_gpu_memory_utilization: ``vllm``: share of the GPU's memory each engine may take (weights and KV cache).
         vllm_enable_sleep_mode: ``vllm``: engines release their GPU memory during each update (GPU only).
         vllm_max_model_len: ``vllm``: prompt + completion tokens an engine is sized for (null: the model's maximum).
+        vllm_mode: ``vllm``: ``colocate`` (an engine in each training process) or ``server`` (``vllm serve``
+            processes at ``vllm_server_urls``; docs/scaling.md#vllm-servers).
+        vllm_server_urls: ``vllm_mode: server``: one URL per distinct agent model, in the team's order (one URL: all).
+        vllm_server_timeout: ``vllm_mode: server``: seconds a server request may take before the run stops.
     """
 
     max_new_tokens: int = default_of(SamplingConfig, "max_new_tokens")
@@ -448,6 +453,9 @@ class SamplingFields(FieldGroup):
     vllm_gpu_memory_utilization: float = 0.3
     vllm_enable_sleep_mode: bool = False
     vllm_max_model_len: int | None = None
+    vllm_mode: VllmMode = "colocate"
+    vllm_server_urls: list[str] | None = None
+    vllm_server_timeout: float = 600.0
 
     def check(self) -> None:
         max_new_tokens = self.max_new_tokens
@@ -469,6 +477,20 @@ class SamplingFields(FieldGroup):
             f"vllm_max_model_len must be null or more than max_new_tokens ({max_new_tokens}), got "
             f"{self.vllm_max_model_len}.",
         )
+        server = self.vllm_mode == "server"
+        require(
+            not server or self.generation_backend == "vllm",
+            f"vllm_mode: server samples through vLLM servers; generation_backend is {self.generation_backend!r}: set "
+            "generation_backend: vllm.",
+        )
+        require(
+            server == bool(self.vllm_server_urls),
+            "vllm_mode: server needs vllm_server_urls (the URL of each `vllm serve` process, e.g. "
+            "[http://localhost:8000])"
+            if server
+            else "vllm_server_urls is set but vllm_mode is colocate: set vllm_mode: server, or remove the URLs.",
+        )
+        require(self.vllm_server_timeout > 0, f"vllm_server_timeout must be > 0 (got {self.vllm_server_timeout}).")
 
     def make_backend(self, concurrent: bool) -> Any:
         """The generation backend these fields choose (``concurrent``: agents on distinct devices sample at once)."""
@@ -480,6 +502,11 @@ class SamplingFields(FieldGroup):
             gpu_memory_utilization=self.vllm_gpu_memory_utilization,
             enable_sleep_mode=self.vllm_enable_sleep_mode,
             max_model_len=self.vllm_max_model_len,
+            **(
+                {"server_urls": self.vllm_server_urls, "server_timeout": self.vllm_server_timeout}
+                if self.vllm_mode == "server"
+                else {}
+            ),
         )
 
 

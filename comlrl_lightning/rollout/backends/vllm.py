@@ -17,6 +17,9 @@ temperature, top-p, top-k, the max (and ``min_new_tokens``) length, stop strings
 mapped onto ``SamplingParams``, and a seed drawn from torch's generator per request, so a resumed run samples what
 an uninterrupted one would. The engine's own log-probs of its samples come back as ``engine_logprobs`` (the
 training loss never uses them as the model's: it scores the sampled ids with the training model).
+
+``vllm_mode: server`` keeps all of this and moves the engine into ``vllm serve`` processes
+(``backends/vllm_server.py``): sampling and the weight sync go over HTTP.
 """
 
 from __future__ import annotations
@@ -121,6 +124,9 @@ class VLLMGenerate:
         enable_sleep_mode: between samplings (during the update), engines release their GPU memory.
         max_model_len: prompt + completion tokens an engine is sized for (null: the model's maximum positions).
         seed: the engines' own seed (each request is seeded from torch's generator anyway).
+        server_urls: ``vllm_mode: server``: the ``vllm serve`` URL of each weight set, in the team's order (distinct
+            models; one URL serves them all when it is the only one) instead of engines in this process.
+        server_timeout: seconds a server request may take.
     """
 
     name = "vllm"
@@ -132,6 +138,8 @@ class VLLMGenerate:
         enable_sleep_mode: bool = False,
         max_model_len: int | None = None,
         seed: int = 0,
+        server_urls: Sequence[str] | None = None,
+        server_timeout: float = 600.0,
     ):
         problem = unsupported_generation_kwargs(generation_kwargs)
         if problem:
@@ -143,20 +151,28 @@ class VLLMGenerate:
             max_model_len=max_model_len,
             seed=seed,
         )
+        self.server_urls, self.server_timeout = list(server_urls or []), float(server_timeout)
         self.engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # generator -> the engine it used
 
-    def engine(self, generator: nn.Module, tokenizer: Any) -> "VLLMEngine":
-        """The engine of ``generator``'s weights (:func:`engine_for`)."""
+    def engine(self, generator: nn.Module, tokenizer: Any, index: int = 0) -> "VLLMEngine":
+        """The engine of ``generator``'s weights, the ``index``-th weight set of the team: in this process
+        (:func:`engine_for`), or its server (``server_urls``)."""
         if generator not in self.engines:
-            self.engines[generator] = engine_for(generator, tokenizer, self.options)
+            if self.server_urls:
+                from comlrl_lightning.rollout.backends.vllm_server import VLLMServerEngine
+
+                url = self.server_urls[index if len(self.server_urls) > 1 else 0]
+                self.engines[generator] = VLLMServerEngine(generator, tokenizer, url, self.server_timeout)
+            else:
+                self.engines[generator] = engine_for(generator, tokenizer, self.options)
         return self.engines[generator]
 
     def sample(self, models, tokenizers, inputs, K, sampling: SamplingConfig) -> list[Completions]:
         groups = answer_groups(models, tokenizers)
         answers = []
-        for agents in groups:
+        for index, agents in enumerate(groups):
             generator = generator_of(models[agents[0]])[0]
-            engine = self.engine(generator, tokenizers[agents[0]])
+            engine = self.engine(generator, tokenizers[agents[0]], index)
             prompts = [prompt for i in agents for prompt in inputs[i]]
             adapters = [generator_of(models[i])[1] for i in agents for _ in inputs[i]]
             joint = engine.sample(
@@ -338,10 +354,10 @@ class VLLMEngine:
             )
 
     def _load_base(self, model: nn.Module) -> None:
-        weights = _checkpoint_weights(model.get_base_model() if self.adapters else model)
+        weights = checkpoint_weights(model.get_base_model() if self.adapters else model)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.device.type == "cpu":
-            self.llm.apply_model(_repack_cpu_embeddings)
+            self.llm.apply_model(repack_cpu_embeddings)
 
     def _load_adapters(self, model: nn.Module, names: Sequence[str]) -> None:
         root = Path(self.folder.name) / "adapters"
@@ -392,17 +408,9 @@ class VLLMEngine:
             )
             for seed in seeds
         ]
-        requests = None
-        if self.adapters:
-            requests = [self._adapter_request(name) for name in adapters]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": ids} for ids in prompt_ids], params, lora_request=requests, use_tqdm=False
-        )
-        rows, scores = [], []
-        for output in outputs:  # per prompt: K samples
-            for sample in output.outputs:
-                rows.append(torch.tensor(sample.token_ids, dtype=torch.long).view(1, -1))
-                scores.append(torch.tensor(sample.logprobs.logprobs, dtype=torch.float32).view(1, -1))
+        samples = self.generate(prompt_ids, params, adapters)  # per prompt, K (token ids, log-probs)
+        rows = [torch.tensor(ids, dtype=torch.long).view(1, -1) for per_prompt in samples for ids, _ in per_prompt]
+        scores = [torch.tensor(lp, dtype=torch.float32).view(1, -1) for per_prompt in samples for _, lp in per_prompt]
         return assemble_completions(
             [torch.tensor(ids, dtype=torch.long) for ids in prompt_ids],
             rows,
@@ -411,6 +419,14 @@ class VLLMEngine:
             K,
             engine_logprobs=scores,
         )
+
+    def generate(self, prompt_ids: list[list[int]], params: list, adapters: Sequence[str | None]) -> list[list[tuple]]:
+        """The engine's samples: per prompt, its K (token ids, the engine's log-probs of them)."""
+        requests = [self._adapter_request(name) for name in adapters] if self.adapters else None
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_ids], params, lora_request=requests, use_tqdm=False
+        )
+        return [[(list(s.token_ids), list(s.logprobs.logprobs)) for s in output.outputs] for output in outputs]
 
     def sleep(self) -> None:
         """Release the engine's GPU memory until it samples again (``enable_sleep_mode``)."""
@@ -424,7 +440,7 @@ class VLLMEngine:
             self.asleep = False
 
 
-def _checkpoint_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s parameters under their checkpoint names (a peft base's layers without ``.base_layer``; adapter
     parameters left out)."""
     for name, param in model.named_parameters():
@@ -433,7 +449,7 @@ def _checkpoint_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name.replace(".base_layer.", "."), param.detach()
 
 
-def _repack_cpu_embeddings(model: nn.Module) -> None:
+def repack_cpu_embeddings(model: nn.Module) -> None:
     """On a CPU, vLLM multiplies by the output head through a packed copy of its weight, made when the weights
     were first processed; an output head tied to the input embeddings is not reloaded itself, so its packed copy
     is made again from the reloaded weight."""

