@@ -567,7 +567,13 @@ def main(args: list[str] | None = None, run: bool = True) -> ComlrlCLI:
 def command() -> None:
     """The ``comlrl-lightning`` command and ``python -m comlrl_lightning``: ``main`` on the command line's arguments.
     Returns nothing, so a finished run exits with status 0; a fit stopped by Ctrl-C or SIGTERM (its checkpoint
-    written) exits with 128 + the signal's number (130, 143), as the signal would have."""
+    written) exits with 128 + the signal's number (130, 143), as the signal would have. ``serve`` starts a run's vLLM
+    servers (``comlrl_lightning/serve.py``)."""
+    if sys.argv[1:2] == ["serve"]:
+        from comlrl_lightning.serve import main as serve
+
+        serve(sys.argv[2:])
+        return
     try:
         cli = main()
         signum = getattr(getattr(cli, "trainer", None), "comlrl_interrupted_by", None)

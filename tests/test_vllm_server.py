@@ -163,3 +163,43 @@ def test_server_fields_are_checked_before_any_model_loads():
         make_module(vllm_mode="server", vllm_server_urls=["http://localhost:8000"])
     with pytest.raises(ValueError, match="vllm_mode must be one of: colocate, server"):
         make_module(generation_backend="vllm", vllm_mode="remote")
+
+
+def test_serve_starts_one_server_per_agent_and_stops_them_on_a_signal(tmp_path):
+    """``python -m comlrl_lightning serve --config``: a two-agent factory team gets two servers, their URLs printed."""
+    import signal
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model:\n  class_path: comlrl_lightning.MAGRPO\n  init_args:\n    agents: tiny\n    num_agents: 2\n"
+        "    model_config: {model_kwargs: {num_heads: 2, num_kv_heads: 1}}\n"
+    )
+    port = free_port()
+    extra = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--kv-cache-memory-bytes", "67108864"]
+    env = {**os.environ, "COMLRL_LIGHTNING_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "comlrl_lightning", "serve", "--config", str(config), "--port", str(port)]
+    process = subprocess.Popen(
+        [*command, "--", *extra], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("serving 2 weight set(s): vllm_server_urls: ["), line
+        for url in (f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"):
+            assert url in line
+            assert urllib.request.urlopen(url + "/health", timeout=10).status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    for p in (port, port + 1):  # the servers are gone
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{p}/health", timeout=2)
+
+
+def test_serve_resolves_the_team_of_a_config(tmp_path):
+    from comlrl_lightning.serve import team_sources
+
+    config = {"model": {"init_args": {"agents": "tiny", "num_agents": 3}}}
+    assert team_sources(config) == (["tiny"] * 3, {})
+    assert team_sources({"model": {"init_args": {"agents": ["a", "b"]}}})[0] == ["a", "b"]
+    with pytest.raises(ValueError, match="LoRA team"):
+        team_sources({"model": {"init_args": {"agents": "tiny", "lora_rank": 4}}})

@@ -1,0 +1,122 @@
+"""``python -m comlrl_lightning serve --config CONFIG``: start the ``vllm serve`` processes a run's team samples from
+(``vllm_mode: server``, docs/scaling.md#vllm-servers).
+
+One server per weight set of the config's team — one per agent, unless the agents are a LoRA team (not served
+yet) — on consecutive ports from ``--port``, each with vLLM's RL endpoints and the ``comlrl_file`` weight-transfer
+backend. A factory model (``tiny``, ``smollm2-135m-instruct``) is saved to a folder first (the servers load
+architectures and tokenizers from folders; the weights are the trainer's after its first sync). When every server
+answers, the command prints the ``vllm_server_urls`` to give the fit, and waits; Ctrl-C (or SIGTERM) stops them all.
+Each server logs to ``$COMLRL_LIGHTNING_CACHE/served/logs/server-<port>.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def team_sources(config: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The source of each agent of a config's team (one per agent: every agent is its own weight set) and the
+    model kwargs of factory models."""
+    args = (config.get("model") or {}).get("init_args") or {}
+    agents, n = args.get("agents"), args.get("num_agents")
+    if agents is None:
+        raise ValueError("the config names no agents (model.init_args.agents): there is nothing to serve.")
+    if args.get("lora_rank") is not None:
+        raise ValueError("a LoRA team (lora_rank) is not served yet: use vllm_mode: colocate for it.")
+    sources = [str(a) for a in agents] if isinstance(agents, list) else [str(agents)] * int(n or 2)
+    return sources, dict((args.get("model_config") or {}).get("model_kwargs") or {})
+
+
+def model_folder(source: str, model_kwargs: dict[str, Any], cache: Path) -> str:
+    """What ``vllm serve --model`` reads for ``source``: a hub id or a folder as it is, a factory model saved."""
+    from comlrl_lightning.agents.factories import MODEL_FACTORIES
+
+    if source not in MODEL_FACTORIES:
+        return source
+    folder = cache / source
+    if not (folder / "config.json").exists():
+        model, tokenizer = MODEL_FACTORIES[source](**model_kwargs)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def server_command(model: str, port: int, host: str, extra: list[str]) -> list[str]:
+    """The ``vllm serve`` command of one weight set (the module form: the CPU wheel's ``vllm`` script cannot read
+    its own version)."""
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command += ["--host", host, "--port", str(port), "--weight-transfer-config", '{"backend": "comlrl_file"}']
+    return command + extra
+
+
+def wait_until_up(urls: list[str], processes: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for url, process, log in zip(urls, processes, logs):
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2).read()
+                break
+            except OSError:
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"the vLLM server for {url} exited with status {process.returncode} (its log: {log})"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the vLLM server for {url} did not answer within {timeout:g} s") from None
+                time.sleep(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m comlrl_lightning serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the run's config (its model.init_args.agents are served)")
+    parser.add_argument("--port", type=int, default=8000, help="the first server's port; the next ones follow")
+    parser.add_argument("--host", default="127.0.0.1", help="the address the servers listen on")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for every server to answer")
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: more `vllm serve` arguments")
+    args = parser.parse_args(argv)
+    sources, kwargs = team_sources(yaml.safe_load(Path(args.config).read_text()))
+    cache = Path(os.environ.get("COMLRL_LIGHTNING_CACHE", Path.home() / ".cache" / "comlrl_lightning")) / "served"
+    extra = [a for a in args.vllm_args if a != "--"]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # vLLM's weight-transfer routes
+    urls = [f"http://{args.host}:{args.port + i}" for i in range(len(sources))]
+    logs = [cache / "logs" / f"server-{args.port + i}.log" for i in range(len(sources))]
+    logs[0].parent.mkdir(parents=True, exist_ok=True)
+    processes = [
+        subprocess.Popen(
+            server_command(model_folder(s, kwargs, cache), args.port + i, args.host, extra),
+            env=env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for i, (s, log) in enumerate(zip(sources, logs))
+    ]
+    stop = lambda *_: [p.terminate() for p in processes]  # noqa: E731
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        wait_until_up(urls, processes, logs, args.timeout)
+        listing = ", ".join(urls)
+        print(f"serving {len(urls)} weight set(s): vllm_server_urls: [{listing}]", flush=True)
+        print(f"  the servers' logs: {logs[0].parent}", flush=True)
+        print(
+            "  fit with: --model.init_args.generation_backend vllm --model.init_args.vllm_mode server "
+            f"--model.init_args.vllm_server_urls '[{listing}]'",
+            flush=True,
+        )
+        for process in processes:
+            process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()
+        for process in processes:
+            process.wait(timeout=60)
