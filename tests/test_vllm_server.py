@@ -203,3 +203,57 @@ def test_serve_resolves_the_team_of_a_config(tmp_path):
     assert team_sources({"model": {"init_args": {"agents": ["a", "b"]}}})[0] == ["a", "b"]
     with pytest.raises(ValueError, match="LoRA team"):
         team_sources({"model": {"init_args": {"agents": "tiny", "lora_rank": 4}}})
+
+
+def test_a_server_samples_what_the_colocated_engine_samples_with_the_same_seeds(server):
+    """The same weights and torch seed: the server's completions are the colocated engine's, token for token (so
+    the colocated engine's chi-square agreement with hf carries over)."""
+    from comlrl_lightning.rollout.backends.vllm import VLLMGenerate
+    from comlrl_lightning.rollout.sampling import SamplingConfig
+
+    module = server_module(server)
+    module.configure_model()
+    model, tok = module.policy_model(0), module.tokenizers[0]
+    cfg = SamplingConfig(max_new_tokens=6, temperature=0.9, top_p=0.95, top_k=40)
+    prompts = [[PROMPT, "Once upon a time"]]
+    torch.manual_seed(3)
+    served = VLLMGenerate(server_urls=[server]).sample([model], [tok], prompts, 4, cfg)[0]
+    torch.manual_seed(3)
+    local = VLLMGenerate().sample([model], [tok], prompts, 4, cfg)[0]
+    assert torch.equal(served.completion_ids, local.completion_ids) and served.texts == local.texts
+    torch.testing.assert_close(served.engine_logprobs, local.engine_logprobs, atol=1e-5, rtol=0)
+
+
+def test_resume_from_a_server_is_exact(server, tmp_path):
+    """fit 2 updates == fit 1, stop, resume for 1 more: the resumed trainer's first sampling sends the server the
+    restored weights (a new engine has seen none), and the seeds come from the restored generator."""
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+    from test_magrpo import ITEMS
+
+    from comlrl_lightning import TaskDataModule
+
+    def run(root, ckpt_path=None, save=False):
+        seed_everything(0)
+        module = server_module(server)
+        callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1)] if save else []
+        trainer = Trainer(
+            max_steps=2,
+            logger=CSVLogger(root, name="run"),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=callbacks,
+            enable_checkpointing=save,
+            accelerator="cpu",
+            devices=1,
+        )
+        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2), ckpt_path=ckpt_path)
+        return module
+
+    full = run(tmp_path / "full", save=True)
+    ckpt = next((tmp_path / "full" / "ckpt").glob("*step=1.ckpt"))
+    resumed = run(tmp_path / "resumed", ckpt_path=str(ckpt))
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
