@@ -1,8 +1,8 @@
 """``python -m comlrl_lightning serve --config CONFIG``: start the ``vllm serve`` processes a run's team samples from
 (``vllm_mode: server``, docs/scaling.md#vllm-servers).
 
-One server per weight set of the config's team — one per agent, unless the agents are a LoRA team (not served
-yet) — on consecutive ports from ``--port``, each with vLLM's RL endpoints and the ``comlrl_file`` weight-transfer
+One server per weight set of the config's team — one per agent; a LoRA team: one server of its base with an
+adapter slot per agent — on consecutive ports from ``--port``, each with vLLM's RL endpoints and the ``comlrl_file`` weight-transfer
 backend. A factory model (``tiny``, ``smollm2-135m-instruct``) is saved to a folder first (the servers load
 architectures and tokenizers from folders; the weights are the trainer's after its first sync). When every server
 answers, the command prints the ``vllm_server_urls`` to give the fit, and waits; Ctrl-C (or SIGTERM) stops them all.
@@ -24,17 +24,21 @@ from typing import Any
 import yaml
 
 
-def team_sources(config: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """The source of each agent of a config's team (one per agent: every agent is its own weight set) and the
-    model kwargs of factory models."""
+def team_sources(config: dict[str, Any]) -> tuple[list[str], dict[str, Any], list[str]]:
+    """The source of each weight set of a config's team (one per agent; a LoRA team: its one base), the model
+    kwargs of factory models, and the ``vllm serve`` arguments the team needs (a LoRA team's adapters)."""
     args = (config.get("model") or {}).get("init_args") or {}
     agents, n = args.get("agents"), args.get("num_agents")
     if agents is None:
         raise ValueError("the config names no agents (model.init_args.agents): there is nothing to serve.")
-    if args.get("lora_rank") is not None:
-        raise ValueError("a LoRA team (lora_rank) is not served yet: use vllm_mode: colocate for it.")
+    kwargs = dict((args.get("model_config") or {}).get("model_kwargs") or {})
     sources = [str(a) for a in agents] if isinstance(agents, list) else [str(agents)] * int(n or 2)
-    return sources, dict((args.get("model_config") or {}).get("model_kwargs") or {})
+    if args.get("lora_rank") is None:
+        return sources, kwargs, []
+    from comlrl_lightning.rollout.backends.vllm import _lora_rank_bucket
+
+    rank = _lora_rank_bucket(int(args["lora_rank"]))
+    return sources[:1], kwargs, ["--enable-lora", "--max-loras", str(len(sources)), "--max-lora-rank", str(rank)]
 
 
 def model_folder(source: str, model_kwargs: dict[str, Any], cache: Path) -> str:
@@ -84,10 +88,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for every server to answer")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: more `vllm serve` arguments")
     args = parser.parse_args(argv)
-    sources, kwargs = team_sources(yaml.safe_load(Path(args.config).read_text()))
+    sources, kwargs, team_args = team_sources(yaml.safe_load(Path(args.config).read_text()))
     cache = Path(os.environ.get("COMLRL_LIGHTNING_CACHE", Path.home() / ".cache" / "comlrl_lightning")) / "served"
-    extra = [a for a in args.vllm_args if a != "--"]
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # vLLM's weight-transfer routes
+    extra = team_args + [a for a in args.vllm_args if a != "--"]
+    # vLLM's weight-transfer routes; a LoRA team's adapters loaded at run time
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     urls = [f"http://{args.host}:{args.port + i}" for i in range(len(sources))]
     logs = [cache / "logs" / f"server-{args.port + i}.log" for i in range(len(sources))]
     logs[0].parent.mkdir(parents=True, exist_ok=True)

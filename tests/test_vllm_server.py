@@ -33,12 +33,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def start_server(root, extra=()):
     """A ``vllm serve`` of the tiny model's architecture (its weights are the trainer's after the first sync)."""
     from comlrl_lightning.agents.factories import MODEL_FACTORIES
 
-    root = tmp_path_factory.mktemp("vllm_server")
     model, tokenizer = MODEL_FACTORIES["tiny"](**TINY["model_kwargs"])
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
@@ -46,9 +44,9 @@ def server(tmp_path_factory):
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(root / "model"),
         "--port", str(port), "--enforce-eager", "--dtype", "float32", "--max-model-len", "512",
-        "--kv-cache-memory-bytes", str(64 * 2**20), "--weight-transfer-config", '{"backend": "comlrl_file"}',
+        "--kv-cache-memory-bytes", str(64 * 2**20), "--weight-transfer-config", '{"backend": "comlrl_file"}', *extra,
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     log = open(root / "server.log", "w")
     process = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -62,6 +60,22 @@ def server(tmp_path_factory):
                 process.kill()
                 pytest.fail(f"vllm serve did not start: {(root / 'server.log').read_text()[-2000:]}")
             time.sleep(1)
+    return url, process, log
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    url, process, log = start_server(tmp_path_factory.mktemp("vllm_server"))
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory):
+    extra = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"]
+    url, process, log = start_server(tmp_path_factory.mktemp("vllm_lora_server"), extra)
     yield url
     process.terminate()
     process.wait(timeout=60)
@@ -71,24 +85,23 @@ def server(tmp_path_factory):
 def server_module(url, cls=MAGRPO, **overrides):
     return make_module(
         cls,
-        num_agents=1,
+        **{"num_agents": 1, **overrides},
         generation_backend="vllm",
         vllm_mode="server",
         vllm_server_urls=[url],
         model_config=TINY,
-        **overrides,
     )
 
 
-def greedy_pair(module, max_tokens=6):
+def greedy_pair(module, max_tokens=6, agent=0):
     """(the server's greedy tokens, the training model's) for PROMPT, after the server took the current weights."""
-    model, tok = module.policy_model(0), module.tokenizers[0]
-    generator, _ = generator_of(model)
+    model, tok = module.policy_model(agent), module.tokenizers[agent]
+    generator, adapter = generator_of(model)
     engine = module.generation_engine.engine(generator, tok)
-    engine.ensure_current(generator)
+    engine.ensure_current(generator, [adapter])
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
     greedy = SimpleNamespace(n=1, temperature=0.0, max_tokens=max_tokens, seed=0, stop_token_ids=[])
-    served = engine.generate([ids], [greedy], [None])[0][0][0]
+    served = engine.generate([ids], [greedy], [adapter])[0][0][0]
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -108,7 +121,7 @@ class GreedyAfterEveryUpdate(Callback):
         self.pairs = []
 
     def on_train_batch_end(self, trainer, module, *args):
-        self.pairs.append(greedy_pair(module))
+        self.pairs.extend(greedy_pair(module, agent=i) for i in range(module.num_agents))
 
 
 @pytest.mark.parametrize("cls", [MAGRPO, IAC])
@@ -124,6 +137,18 @@ def test_a_team_fits_from_a_server_that_follows_every_update(cls, server, tmp_pa
     assert len(gaps) == 2 and all(0 <= g < 1e-3 for g in gaps), gaps
     (engine,) = module.generation_engine.engines.values()
     assert engine.call("GET", "/weight_info")["weight_version"] == str(engine.version) and engine.version >= 2
+
+
+def test_a_lora_team_is_one_server_with_an_adapter_per_agent(lora_server, tmp_path):
+    """A LoRA team of two: one server of the base; each agent's adapter, after every update, loaded in place; the
+    server's greedy tokens through each adapter equal that agent's."""
+    module = server_module(lora_server, num_agents=2, lora_rank=4, agent_learning_rate=1e-2)
+    spy = GreedyAfterEveryUpdate()
+    trainer = fit(module, tmp_path, max_steps=2, callbacks=[spy])
+    assert trainer.global_step == 2 and len(spy.pairs) == 4
+    assert all(served == ref for served, ref in spy.pairs), spy.pairs
+    (engine,) = module.generation_engine.engines.values()  # one weight set: the base with two adapters
+    assert sorted(engine.adapter_folders) == sorted(module.agents[0].team.peft.peft_config)
 
 
 def test_a_sync_that_did_not_reach_the_server_is_caught(server, tmp_path, monkeypatch):
@@ -199,10 +224,12 @@ def test_serve_resolves_the_team_of_a_config(tmp_path):
     from comlrl_lightning.serve import team_sources
 
     config = {"model": {"init_args": {"agents": "tiny", "num_agents": 3}}}
-    assert team_sources(config) == (["tiny"] * 3, {})
+    assert team_sources(config) == (["tiny"] * 3, {}, [])
     assert team_sources({"model": {"init_args": {"agents": ["a", "b"]}}})[0] == ["a", "b"]
-    with pytest.raises(ValueError, match="LoRA team"):
-        team_sources({"model": {"init_args": {"agents": "tiny", "lora_rank": 4}}})
+    lora = {"model": {"init_args": {"agents": "tiny", "num_agents": 3, "lora_rank": 4}}}
+    assert team_sources(lora) == (["tiny"], {}, ["--enable-lora", "--max-loras", "3", "--max-lora-rank", "8"])
+    with pytest.raises(ValueError, match="names no agents"):
+        team_sources({"model": {"init_args": {}}})
 
 
 def test_a_server_samples_what_the_colocated_engine_samples_with_the_same_seeds(server):

@@ -8,7 +8,9 @@ the sampling settings, seeds, stop strings, EOS ids, ``Completions`` records and
 * **weights**: whenever the training weights changed, vLLM's weight-transfer API (``/start_weight_update``,
   ``/update_weights``, ``/finish_weight_update`` with a new weight version); the tensors travel by the server's
   ``--weight-transfer-config`` backend — ``comlrl_file`` (``backends/vllm_plugin.py``: a safetensors file in
-  shared memory) where trainer and server share a machine;
+  shared memory) where trainer and server share a machine. A LoRA team is one server: its frozen base goes once,
+  each agent's adapter, when it changed, through ``/v1/load_lora_adapter`` (in place), and each request names its
+  agent's adapter;
 * **checked before every sampling**: the server's ``/weight_info`` must report the version of the last sync, else
   :class:`~comlrl_lightning.rollout.backends.vllm.StaleWeights`.
 
@@ -63,12 +65,7 @@ class VLLMServerEngine(VLLMEngine):
     """
 
     def __init__(self, generator: nn.Module, tokenizer: Any, url: str, timeout: float = 600.0):
-        self.adapters = list(getattr(generator, "peft_config", {}) or {})
-        if self.adapters:
-            raise ValueError(
-                "vllm_mode: server samples full models; a LoRA team's adapters are not sent to a server yet: use "
-                "vllm_mode: colocate for a LoRA team."
-            )
+        self.adapters = list(getattr(generator, "peft_config", {}) or {})  # a LoRA team: one server, one base
         self.url, self.timeout = url.rstrip("/"), float(timeout)
         self.device = next(generator.parameters()).device
         self.sleep_mode, self.asleep = False, False
@@ -82,14 +79,19 @@ class VLLMServerEngine(VLLMEngine):
 
     # ------------------------------------------------------------------ HTTP
     def call(self, method: str, path: str, body: dict | None = None) -> Any:
-        """One request to the server; its JSON answer, or :class:`ServerError` naming the URL and the answer."""
+        """One request to the server; its JSON answer (or its text), or :class:`ServerError` naming the URL and the
+        answer."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as answer:
-                return json.loads(answer.read() or b"null")
+                body = answer.read()
+            try:
+                return json.loads(body or b"null")
+            except ValueError:  # some routes answer plain text (vLLM's adapter loading)
+                return body.decode(errors="replace")
         except urllib.error.HTTPError as err:
             text = err.read().decode(errors="replace")[:300]
             raise ServerError(f"vLLM server {self.url} answered {method} {path} with HTTP {err.code}: {text}") from None
@@ -106,12 +108,24 @@ class VLLMServerEngine(VLLMEngine):
         from safetensors.torch import save_file
 
         path = os.path.join(self.folder.name, "weights.safetensors")
-        save_file({name: tensor.contiguous().cpu() for name, tensor in checkpoint_weights(model)}, path)
+        base = model.get_base_model() if self.adapters else model
+        save_file({name: tensor.contiguous().cpu() for name, tensor in checkpoint_weights(base)}, path)
         self.version += 1
         self.call("POST", "/start_weight_update")
         self.call("POST", "/update_weights", {"update_info": {"path": path}})
         self.call("POST", "/finish_weight_update", {"weight_version": str(self.version)})
         os.remove(path)
+
+    def _load_adapters(self, model: nn.Module, names: Sequence[str]) -> None:
+        """A LoRA team's changed adapters: written to the shared folder, loaded in place by the server
+        (``/v1/load_lora_adapter``; the server runs with ``--enable-lora`` and
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, as ``serve`` starts it)."""
+        root = Path(self.folder.name) / "adapters"
+        for name in names:
+            model.save_pretrained(root, selected_adapters=[name])  # root/<name>/ (the default adapter: root)
+            folder = str(root / name if (root / name).is_dir() else root)
+            self.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": folder, "load_inplace": True})
+            self.adapter_folders[name] = folder
 
     def check_current(self, model: nn.Module, adapters: Sequence[str] = ()) -> None:
         """As colocated, and the server must report the version of the last sync."""
@@ -126,13 +140,13 @@ class VLLMServerEngine(VLLMEngine):
 
     # ------------------------------------------------------------------ sampling
     def generate(self, prompt_ids: list[list[int]], params: list, adapters: Sequence[str | None]) -> list[list[tuple]]:
-        def one(ids: list[int], p: Any) -> list[tuple]:
+        def one(ids: list[int], p: Any, adapter: str | None) -> list[tuple]:
             body = {name: getattr(p, name) for name in _REQUEST_FIELDS if getattr(p, name, None) is not None}
             body["stop_token_ids"] = list(body.get("stop_token_ids") or [])
-            body.update(model=self.model_name, prompt=ids, logprobs=0, return_token_ids=True)
+            body.update(model=adapter or self.model_name, prompt=ids, logprobs=0, return_token_ids=True)
             answer = self.call("POST", "/v1/completions", body)
             choices = sorted(answer["choices"], key=lambda c: c["index"])
             return [(c["token_ids"], c["logprobs"]["token_logprobs"]) for c in choices]
 
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(prompt_ids)))) as pool:
-            return list(pool.map(one, prompt_ids, params))
+            return list(pool.map(one, prompt_ids, params, list(adapters) or [None] * len(prompt_ids)))
