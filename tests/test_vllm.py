@@ -228,33 +228,40 @@ def test_madpo_and_madpo_iter_with_a_generating_comparator_fit_with_vllm(tmp_pat
     assert len(generators) >= 3  # the two agents, and the comparator's earlier policy (its own weight set)
 
 
-def test_resume_continues_with_synced_weights(tmp_path):
-    """fit 2 updates == fit 1, stop, resume from its checkpoint for 1 more: the resumed run's fresh engines take the
-    restored weights, so it samples and trains exactly as the uninterrupted run."""
+def fit_two_updates(root, make, ckpt_path=None, save=False):
+    """Two updates of ``make()``'s module from seed 0 (resumed from ``ckpt_path``; ``save``: a checkpoint after every
+    update under ``root/ckpt``)."""
+    seed_everything(0)
+    module = make()
+    callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1)] if save else []
+    trainer = Trainer(
+        max_steps=2,
+        logger=CSVLogger(root, name="run"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        enable_checkpointing=save,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2), ckpt_path=ckpt_path)
+    return module
 
-    def run(root, ckpt_path=None, save=False):
-        seed_everything(0)
-        module = vllm_module()
-        callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1)] if save else []
-        trainer = Trainer(
-            max_steps=2,
-            logger=CSVLogger(root, name="run"),
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            callbacks=callbacks,
-            enable_checkpointing=save,
-            accelerator="cpu",
-            devices=1,
-        )
-        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2), ckpt_path=ckpt_path)
-        return module
 
-    full = run(tmp_path / "full", save=True)
-    ckpt = next((tmp_path / "full" / "ckpt").glob("*step=1.ckpt"))
-    resumed = run(tmp_path / "resumed", ckpt_path=str(ckpt))
+def assert_resume_is_exact(root, make):
+    """fit 2 updates == fit 1, stop, resume from its checkpoint for 1 more: the same weights, bit for bit."""
+    full = fit_two_updates(root / "full", make, save=True)
+    ckpt = next((root / "full" / "ckpt").glob("*step=1.ckpt"))
+    resumed = fit_two_updates(root / "resumed", make, ckpt_path=str(ckpt))
     for a, b in zip(full.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_resume_continues_with_synced_weights(tmp_path):
+    """The resumed run's fresh engines take the restored weights, so it samples and trains exactly as the
+    uninterrupted run."""
+    assert_resume_is_exact(tmp_path, vllm_module)
 
 
 def test_importance_sampling_correction_weights_the_loss(tmp_path):

@@ -254,33 +254,6 @@ def test_a_server_samples_what_the_colocated_engine_samples_with_the_same_seeds(
 def test_resume_from_a_server_is_exact(server, tmp_path):
     """fit 2 updates == fit 1, stop, resume for 1 more: the resumed trainer's first sampling sends the server the
     restored weights (a new engine has seen none), and the seeds come from the restored generator."""
-    from lightning.pytorch import Trainer, seed_everything
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
-    from test_magrpo import ITEMS
+    from test_vllm import assert_resume_is_exact
 
-    from comlrl_lightning import TaskDataModule
-
-    def run(root, ckpt_path=None, save=False):
-        seed_everything(0)
-        module = server_module(server)
-        callbacks = [ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1)] if save else []
-        trainer = Trainer(
-            max_steps=2,
-            logger=CSVLogger(root, name="run"),
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            callbacks=callbacks,
-            enable_checkpointing=save,
-            accelerator="cpu",
-            devices=1,
-        )
-        trainer.fit(module, datamodule=TaskDataModule(dataset=ITEMS, prompts_per_step=2), ckpt_path=ckpt_path)
-        return module
-
-    full = run(tmp_path / "full", save=True)
-    ckpt = next((tmp_path / "full" / "ckpt").glob("*step=1.ckpt"))
-    resumed = run(tmp_path / "resumed", ckpt_path=str(ckpt))
-    for a, b in zip(full.parameters(), resumed.parameters()):
-        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert_resume_is_exact(tmp_path, lambda: server_module(server))
