@@ -63,6 +63,20 @@ def server_command(model: str, port: int, host: str, extra: list[str]) -> list[s
     return command + extra
 
 
+def server_gpus(spec: str | None, index: int) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` of server ``index``: from ``--gpus`` (``'0,1;2,3'``), else GPU ``index`` when the
+    machine has GPUs (and none is chosen already), else nothing."""
+    if spec:
+        groups = spec.split(";")
+        return {"CUDA_VISIBLE_DEVICES": groups[index % len(groups)].strip()}
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return {}
+    import torch
+
+    count = torch.cuda.device_count()
+    return {"CUDA_VISIBLE_DEVICES": str(index % count)} if count else {}
+
+
 def wait_until_up(urls: list[str], processes: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for url, process, log in zip(urls, processes, logs):
@@ -86,6 +100,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000, help="the first server's port; the next ones follow")
     parser.add_argument("--host", default="127.0.0.1", help="the address the servers listen on")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for every server to answer")
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help="the GPUs of each server, ';'-separated (e.g. '0,1;2,3' for tensor-parallel pairs; default: server i on "
+        "GPU i when there are GPUs)",
+    )
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: more `vllm serve` arguments")
     args = parser.parse_args(argv)
     sources, kwargs, team_args = team_sources(yaml.safe_load(Path(args.config).read_text()))
@@ -99,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     processes = [
         subprocess.Popen(
             server_command(model_folder(s, kwargs, cache), args.port + i, args.host, extra),
-            env=env,
+            env={**env, **server_gpus(args.gpus, i)},
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
         )

@@ -220,8 +220,12 @@ def test_serve_starts_one_server_per_agent_and_stops_them_on_a_signal(tmp_path):
             urllib.request.urlopen(f"http://127.0.0.1:{p}/health", timeout=2)
 
 
-def test_serve_resolves_the_team_of_a_config(tmp_path):
-    from comlrl_lightning.serve import team_sources
+def test_serve_resolves_the_team_of_a_config(tmp_path, monkeypatch):
+    from comlrl_lightning.serve import server_gpus, team_sources
+
+    assert server_gpus("0,1;2,3", 1) == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    assert server_gpus(None, 1) == {}  # the user's choice stands
 
     config = {"model": {"init_args": {"agents": "tiny", "num_agents": 3}}}
     assert team_sources(config) == (["tiny"] * 3, {}, [])
@@ -257,3 +261,13 @@ def test_resume_from_a_server_is_exact(server, tmp_path):
     from test_vllm import assert_resume_is_exact
 
     assert_resume_is_exact(tmp_path, lambda: server_module(server))
+
+
+def test_the_weights_go_through_the_folder_the_run_names(server, tmp_path):
+    """``vllm_server_weights_dir``: a folder trainer and server both see (the multi-node recipe's shared file system)."""
+    module = server_module(server, vllm_server_weights_dir=str(tmp_path / "shared"))
+    (tmp_path / "shared").mkdir()
+    fit(module, tmp_path, max_steps=1)
+    (engine,) = module.generation_engine.engines.values()
+    assert engine.folder.name.startswith(str(tmp_path / "shared")) and engine.version >= 1
+    assert greedy_pair(module)[0] == greedy_pair(module)[1]

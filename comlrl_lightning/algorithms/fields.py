@@ -440,6 +440,8 @@ class SamplingFields(FieldGroup):
             processes at ``vllm_server_urls``; docs/scaling.md#vllm-servers).
         vllm_server_urls: ``vllm_mode: server``: one URL per distinct agent model, in the team's order (one URL: all).
         vllm_server_timeout: ``vllm_mode: server``: seconds a server request may take before the run stops.
+        vllm_server_weights_dir: ``vllm_mode: server``: where the weights are written for the servers to read, a
+            folder they see at the same path (null: ``/dev/shm``: servers on the trainer's machine).
     """
 
     max_new_tokens: int = default_of(SamplingConfig, "max_new_tokens")
@@ -456,6 +458,7 @@ class SamplingFields(FieldGroup):
     vllm_mode: VllmMode = "colocate"
     vllm_server_urls: list[str] | None = None
     vllm_server_timeout: float = 600.0
+    vllm_server_weights_dir: str | None = None
 
     def check(self) -> None:
         max_new_tokens = self.max_new_tokens
@@ -492,6 +495,14 @@ class SamplingFields(FieldGroup):
         )
         require(self.vllm_server_timeout > 0, f"vllm_server_timeout must be > 0 (got {self.vllm_server_timeout}).")
 
+    def server_options(self) -> dict[str, Any]:
+        """``vllm_mode: server``'s options of the vLLM backend."""
+        return {
+            "server_urls": self.vllm_server_urls,
+            "server_timeout": self.vllm_server_timeout,
+            "server_weights_dir": self.vllm_server_weights_dir,
+        }
+
     def make_backend(self, concurrent: bool) -> Any:
         """The generation backend these fields choose (``concurrent``: agents on distinct devices sample at once)."""
         return make_backend(
@@ -502,11 +513,7 @@ class SamplingFields(FieldGroup):
             gpu_memory_utilization=self.vllm_gpu_memory_utilization,
             enable_sleep_mode=self.vllm_enable_sleep_mode,
             max_model_len=self.vllm_max_model_len,
-            **(
-                {"server_urls": self.vllm_server_urls, "server_timeout": self.vllm_server_timeout}
-                if self.vllm_mode == "server"
-                else {}
-            ),
+            **(self.server_options() if self.vllm_mode == "server" else {}),
         )
 
 

@@ -127,6 +127,7 @@ class VLLMGenerate:
         server_urls: ``vllm_mode: server``: the ``vllm serve`` URL of each weight set, in the team's order (distinct
             models; one URL serves them all when it is the only one) instead of engines in this process.
         server_timeout: seconds a server request may take.
+        server_weights_dir: where weight files for the servers are written (null: ``/dev/shm``).
     """
 
     name = "vllm"
@@ -140,6 +141,7 @@ class VLLMGenerate:
         seed: int = 0,
         server_urls: Sequence[str] | None = None,
         server_timeout: float = 600.0,
+        server_weights_dir: str | None = None,
     ):
         problem = unsupported_generation_kwargs(generation_kwargs)
         if problem:
@@ -152,6 +154,7 @@ class VLLMGenerate:
             seed=seed,
         )
         self.server_urls, self.server_timeout = list(server_urls or []), float(server_timeout)
+        self.server_weights_dir = server_weights_dir
         self.engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # generator -> the engine it used
 
     def engine(self, generator: nn.Module, tokenizer: Any, index: int = 0) -> "VLLMEngine":
@@ -162,7 +165,9 @@ class VLLMGenerate:
                 from comlrl_lightning.rollout.backends.vllm_server import VLLMServerEngine
 
                 url = self.server_urls[index if len(self.server_urls) > 1 else 0]
-                self.engines[generator] = VLLMServerEngine(generator, tokenizer, url, self.server_timeout)
+                self.engines[generator] = VLLMServerEngine(
+                    generator, tokenizer, url, self.server_timeout, self.server_weights_dir
+                )
             else:
                 self.engines[generator] = engine_for(generator, tokenizer, self.options)
         return self.engines[generator]

@@ -62,9 +62,21 @@ class VLLMServerEngine(VLLMEngine):
         tokenizer: its tokenizer.
         url: the server's base URL (``http://host:port``).
         timeout: seconds a request may take before the run stops.
+        weights_dir: where the weight files are written for the server to read (``comlrl_file``): a folder the
+            server's machine sees at the same path (null: ``/dev/shm``, i.e. the same machine).
     """
 
-    def __init__(self, generator: nn.Module, tokenizer: Any, url: str, timeout: float = 600.0):
+    def __init__(
+        self, generator: nn.Module, tokenizer: Any, url: str, timeout: float = 600.0, weights_dir: str | None = None
+    ):
+        from comlrl_lightning.runs import ranks
+
+        if ranks.world_size() > 1:
+            raise ValueError(
+                "vllm_mode: server trains in one process for now: under data parallelism every rank would push its "
+                "weights to the same server. Use one training process (the servers sample in parallel), or "
+                "vllm_mode: colocate with DDP."
+            )
         self.adapters = list(getattr(generator, "peft_config", {}) or {})  # a LoRA team: one server, one base
         self.url, self.timeout = url.rstrip("/"), float(timeout)
         self.device = next(generator.parameters()).device
@@ -73,7 +85,8 @@ class VLLMServerEngine(VLLMEngine):
         self.adapter_folders: dict[str, str] = {}
         self.unsynced_adapters: set[str] = set()
         shm = Path("/dev/shm")
-        self.folder = tempfile.TemporaryDirectory(prefix="comlrl_weights_", dir=shm if shm.is_dir() else None)
+        root = weights_dir if weights_dir is not None else (shm if shm.is_dir() else None)
+        self.folder = tempfile.TemporaryDirectory(prefix="comlrl_weights_", dir=root)
         self.model_name = self.call("GET", "/v1/models")["data"][0]["id"]
         self.call("POST", "/init_weight_transfer_engine", {"init_info": {}})
 
