@@ -271,3 +271,40 @@ def test_the_weights_go_through_the_folder_the_run_names(server, tmp_path):
     (engine,) = module.generation_engine.engines.values()
     assert engine.folder.name.startswith(str(tmp_path / "shared")) and engine.version >= 1
     assert greedy_pair(module)[0] == greedy_pair(module)[1]
+
+
+def test_one_step_off_rollouts_sample_while_the_trainer_updates(server, tmp_path, monkeypatch):
+    """``max_staleness: 1``: each batch is sampled by the server as Lightning makes it, one step ahead, while the
+    step before it updates; the policy lag is 0 for the first step and 1 after; the intervals overlap."""
+    from comlrl_lightning.rollout.backends.vllm_server import VLLMServerEngine
+
+    module = server_module(server, max_staleness=1, policy_loss="clipped")
+    sampling, updates = [], []
+    generate, update = VLLMServerEngine.generate, module.update
+
+    def timed_generate(self, *args):
+        start = time.monotonic()
+        out = generate(self, *args)
+        sampling.append((start, time.monotonic()))
+        return out
+
+    def timed_update(records):
+        start = time.monotonic()
+        out = update(records)
+        updates.append((start, time.monotonic()))
+        return out
+
+    monkeypatch.setattr(VLLMServerEngine, "generate", timed_generate)
+    module.update = timed_update
+    trainer = fit(module, tmp_path, max_steps=3)
+    rows = read_metrics(trainer)
+    assert trainer.global_step == 3 and column(rows, "rollout/policy_lag") == [0.0, 1.0, 1.0]
+    assert column(rows, "rollout/stale_dropped") == [0.0, 0.0, 0.0]
+    assert any(s0 < u1 and u0 < s1 for s0, s1 in sampling for u0, u1 in updates)  # generation during an update
+
+
+def test_max_staleness_needs_servers():
+    with pytest.raises(ValueError, match="max_staleness: 1 samples the next step on vLLM servers"):
+        make_module(max_staleness=1)
+    with pytest.raises(ValueError, match="max_staleness must be >= 0"):
+        make_module(max_staleness=-1)

@@ -642,6 +642,9 @@ class RolloutFields(FieldGroup):
         vllm_importance_sampling_mode: ``token_truncate`` / ``token_mask`` (ratio per token, capped or zeroed above
             the cap) or ``sequence_truncate`` / ``sequence_mask`` (one ratio per completion).
         vllm_importance_sampling_cap: the ratio's cap C.
+        max_staleness: one-step-off rollouts (``vllm_mode: server``): the next step's rollout is sampled by the
+            servers while this step updates; records more than this many updates old when their buffer drains are
+            not trained on (0: sample then update, as without servers).
     """
 
     num_generations: int = 4
@@ -656,12 +659,14 @@ class RolloutFields(FieldGroup):
     vllm_importance_sampling_correction: bool = False
     vllm_importance_sampling_mode: ImportanceSamplingMode = default_of(importance_sampling_weights, "mode")
     vllm_importance_sampling_cap: float = default_of(importance_sampling_weights, "cap")
+    max_staleness: int = 0
 
     def check(self) -> None:
         require(
             self.vllm_importance_sampling_cap > 0,
             f"vllm_importance_sampling_cap must be > 0 (got {self.vllm_importance_sampling_cap}).",
         )
+        require(self.max_staleness >= 0, f"max_staleness must be >= 0 (got {self.max_staleness}).")
         require(self.num_generations >= 1, "num_generations must be >= 1.")
         require(0.0 <= self.discount <= 1.0, "discount must be in [0, 1].")
         require(self.rollout_buffer_size >= 1, "rollout_buffer_size must be >= 1.")

@@ -155,6 +155,16 @@ class OnPolicyModule(MultiAgentModule):
             f"Multi-turn {self.algorithm_name} requires an external_transition.",
         )
         require(
+            not self.max_staleness or (self.generation_backend == "vllm" and self.vllm_mode == "server"),
+            f"max_staleness: {self.max_staleness} samples the next step on vLLM servers while this step updates: set "
+            "generation_backend: vllm and vllm_mode: server (with vllm_server_urls), or max_staleness: 0.",
+        )
+        require(
+            not (self.max_staleness and getattr(self, "dynamic_sampling", False)),
+            "max_staleness > 0 with dynamic_sampling is not supported (its refills sample inside the step): turn one "
+            "of them off.",
+        )
+        require(
             self.agent_update_schedule != "sequential" or self.joint_mode == "aligned" or self.num_agents == 1,
             "agent_update_schedule=sequential weighs each joint action by the ratios of the agents' own samples in "
             "it; joint_mode=cross pairs every sample with many partners: use joint_mode aligned.",
@@ -201,6 +211,10 @@ class OnPolicyModule(MultiAgentModule):
         updates = []
         if ranks.reduce_max(float(drain)):  # the ranks drain together, and make the same number of updates
             records, self.buffer = self.buffer, []
+            if self.max_staleness:  # one-step-off: records older than the bound are not trained on
+                kept = [r for r in records if self.global_step - r.policy_version <= self.max_staleness]
+                sampled["rollout/stale_dropped"] = float(len(records) - len(kept))
+                records = kept
             mini_batches = list(self.schedule(records))
             mini_batches += [[]] * (int(ranks.reduce_max(len(mini_batches))) - len(mini_batches))
             updates = [self.update(mini_batch) for mini_batch in mini_batches]
@@ -223,7 +237,13 @@ class OnPolicyModule(MultiAgentModule):
         super().on_fit_start()
         data = self.trainer.datamodule
         if isinstance(data, TaskDataModule):  # also MARLHF's data module, for its RL stage
-            data.attach_rollouts(self.policy, **self.rollout_options())  # its loader yields this policy's rollouts
+            ahead = self.rollout_stamps if self.max_staleness else None  # one-step-off: sampled as batches are made
+            data.attach_rollouts(self.policy, ahead=ahead, **self.rollout_options())  # this policy's rollouts
+
+    def rollout_stamps(self) -> dict[str, Any]:
+        """What a rollout is stamped with when it is sampled: the weights' version (updates done), env_step, the
+        reward."""
+        return dict(policy_version=self.global_step, env_step=self.env_step, reward=self.rollout_reward())
 
     def rollout_options(self) -> dict[str, Any]:
         """How the data module resolves this module's rollouts (``TaskDataModule.attach_rollouts``' options: the
@@ -238,7 +258,7 @@ class OnPolicyModule(MultiAgentModule):
         if not len(batch):
             self.count_env_steps(0)  # the other ranks' joint actions
             return None
-        stamps = dict(policy_version=self.global_step, env_step=self.env_step, reward=self.rollout_reward())
+        stamps = self.rollout_stamps()
         # Sampling changes nothing a checkpoint holds: Ctrl-C / SIGTERM may throw it away (runs/stop.py).
         with stop.discardable(f"the rollout of {len(batch)} task(s) after update {self.global_step}"):
             rollout = (
@@ -311,7 +331,14 @@ class OnPolicyModule(MultiAgentModule):
         """π_old: the training model's log-probs of the fresh samples under the weights that sampled them (kept
         while sampling, else one no-grad forward per agent): a ratio objective's denominator and the engine
         correction's π_train, whatever the policy lag at the update."""
-        for i in range(self.num_agents):
+        stale = [n for n in nodes if n.policy_version != self.global_step]  # sampled ahead (max_staleness)
+        if stale and stale[0].agents[0].engine_logprobs is not None:
+            # the weights that sampled them are gone: π_old is the engine's log-probs of its samples
+            for node in stale:
+                for a in node.agents:
+                    a.sampling_logprobs = a.engine_logprobs
+            nodes = [n for n in nodes if n.policy_version == self.global_step]
+        for i in range(self.num_agents if nodes else 0):
             samples = [n.agents[i] for n in nodes]
             inputs = collate_rows(
                 [s.prompt_ids for s in samples],

@@ -280,9 +280,13 @@ class RolloutBatch:
 
     def __init__(self, items: list[Mapping[str, Any]], policy: TeamPolicy, dynamic: DynamicSampling | None = None):
         self.items, self.policy, self.dynamic = list(items), policy, dynamic
+        self.ahead: Any = None  # one-step-off: the rollout sampled while the previous step updated (a Future)
 
     def resolve(self, **stamps: Any) -> Rollout:
-        """The rollout trees of the items, sampled now (``stamps``: policy_version, env_step, reward)."""
+        """The rollout trees of the items, sampled now (``stamps``: policy_version, env_step, reward) — or, started
+        ahead (``max_staleness``), as that sampling finished (its own stamps: the weights it sampled with)."""
+        if self.ahead is not None:
+            return self.ahead.result()
         if self.dynamic is not None:
             return self.dynamic.resolve(self.policy, self.items, **stamps)
         return self.policy.rollout(self.items, **stamps)
@@ -295,13 +299,35 @@ class RolloutBatch:
 
 
 class _Rollouts:
-    """The collate function of a rollout loader: a batch of items becomes a ``RolloutBatch`` of ``policy``."""
+    """The collate function of a rollout loader: a batch of items becomes a ``RolloutBatch`` of ``policy``. With
+    ``stamps`` (one-step-off rollouts, ``max_staleness``) each batch starts sampling as it is made — the loader makes
+    a batch one batch early (``ResumableDataLoader(ahead=True)``) — once the previous batch's sampling is done: it
+    samples on the servers while the training step before it updates."""
 
-    def __init__(self, policy: TeamPolicy, dynamic: DynamicSampling | None = None):
-        self.policy, self.dynamic = policy, dynamic
+    def __init__(self, policy: TeamPolicy, dynamic: DynamicSampling | None = None, stamps: Any = None):
+        self.policy, self.dynamic, self.stamps = policy, dynamic, stamps
+        self.previous: Any = None
+        self.pool = None
 
     def __call__(self, items: list) -> RolloutBatch:
-        return RolloutBatch(items, self.policy, self.dynamic)
+        batch = RolloutBatch(items, self.policy, self.dynamic)
+        if self.stamps is not None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if self.previous is not None:
+                self.previous.exception()  # one sampling at a time: the servers' weights change only between them
+            self.pool = self.pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout_ahead")
+            batch.ahead = self.previous = self.policy.rollout_ahead(self.pool, items, **self.stamps())
+        return batch
+
+
+def _one_ahead(batches: Any) -> Any:
+    previous = next(batches, None)
+    for batch in batches:  # made (and its sampling started) before the previous batch's step runs
+        yield previous
+        previous = batch
+    if previous is not None:
+        yield previous
 
 
 class ResumableDataLoader(DataLoader):
@@ -311,10 +337,19 @@ class ResumableDataLoader(DataLoader):
     there is nothing of its own to save; the methods mark it as resumable for Lightning's resume check.
     """
 
-    def __init__(self, *args: Any, seed: int = 0, **kwargs: Any):
+    def __init__(self, *args: Any, seed: int = 0, ahead: bool = False, **kwargs: Any):
         # Its own generator: creating an iterator would otherwise draw from the global RNG, so a run resumed at
         # an epoch boundary would sample differently from an uninterrupted one.
         super().__init__(*args, generator=torch.Generator().manual_seed(seed), **kwargs)
+        self.ahead = ahead
+
+    def __iter__(self):
+        """Batches in order; with ``ahead`` (one-step-off rollouts) each batch is made one batch early — making a
+        rollout batch starts its sampling — so batch t+1 samples while the training step of batch t updates."""
+        batches = super().__iter__()
+        if not self.ahead:
+            return batches
+        return _one_ahead(batches)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -383,6 +418,7 @@ class TaskDataModule(LightningDataModule):
         self.max_train_items, self.max_eval_items = max_train_items, max_eval_items
         self.load_kwargs = load_kwargs or {}
         self.rollout_policy: TeamPolicy | None = None  # set by an on-policy module when the fit starts
+        self.rollout_ahead: Any = None  # one-step-off rollouts: the stamps of a batch started ahead (max_staleness)
         self.dynamic_sampling: DynamicSampling | None = None  # likewise, when its dynamic_sampling is on
         self.saved_world_size = 1  # processes of the run a checkpoint came from (resume)
         # Loaded now, so that a missing, empty or unreadable dataset is reported before any model loads.
@@ -419,13 +455,15 @@ class TaskDataModule(LightningDataModule):
         dynamic_sampling: bool = False,
         max_extra_prompts: int | None = None,
         tie_by_components: bool = True,
+        ahead: Any = None,
     ) -> None:
         """Serve ``RolloutBatch``-es of ``policy`` (on-policy modules hand theirs over when the fit starts; None:
         plain lists of items). ``dynamic_sampling``: their tied nodes are dropped and refilled from this module's
         stream of extra training items, at most ``max_extra_prompts`` per step and rank (None: as many as the step's
         own items; ``tie_by_components``: a node ties only when its reward components tie too;
-        ``data/dynamic_sampling.py``)."""
-        self.rollout_policy = policy
+        ``data/dynamic_sampling.py``). ``ahead``: one-step-off rollouts, each batch sampled as it is made, with the
+        stamps ``ahead()`` returns then (``max_staleness``)."""
+        self.rollout_policy, self.rollout_ahead = policy, ahead
         self.dynamic_sampling = None
         if dynamic_sampling and policy is not None:
             self.dynamic_sampling = DynamicSampling(
@@ -447,10 +485,15 @@ class TaskDataModule(LightningDataModule):
             self.train_items,
             self.prompts_per_step,
             self.shuffle,
-            _Rollouts(self.rollout_policy, self.dynamic_sampling) if self.rollout_policy else _as_list,
+            _Rollouts(self.rollout_policy, self.dynamic_sampling, self.rollout_ahead)
+            if self.rollout_policy
+            else _as_list,
+            ahead=self.rollout_policy is not None and self.rollout_ahead is not None,
         )
 
-    def sharded_loader(self, items, batch_size: int, shuffle: bool, collate, passes: int = 1) -> DataLoader:
+    def sharded_loader(
+        self, items, batch_size: int, shuffle: bool, collate, passes: int = 1, ahead: bool = False
+    ) -> DataLoader:
         """A resumable loader of this rank's batches of ``items`` (``ShardedBatches``), ``passes`` per epoch."""
         sampler = ShardedBatches(
             len(items),
@@ -463,7 +506,13 @@ class TaskDataModule(LightningDataModule):
         )
         sampler.skip = self._resume_offset(batch_size, len(items) * passes)
         return ResumableDataLoader(
-            _Items(items), seed=self.seed, batch_size=None, sampler=sampler, collate_fn=collate, num_workers=0
+            _Items(items),
+            seed=self.seed,
+            ahead=ahead,
+            batch_size=None,
+            sampler=sampler,
+            collate_fn=collate,
+            num_workers=0,
         )
 
     def _resume_offset(self, batch_size: int, size: int) -> int:

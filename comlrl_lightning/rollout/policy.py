@@ -64,6 +64,21 @@ class TeamPolicy:
         """What a model reads for a formatted prompt (the chat template applied when it is on)."""
         return self.engine.model_input(tokenizer, prompt)
 
+    def rollout_ahead(self, pool: Any, items: Sequence[Mapping[str, Any]], **stamps: Any) -> Any:
+        """One-step-off (``max_staleness``): the engines take the current weights now (the training thread, between
+        updates), then ``items``' rollout is sampled in ``pool``'s thread, with its own seed stream drawn from
+        torch's here; a Future of the Rollout."""
+        from comlrl_lightning.rollout.backends.vllm import sampling_ahead
+
+        self.engine.backend.pin(self.models, self.tokenizers)
+        seed = int(torch.randint(0, 2**31 - 1, ()))
+
+        def run() -> Rollout:
+            with sampling_ahead(seed), torch.no_grad():
+                return self.rollout(items, **stamps)
+
+        return pool.submit(run)
+
     @torch.no_grad()
     def sample(
         self,

@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -61,6 +62,22 @@ _CPU_KV_SPARE = 1024  # the cache is allocated in blocks: room for one sequence 
 
 class StaleWeights(RuntimeError):
     """A vLLM engine would sample from weights that are not the training model's."""
+
+
+# One-step-off rollouts (``max_staleness``): a sampling thread's engines were synced before it started, by the
+# training thread; the thread reads no training weights, and draws its request seeds from its own generator.
+_AHEAD = threading.local()
+
+
+@contextlib.contextmanager
+def sampling_ahead(seed: int) -> Iterator[None]:
+    """This thread samples ahead: engines check only what they were synced to (:meth:`VLLMGenerate.pin`), and the
+    request seeds come from a generator seeded with ``seed`` (drawn from torch's stream by the training thread)."""
+    _AHEAD.generator = torch.Generator().manual_seed(int(seed))
+    try:
+        yield
+    finally:
+        _AHEAD.generator = None
 
 
 def unsupported_generation_kwargs(generation_kwargs: Mapping[str, Any] | None) -> str | None:
@@ -189,6 +206,14 @@ class VLLMGenerate:
     def release_memory(self) -> None:
         for engine in list(self.engines.values()):
             engine.sleep()
+
+    def pin(self, models, tokenizers) -> None:
+        """Before sampling ahead: every weight set's engine takes the current training weights now (in the training
+        thread, between updates), so the sampling thread needs to read none."""
+        for index, agents in enumerate(answer_groups(models, tokenizers)):
+            generator = generator_of(models[agents[0]])[0]
+            adapters = [a for a in dict.fromkeys(generator_of(models[i])[1] for i in agents) if a is not None]
+            self.engine(generator, tokenizers[agents[0]], index).ensure_current(generator, adapters)
 
 
 # Engines are process-wide: vLLM keeps one distributed state per process, and shutting any engine down tears it down
@@ -358,6 +383,10 @@ class VLLMEngine:
                 "from it would train on samples of an older policy. This is a bug; please report it."
             )
 
+    def check_pinned(self) -> None:
+        """Sampling ahead (one-step-off) needs an engine the training thread can sync while it samples: a server."""
+        raise StaleWeights("one-step-off sampling (max_staleness) needs vllm_mode: server")
+
     def _load_base(self, model: nn.Module) -> None:
         weights = checkpoint_weights(model.get_base_model() if self.adapters else model)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
@@ -390,13 +419,17 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         self.wake()
-        self.ensure_current(model, adapters)
+        if getattr(_AHEAD, "generator", None) is None:
+            self.ensure_current(model, adapters)
+        else:  # sampling ahead: synced by the training thread before this one started (VLLMGenerate.pin)
+            self.check_pinned()
         eos_ids = eos_token_ids(model, tokenizer)
         prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         extra = {_MAPPED_KWARGS[key]: value for key, value in generation_kwargs.items()}
         if "stop" in extra:  # HF's stop strings end a completion with the string in it
             extra.update(include_stop_str_in_output=True, stop=list(_as_list(extra["stop"])))
-        seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # torch's stream: resumes exactly
+        generator = getattr(_AHEAD, "generator", None)  # sampling ahead: its own stream
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()  # resumes exactly
         params = [
             SamplingParams(
                 n=K,

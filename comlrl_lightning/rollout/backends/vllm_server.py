@@ -143,6 +143,11 @@ class VLLMServerEngine(VLLMEngine):
     def check_current(self, model: nn.Module, adapters: Sequence[str] = ()) -> None:
         """As colocated, and the server must report the version of the last sync."""
         super().check_current(model, adapters)
+        self.check_pinned()
+
+    def check_pinned(self) -> None:
+        """The server holds the version of the last sync (what a sampling-ahead thread checks: it reads no
+        training weights)."""
         served = self.call("GET", "/weight_info").get("weight_version")
         if served != str(self.version):
             raise StaleWeights(
