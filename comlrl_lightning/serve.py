@@ -94,7 +94,8 @@ def wait_until_up(urls: list[str], processes: list[subprocess.Popen], logs: list
                 time.sleep(1)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``serve`` subcommand's arguments."""
     parser = argparse.ArgumentParser(prog="python -m comlrl_lightning serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the run's config (its model.init_args.agents are served)")
     parser.add_argument("--port", type=int, default=8000, help="the first server's port; the next ones follow")
@@ -107,7 +108,11 @@ def main(argv: list[str] | None = None) -> None:
         "GPU i when there are GPUs)",
     )
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: more `vllm serve` arguments")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     sources, kwargs, team_args = team_sources(yaml.safe_load(Path(args.config).read_text()))
     cache = Path(os.environ.get("COMLRL_LIGHTNING_CACHE", Path.home() / ".cache" / "comlrl_lightning")) / "served"
     extra = team_args + [a for a in args.vllm_args if a != "--"]
