@@ -70,20 +70,26 @@ def greedy_pairs(module, max_tokens=8):
             .outputs[0]
             .token_ids
         )
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            ref = model.generate(
-                input_ids=torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                do_sample=False,
-                max_new_tokens=max_tokens,
-                eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id,
-            )[0, len(ids) :].tolist()
-        model.train(was_training)
+        ref = hf_greedy(model, tok, ids, max_tokens)
         pairs.append((list(out), ref[: len(out)] if len(ref) >= len(out) else ref))
     return pairs
+
+
+def hf_greedy(model, tok, ids, max_tokens):
+    """The training model's own greedy tokens after ``ids`` (eval mode, then back)."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        ref = model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )[0, len(ids) :].tolist()
+    model.train(was_training)
+    return ref
 
 
 class GreedyAfterEveryUpdate(Callback):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from test_magrpo import column, fit, make_module, read_metrics
-from test_vllm import PROBLEM, TINY
+from test_vllm import PROBLEM, TINY, hf_greedy
 
 from comlrl_lightning import IAC, MAGRPO
 from comlrl_lightning.rollout.weights import generator_of
@@ -102,18 +102,7 @@ def greedy_pair(module, max_tokens=6, agent=0):
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
     greedy = SimpleNamespace(n=1, temperature=0.0, max_tokens=max_tokens, seed=0, stop_token_ids=[])
     served = engine.generate([ids], [greedy], [adapter])[0][0][0]
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        ref = model.generate(
-            input_ids=torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=max_tokens,
-            pad_token_id=tok.pad_token_id,
-        )[0, len(ids) :].tolist()
-    model.train(was_training)
-    return list(served), ref[: len(served)]
+    return list(served), hf_greedy(model, tok, ids, max_tokens)[: len(served)]
 
 
 class GreedyAfterEveryUpdate(Callback):
