@@ -229,6 +229,7 @@ def test_a_server_samples_what_the_colocated_engine_samples_with_the_same_seeds(
     """The same weights and torch seed: the server's completions are the colocated engine's, token for token (so
     the colocated engine's chi-square agreement with hf carries over)."""
     from comlrl_lightning.rollout.backends.vllm import VLLMGenerate
+    from comlrl_lightning.rollout.backends.vllm_server import VLLMServers
     from comlrl_lightning.rollout.sampling import SamplingConfig
 
     module = server_module(server)
@@ -237,7 +238,7 @@ def test_a_server_samples_what_the_colocated_engine_samples_with_the_same_seeds(
     cfg = SamplingConfig(max_new_tokens=6, temperature=0.9, top_p=0.95, top_k=40)
     prompts = [[PROMPT, "Once upon a time"]]
     torch.manual_seed(3)
-    served = VLLMGenerate(server_urls=[server]).sample([model], [tok], prompts, 4, cfg)[0]
+    served = VLLMServers([server]).sample([model], [tok], prompts, 4, cfg)[0]
     torch.manual_seed(3)
     local = VLLMGenerate().sample([model], [tok], prompts, 4, cfg)[0]
     assert torch.equal(served.completion_ids, local.completion_ids) and served.texts == local.texts

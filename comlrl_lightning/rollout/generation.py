@@ -68,6 +68,10 @@ def make_backend(
         from comlrl_lightning.rollout.backends.hf import HFGenerate
 
         return HFGenerate(batch_size, generation_kwargs, concurrent=concurrent)
+    if name == "vllm" and options.get("server_urls"):  # vllm_mode: server
+        from comlrl_lightning.rollout.backends.vllm_server import VLLMServers
+
+        return VLLMServers(generation_kwargs=generation_kwargs, **options)
     if name == "vllm":
         from comlrl_lightning.rollout.backends.vllm import VLLMGenerate
 

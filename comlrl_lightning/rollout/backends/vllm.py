@@ -141,10 +141,6 @@ class VLLMGenerate:
         enable_sleep_mode: between samplings (during the update), engines release their GPU memory.
         max_model_len: prompt + completion tokens an engine is sized for (null: the model's maximum positions).
         seed: the engines' own seed (each request is seeded from torch's generator anyway).
-        server_urls: ``vllm_mode: server``: the ``vllm serve`` URL of each weight set, in the team's order (distinct
-            models; one URL serves them all when it is the only one) instead of engines in this process.
-        server_timeout: seconds a server request may take.
-        server_weights_dir: where weight files for the servers are written (null: ``/dev/shm``).
     """
 
     name = "vllm"
@@ -156,9 +152,6 @@ class VLLMGenerate:
         enable_sleep_mode: bool = False,
         max_model_len: int | None = None,
         seed: int = 0,
-        server_urls: Sequence[str] | None = None,
-        server_timeout: float = 600.0,
-        server_weights_dir: str | None = None,
     ):
         problem = unsupported_generation_kwargs(generation_kwargs)
         if problem:
@@ -170,24 +163,17 @@ class VLLMGenerate:
             max_model_len=max_model_len,
             seed=seed,
         )
-        self.server_urls, self.server_timeout = list(server_urls or []), float(server_timeout)
-        self.server_weights_dir = server_weights_dir
         self.engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # generator -> the engine it used
 
     def engine(self, generator: nn.Module, tokenizer: Any, index: int = 0) -> "VLLMEngine":
-        """The engine of ``generator``'s weights, the ``index``-th weight set of the team: in this process
-        (:func:`engine_for`), or its server (``server_urls``)."""
+        """The engine of ``generator``'s weights, the ``index``-th weight set of the team (:func:`engine_for`)."""
         if generator not in self.engines:
-            if self.server_urls:
-                from comlrl_lightning.rollout.backends.vllm_server import VLLMServerEngine
-
-                url = self.server_urls[index if len(self.server_urls) > 1 else 0]
-                self.engines[generator] = VLLMServerEngine(
-                    generator, tokenizer, url, self.server_timeout, self.server_weights_dir
-                )
-            else:
-                self.engines[generator] = engine_for(generator, tokenizer, self.options)
+            self.engines[generator] = self.make_engine(generator, tokenizer, index)
         return self.engines[generator]
+
+    def make_engine(self, generator: nn.Module, tokenizer: Any, index: int) -> "VLLMEngine":
+        """A new engine for the ``index``-th weight set: in this process (``vllm_server.VLLMServers``: a server)."""
+        return engine_for(generator, tokenizer, self.options)
 
     def sample(self, models, tokenizers, inputs, K, sampling: SamplingConfig) -> list[Completions]:
         groups = answer_groups(models, tokenizers)

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from torch import nn
 
-from comlrl_lightning.rollout.backends.vllm import StaleWeights, VLLMEngine, checkpoint_weights
+from comlrl_lightning.rollout.backends.vllm import StaleWeights, VLLMEngine, VLLMGenerate, checkpoint_weights
 
 # SamplingParams fields a request carries (the OpenAI API's extra parameters of vLLM).
 _REQUEST_FIELDS = (
@@ -168,3 +168,29 @@ class VLLMServerEngine(VLLMEngine):
 
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(prompt_ids)))) as pool:
             return list(pool.map(one, prompt_ids, params, list(adapters) or [None] * len(prompt_ids)))
+
+
+class VLLMServers(VLLMGenerate):
+    """The ``vllm`` backend with ``vllm_mode: server``: each weight set's engine is its server.
+
+    Args:
+        server_urls: the ``vllm serve`` URL of each weight set, in the team's order (one URL: all of them).
+        server_timeout: seconds a server request may take.
+        server_weights_dir: where weight files for the servers are written (null: ``/dev/shm``).
+        generation_kwargs, ...: as :class:`~comlrl_lightning.rollout.backends.vllm.VLLMGenerate`.
+    """
+
+    def __init__(
+        self,
+        server_urls: Sequence[str],
+        server_timeout: float = 600.0,
+        server_weights_dir: str | None = None,
+        **options: Any,
+    ):
+        super().__init__(**options)
+        self.server_urls, self.server_timeout = list(server_urls), float(server_timeout)
+        self.server_weights_dir = server_weights_dir
+
+    def make_engine(self, generator: nn.Module, tokenizer: Any, index: int) -> VLLMServerEngine:
+        url = self.server_urls[index if len(self.server_urls) > 1 else 0]
+        return VLLMServerEngine(generator, tokenizer, url, self.server_timeout, self.server_weights_dir)
