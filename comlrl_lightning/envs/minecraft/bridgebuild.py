@@ -160,11 +160,8 @@ def _compact(value: Any) -> str:
     """Compact JSON (non-ASCII kept); ``str`` for what JSON cannot write; never raises."""
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except Exception:
-        try:
-            return str(value)
-        except Exception:
-            return "<unprintable>"
+    except (TypeError, ValueError, RecursionError):  # sets, tuple keys, bytes; huge ints; deep nesting
+        return _safe_str(value) or "<unprintable>"
 
 
 # ------------------------------------------------------------------------------------------------ tasks
@@ -514,7 +511,7 @@ def parse_cell(value: Any) -> Cell | None:
             pair = (parse_coordinate(m.group(1)), parse_coordinate(m.group(2)))
         else:
             return None
-    except Exception:  # str() of an exotic object
+    except (ValueError, RecursionError):  # str() of an int over the digit limit, or of a structure nested too deep
         return None
     return None if None in pair else (pair[0], pair[1])
 
@@ -634,7 +631,7 @@ def extract_action(text: Any) -> dict[str, Any]:
         for parse in (json.loads, ast.literal_eval):
             try:
                 obj = parse(cand)
-            except Exception:  # bad syntax, too deep, integers over the digit limit, ...
+            except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):  # bad syntax, too deep, huge ints
                 continue
             if isinstance(obj, dict):
                 rank = (sum(key in obj for key in ACTION_KEYS), index)
@@ -658,10 +655,7 @@ class Action:
 
 
 def _parse_comm(value: Any) -> tuple[Any, str, int]:
-    try:
-        if not isinstance(value, dict) or not value:
-            return None, "", 0
-    except Exception:
+    if not isinstance(value, dict) or not value:
         return None, "", 0
     text = _compact(value).strip()
     if not text or text in ("{}", "[]"):
@@ -721,9 +715,11 @@ def parse_action(text: Any, task: BridgeTask, agent: int, position: Cell, max_co
 
 
 def _safe_str(value: Any) -> str:
+    """``str(value)`` of a parsed value, or "" where Python cannot write it (an int over the digit limit, a structure
+    nested too deep)."""
     try:
         return str(value)
-    except Exception:
+    except (ValueError, RecursionError):
         return ""
 
 
