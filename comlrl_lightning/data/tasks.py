@@ -307,17 +307,13 @@ class _Rollouts:
     def __init__(self, policy: TeamPolicy, dynamic: DynamicSampling | None = None, stamps: Any = None):
         self.policy, self.dynamic, self.stamps = policy, dynamic, stamps
         self.previous: Any = None
-        self.pool = None
 
     def __call__(self, items: list) -> RolloutBatch:
         batch = RolloutBatch(items, self.policy, self.dynamic)
         if self.stamps is not None:
-            from concurrent.futures import ThreadPoolExecutor
-
             if self.previous is not None:
                 self.previous.exception()  # one sampling at a time: the servers' weights change only between them
-            self.pool = self.pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout_ahead")
-            batch.ahead = self.previous = self.policy.rollout_ahead(self.pool, items, **self.stamps())
+            batch.ahead = self.previous = self.policy.rollout_ahead(items, **self.stamps())
         return batch
 
 

@@ -12,6 +12,8 @@ asked.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -64,20 +66,25 @@ class TeamPolicy:
         """What a model reads for a formatted prompt (the chat template applied when it is on)."""
         return self.engine.model_input(tokenizer, prompt)
 
-    def rollout_ahead(self, pool: Any, items: Sequence[Mapping[str, Any]], **stamps: Any) -> Any:
+    def rollout_ahead(self, items: Sequence[Mapping[str, Any]], **stamps: Any) -> Future:
         """One-step-off (``max_staleness``): the engines take the current weights now (the training thread, between
-        updates), then ``items``' rollout is sampled in ``pool``'s thread, with its own seed stream drawn from
-        torch's here; a Future of the Rollout."""
+        updates), then ``items``' rollout is sampled in a daemon thread (a stopped run never waits for it at exit),
+        with its own seed stream drawn from torch's here; a Future of the Rollout."""
         from comlrl_lightning.rollout.backends.vllm import sampling_ahead
 
         self.engine.backend.pin(self.models, self.tokenizers)
         seed = int(torch.randint(0, 2**31 - 1, ()))
+        future: Future = Future()
 
-        def run() -> Rollout:
-            with sampling_ahead(seed), torch.no_grad():
-                return self.rollout(items, **stamps)
+        def run() -> None:
+            try:
+                with sampling_ahead(seed), torch.no_grad():
+                    future.set_result(self.rollout(items, **stamps))
+            except BaseException as err:  # handed to the training thread, which re-raises it in resolve()
+                future.set_exception(err)
 
-        return pool.submit(run)
+        threading.Thread(target=run, name="rollout_ahead", daemon=True).start()
+        return future
 
     @torch.no_grad()
     def sample(
