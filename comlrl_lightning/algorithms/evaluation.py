@@ -40,6 +40,8 @@ class Evaluation:
         # An evaluation changes nothing a checkpoint holds: Ctrl-C / SIGTERM may throw it away (runs/stop.py).
         with stop.discardable(f"the evaluation at update {self.module.global_step}", len(starts), "batches") as phase:
             with gathered(self.module.sharded_models()):
+                if ranks.world_size() > 1:  # every rank, even one with no items to play
+                    self.module.engine.take_weights(self.module.policy_models(), self.module.tokenizers)
                 for start in starts:
                     records.append(self.record(mine[start : start + batch_size]))
                     phase.done += 1
@@ -111,10 +113,14 @@ def record_of(rollout: Any, items: Sequence[Mapping[str, Any]], num_agents: int,
 
 def joined_table(records: list[dict[str, Any]], key: str, num_turns: int, device: Any) -> Tensor:
     """The [items, turns] tables ``key`` of the records of every rank, in item order (torchmetrics ``CatMetric``,
-    which joins the ranks' rows; one process: the records' own)."""
+    which joins the ranks' rows; one process: the records' own). Each row carries a flag column, and a rank with no
+    items adds one flagged-out row: torchmetrics leaves a rank with nothing out of the gather the others wait in."""
+    local = torch.cat([r[key] for r in records]).float() if records else torch.zeros(0, num_turns)
+    flagged = torch.cat([local, torch.ones(len(local), 1)], dim=1) if len(local) else torch.zeros(1, num_turns + 1)
     table = CatMetric(nan_strategy="disable").to(device)
-    table.update(torch.cat([r[key] for r in records]).to(device) if records else torch.zeros(0, num_turns))
-    return table.compute().reshape(-1, num_turns).cpu()
+    table.update(flagged.to(device))
+    joined = table.compute().reshape(-1, num_turns + 1).cpu()
+    return joined[joined[:, -1] == 1, :num_turns]
 
 
 def reward_metrics(rewards: Tensor, discount: float) -> dict[str, float]:
