@@ -213,7 +213,8 @@ class UpdateStep:
         stepped = [any(p.grad is not None for p in group["params"]) for group in self.optimizer.param_groups]
         optimizer.step()
         refresh(sharded)  # sharded models: gather the updated weights
-        weights.weights_changed()  # a generation copy of the weights (generation_dtype) is now stale
+        # what sampled with the stepped weights (a generation copy, an engine, a server) takes them again
+        weights.weights_changed(p for group in self.optimizer.param_groups for p in group["params"])
         if self.scheduler is not None:
             self.scheduler.step_groups(stepped)
         return metrics

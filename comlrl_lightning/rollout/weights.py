@@ -6,7 +6,7 @@ ones that changed. Shared by the generation backends (``rollout/backends/``); th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -42,13 +42,21 @@ def place_answers(
 
 # ---------------------------------------------------------------------------------------------------- weight versions
 _UPDATES = 0  # team updates this process has made (weights_changed counts them)
+_STEPPED = "_comlrl_stepped_at"  # an optimizer's parameter carries the count of the update that last stepped it
 
 
-def weights_changed() -> None:
-    """Called after every update (``MultiAgentModule.update``): every trained parameter counts as changed for
-    whatever saw the weights before (a sampling copy, an engine's weights)."""
+def weights_changed(optimized: Iterable[torch.Tensor] = ()) -> None:
+    """Called after every update (``MultiAgentModule.update``), with the optimizer's parameters: those with a
+    gradient were stepped and count as changed for whatever saw the weights before (a sampling copy, an engine's
+    weights); those without (an agent a schedule left out of this update) did not change. A trained parameter the
+    optimizer does not hold (a sharded model's gathered copy) counts as changed by every update."""
     global _UPDATES
     _UPDATES += 1
+    for p in optimized:
+        if p.grad is not None:
+            setattr(p, _STEPPED, _UPDATES)
+        elif not hasattr(p, _STEPPED):
+            setattr(p, _STEPPED, 0)
 
 
 @dataclass(frozen=True)
@@ -66,12 +74,14 @@ def weights_seen(model: torch.nn.Module) -> WeightsSeen:
 
 def changed_parameters(model: torch.nn.Module, seen: WeightsSeen) -> list[bool]:
     """Which of ``model``'s parameters changed since ``seen``: its storage or version counter moved (a checkpoint
-    load, a move, any counted in-place write), or it is trained and an update happened (the fused AdamW kernel
-    writes in place without counting it). A LoRA team's frozen base is neither after an update."""
+    load, a move, any counted in-place write), or an update since stepped it (the fused AdamW kernel writes in place
+    without counting it; :func:`weights_changed`). A LoRA team's frozen base is neither after an update, nor is an
+    agent a schedule left out."""
     updated = _UPDATES != seen.updates
     now = [(p.data_ptr(), p._version) for p in model.parameters()]
     if len(now) != len(seen.stamps):
         return [True] * len(now)
     return [
-        stamp != then or (updated and p.requires_grad) for p, stamp, then in zip(model.parameters(), now, seen.stamps)
+        stamp != then or (updated and p.requires_grad and getattr(p, _STEPPED, _UPDATES) > seen.updates)
+        for p, stamp, then in zip(model.parameters(), now, seen.stamps)
     ]
