@@ -57,7 +57,7 @@ from comlrl_lightning.config_errors import (
     tidy,
     unknown_option_hint,
 )
-from comlrl_lightning.cpu_threads import fit_threads_to_free_cores, runs_on_cpu
+from comlrl_lightning.cpu_threads import fit_threads_to_free_cores, local_servers, runs_on_cpu
 from comlrl_lightning.data import TaskDataModule
 from comlrl_lightning.quiet import quiet_known_noise
 from comlrl_lightning.runs.files import run_root
@@ -223,7 +223,10 @@ class ComlrlCLI(LightningCLI):
         if limit is not None and limit < 1:
             self._parser(self.subcommand).error(f"checkpoint_total_limit must be >= 1 or null (got {limit}).")
         if runs_on_cpu(config.get("trainer.accelerator")):
-            fit_threads_to_free_cores()  # cores busy with other processes: fewer intra-op threads (cpu_threads.py)
+            # cores busy with other processes, or with the vLLM servers it samples from: fewer intra-op threads
+            model = config.get("model.init_args") or {}
+            serving = model.get("generation_backend") == "vllm" and model.get("vllm_mode") == "server"
+            fit_threads_to_free_cores(servers=local_servers(model.get("vllm_server_urls") or []) if serving else 0)
 
     def instantiate_classes(self) -> None:
         """A class that rejects its configuration (the algorithms check every field before any model loads) ends

@@ -76,10 +76,12 @@ def threads_for(threads: int, cores: int, busy: float) -> int | None:
     return fewer if fewer < threads else None
 
 
-def fit_threads_to_free_cores(log: Callable[[str], Any] | None = None) -> int | None:
-    """Measure this process's cores and cap torch's intra-op threads to the free ones (module docstring). Returns the
-    new number, or None when it is left as it was (``OMP_NUM_THREADS`` set, cores free, nothing to read, or decided
-    earlier in this process)."""
+def fit_threads_to_free_cores(log: Callable[[str], Any] | None = None, servers: int = 0) -> int | None:
+    """Measure this process's cores and cap torch's intra-op threads to the free ones (module docstring); ``servers``:
+    vLLM servers on this machine the run samples from, each counted as one busy core (idle as the run starts, they
+    sample while it trains: on 2 cores beside two, the quick start took 1.19 s per update with 2 threads, 0.17 s
+    with 1; benchmarks/README.md, "Synchronous vs one-step-off rollouts"). Returns the new number, or None when it is
+    left as it was (``OMP_NUM_THREADS`` set, cores free, nothing to read, or decided earlier in this process)."""
     if _decided:
         return None
     import torch
@@ -90,17 +92,27 @@ def fit_threads_to_free_cores(log: Callable[[str], Any] | None = None) -> int | 
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     threads = torch.get_num_threads()
     busy = busy_cores(cpus)
-    fewer = threads_for(threads, len(cpus), busy) if busy is not None else None
+    fewer = threads_for(threads, len(cpus), busy + servers) if busy is not None else None
     if fewer is None:
         return None
     torch.set_num_threads(fewer)
     _decided[0] = fewer
+    local = f" and {servers} vLLM server{'s' if servers > 1 else ''} on this machine sample" if servers else ""
     (log or _to_stderr)(
-        f"CPU: {busy:.1f} of this run's {len(cpus)} cores are busy with other processes, so torch runs {fewer} "
+        f"CPU: {busy:.1f} of this run's {len(cpus)} cores are busy with other processes{local}, so torch runs {fewer} "
         f"intra-op thread{'s' if fewer > 1 else ''}, not {threads} (threads waiting for shared cores made runs >10x "
         f"slower); OMP_NUM_THREADS={threads} keeps {threads}"
     )
     return fewer
+
+
+def local_servers(urls: Iterable[str]) -> int:
+    """How many of the vLLM server ``urls`` run on this machine (a loopback address or this host's name)."""
+    import socket
+    from urllib.parse import urlparse
+
+    here = {"localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname(), socket.getfqdn()}
+    return len({url for url in urls if (urlparse(url).hostname or "") in here or url.startswith("127.")})
 
 
 def runs_on_cpu(accelerator: Any) -> bool:

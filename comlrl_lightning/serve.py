@@ -12,6 +12,8 @@ Each server logs to ``$COMLRL_LIGHTNING_CACHE/served/logs/server-<port>.log``.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -47,7 +49,9 @@ def model_folder(source: str, model_kwargs: dict[str, Any], cache: Path) -> str:
 
     if source not in MODEL_FACTORIES:
         return source
-    folder = cache / source
+    # one folder per architecture: the same factory with other model_kwargs is another model
+    key = json.dumps(model_kwargs, sort_keys=True)
+    folder = cache / (f"{source}-{hashlib.sha256(key.encode()).hexdigest()[:10]}" if model_kwargs else source)
     if not (folder / "config.json").exists():
         model, tokenizer = MODEL_FACTORIES[source](**model_kwargs)
         model.save_pretrained(folder)
@@ -55,11 +59,21 @@ def model_folder(source: str, model_kwargs: dict[str, Any], cache: Path) -> str:
     return str(folder)
 
 
-def server_command(model: str, port: int, host: str, extra: list[str]) -> list[str]:
+def transfer_backend(config: dict[str, Any]) -> str:
+    """The servers' weight-transfer backend for a config's ``vllm_server_weight_transfer``: ``comlrl_file`` (file)
+    or vLLM's ``nccl``."""
+    args = (config.get("model") or {}).get("init_args") or {}
+    chosen = args.get("vllm_server_weight_transfer") or "file"
+    if chosen not in ("file", "nccl"):
+        raise ValueError(f"model.init_args.vllm_server_weight_transfer must be file or nccl (got {chosen!r}).")
+    return "comlrl_file" if chosen == "file" else "nccl"
+
+
+def server_command(model: str, port: int, host: str, extra: list[str], backend: str = "comlrl_file") -> list[str]:
     """The ``vllm serve`` command of one weight set (the module form: the CPU wheel's ``vllm`` script cannot read
     its own version)."""
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-    command += ["--host", host, "--port", str(port), "--weight-transfer-config", '{"backend": "comlrl_file"}']
+    command += ["--host", host, "--port", str(port), "--weight-transfer-config", json.dumps({"backend": backend})]
     return command + extra
 
 
@@ -113,7 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    sources, kwargs, team_args = team_sources(yaml.safe_load(Path(args.config).read_text()))
+    try:
+        config = yaml.safe_load(Path(args.config).read_text())
+        sources, kwargs, team_args = team_sources(config)
+        backend = transfer_backend(config)
+    except (OSError, ValueError, yaml.YAMLError) as err:  # a config mistake: one line, no traceback
+        raise SystemExit(f"serve: {err}") from None
     cache = Path(os.environ.get("COMLRL_LIGHTNING_CACHE", Path.home() / ".cache" / "comlrl_lightning")) / "served"
     extra = team_args + [a for a in args.vllm_args if a != "--"]
     # vLLM's weight-transfer routes; a LoRA team's adapters loaded at run time
@@ -123,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     logs[0].parent.mkdir(parents=True, exist_ok=True)
     processes = [
         subprocess.Popen(
-            server_command(model_folder(s, kwargs, cache), args.port + i, args.host, extra),
+            server_command(model_folder(s, kwargs, cache), args.port + i, args.host, extra, backend),
             env={**env, **server_gpus(args.gpus, i)},
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,

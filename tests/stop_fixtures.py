@@ -33,6 +33,20 @@ def story_reward_slowed_at_call(*completions, batch_items=None):
 story_reward_slowed_at_call.calls = 0
 
 
+def letter_reward_slowed_at_call(*completions):
+    """``letter_reward`` (any number of agents), its call number ``$STOP_AT_CALL`` marking the phase and pausing."""
+    from comlrl_lightning.envs.toy import letter_reward
+
+    if "STOP_AT_CALL" in os.environ:
+        letter_reward_slowed_at_call.calls += 1
+        if letter_reward_slowed_at_call.calls == int(os.environ["STOP_AT_CALL"]):
+            _mark_and_pause()
+    return letter_reward(*completions)
+
+
+letter_reward_slowed_at_call.calls = 0
+
+
 class PauseAfterUpdate(Callback):
     """After update ``$STOP_AT_UPDATE`` (the reward-model stage's, in a MARLHF run) marks the phase and pauses."""
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -146,3 +148,28 @@ def test_the_environment_benchmark_writes_its_table_json_and_png(tmp_path, monke
     table = (tmp_path / "environments.md").read_text()
     assert "| tldr | [0, 3] |" in table and "| missing |" in table and "no_such_config.yaml" in table
     assert (tmp_path / "environments.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_async_benchmark_times_both_modes_from_real_servers(tmp_path):
+    """``bench_async.py`` (also the GPU check's server and one-step-off rows, there with ``--device cuda``) on the
+    quick start, two updates per mode: the servers start, both fits run, the one-step-off fit's policy lag is 1 after
+    its first update and the synchronous one's 0."""
+    from test_vllm import PROBLEM
+
+    if PROBLEM is not None:
+        pytest.skip(PROBLEM)
+    out = tmp_path / "async.json"
+    command = [sys.executable, str(REPO / "benchmarks" / "bench_async.py"), "--configs", "configs/quickstart.yaml"]
+    done = subprocess.run(
+        [*command, "--steps", "3", "--repeats", "1", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COMLRL_LIGHTNING_CACHE": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["servers"] == 2 and row["sync_seconds_per_update"] > 0 and row["one_step_off_seconds_per_update"] > 0
+    assert [r["policy_lag"] for r in row["runs"]["0"]] == [[0.0, 0.0, 0.0]]
+    assert [r["policy_lag"] for r in row["runs"]["1"]] == [[0.0, 1.0, 1.0]]

@@ -71,6 +71,25 @@ def test_a_cpu_run_on_busy_cores_runs_fewer_threads_and_names_the_setting(monkey
         torch.set_num_threads(threads)
 
 
+def test_vllm_servers_on_this_machine_count_as_busy_cores(monkeypatch):
+    """Idle when the run starts, a local server samples while the run trains: each counts as one busy core."""
+    lines, threads = [], torch.get_num_threads()
+    here = ["http://127.0.0.1:8000", "http://localhost:8001", "http://127.0.0.1:8000", "http://gpu-node-7:8000"]
+    assert cpu_threads.local_servers(here) == 2  # the same URL once; another host is not here
+    monkeypatch.setattr(cpu_threads, "busy_cores", lambda cpus: 0.0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(cpu_threads, "_decided", [])
+        assert cpu_threads.fit_threads_to_free_cores(lines.append) is None  # free cores: left alone
+        monkeypatch.setattr(cpu_threads, "_decided", [])
+        assert cpu_threads.fit_threads_to_free_cores(lines.append, servers=2) == 1 and torch.get_num_threads() == 1
+        assert "and 2 vLLM servers on this machine sample" in lines[0], lines
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_runs_on_cpu_follows_the_accelerator():
     assert cpu_threads.runs_on_cpu("cpu") and not cpu_threads.runs_on_cpu("gpu")
     assert cpu_threads.runs_on_cpu("auto") == (not torch.cuda.is_available() and not torch.backends.mps.is_available())

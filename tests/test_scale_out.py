@@ -165,9 +165,17 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
     from comlrl_lightning.config_errors import ConfigurationError
 
     def module(
-        parallel="none", lora=None, name="MAGRPO", generation_dtype="model", backend="hf", sleep=False, devices=None
+        parallel="none",
+        lora=None,
+        name="MAGRPO",
+        generation_dtype="model",
+        backend="hf",
+        sleep=False,
+        devices=None,
+        mode="colocate",
     ):
         return SimpleNamespace(
+            vllm_mode=mode,
             parallel_training=parallel,
             lora=lora,
             algorithm_name=name,
@@ -195,8 +203,13 @@ def test_strategies_that_cannot_train_a_team_are_refused_with_the_fields_named()
         ConfigurationError, match="generation_backend: vllm with trainer.strategy ModelParallelStrategy"
     ):
         check_strategy(sharded, module(backend="vllm"))
+    check_strategy(sharded, module(backend="vllm", mode="server"))  # rank 0 sends the gathered weights
     with pytest.raises(ConfigurationError, match="vllm_enable_sleep_mode: true needs a GPU"):
         check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), module(backend="vllm", sleep=True))
+    nccl = module(backend="vllm", mode="server")
+    nccl.vllm_server_weight_transfer = "nccl"
+    with pytest.raises(ConfigurationError, match="vllm_server_weight_transfer: nccl broadcasts the weights from the"):
+        check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=1), nccl)
     with pytest.raises(ConfigurationError, match="generation_dtype 'bfloat16' with trainer.strategy ModelParallel"):
         check_strategy(sharded, module(generation_dtype="bfloat16"))
     check_strategy(SimpleNamespace(strategy=DDPStrategy(), world_size=2), module(generation_dtype="bfloat16"))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +26,7 @@ from comlrl_lightning.rollout.weights import generator_of
 
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
 PROMPT = "The quick brown fox"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -103,6 +105,19 @@ def greedy_pair(module, max_tokens=6, agent=0):
     greedy = SimpleNamespace(n=1, temperature=0.0, max_tokens=max_tokens, seed=0, stop_token_ids=[])
     served = engine.generate([ids], [greedy], [adapter])[0][0][0]
     return list(served), hf_greedy(model, tok, ids, max_tokens)[: len(served)]
+
+
+def served_greedy(url, ids, max_tokens):
+    """The server's greedy tokens after ``ids`` and its log-probs of them, asked over its OpenAI API."""
+    import json
+
+    name = json.load(urllib.request.urlopen(url + "/v1/models"))["data"][0]["id"]
+    body = {"model": name, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps({**body, "logprobs": 0}).encode(), {"Content-Type": "application/json"}
+    )
+    choice = json.load(urllib.request.urlopen(request))["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
 class GreedyAfterEveryUpdate(Callback):
@@ -210,11 +225,17 @@ def test_serve_starts_one_server_per_agent_and_stops_them_on_a_signal(tmp_path):
 
 
 def test_serve_resolves_the_team_of_a_config(tmp_path, monkeypatch):
-    from comlrl_lightning.serve import server_gpus, team_sources
+    from comlrl_lightning.serve import model_folder, server_gpus, team_sources
 
     assert server_gpus("0,1;2,3", 1) == {"CUDA_VISIBLE_DEVICES": "2,3"}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
     assert server_gpus(None, 1) == {}  # the user's choice stands
+
+    # a factory model is saved once per architecture: other model_kwargs are another folder
+    small = {"hidden_size": 32, "num_heads": 1, "num_kv_heads": 1}
+    folders = {model_folder("tiny", kwargs, tmp_path) for kwargs in ({}, small, dict(reversed(small.items())))}
+    assert len(folders) == 2 and all((tmp_path / f / "config.json").exists() for f in folders)
+    assert model_folder("org/model", small, tmp_path) == "org/model"
 
     config = {"model": {"init_args": {"agents": "tiny", "num_agents": 3}}}
     assert team_sources(config) == (["tiny"] * 3, {}, [])
@@ -223,6 +244,38 @@ def test_serve_resolves_the_team_of_a_config(tmp_path, monkeypatch):
     assert team_sources(lora) == (["tiny"], {}, ["--enable-lora", "--max-loras", "3", "--max-lora-rank", "8"])
     with pytest.raises(ValueError, match="names no agents"):
         team_sources({"model": {"init_args": {}}})
+
+    from comlrl_lightning.serve import server_command, transfer_backend
+
+    assert transfer_backend(config) == "comlrl_file"
+    nccl = {"model": {"init_args": {"agents": "tiny", "vllm_server_weight_transfer": "nccl"}}}
+    assert transfer_backend(nccl) == "nccl"
+    assert '{"backend": "nccl"}' in server_command("m", 8000, "127.0.0.1", [], transfer_backend(nccl))
+    with pytest.raises(ValueError, match="vllm_server_weight_transfer must be file or nccl \\(got 'tcp'\\)"):
+        transfer_backend({"model": {"init_args": {"vllm_server_weight_transfer": "tcp"}}})
+
+
+def test_the_nccl_transfer_sends_what_the_file_transfer_writes():
+    """``vllm_server_weight_transfer: nccl`` hands vLLM's trainer-side NCCL engine a ``WeightSource`` (NCCL itself
+    needs GPUs: ``gpu_check.sh``'s server rows run it): its metadata declares, without gathering, exactly the names,
+    dtypes and shapes its iteration yields — the checkpoint names a LoRA base's layers have, adapters left out — and
+    the server is told to connect back to the address on the route to it."""
+    from peft import LoraConfig, get_peft_model
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    from comlrl_lightning.agents.factories import MODEL_FACTORIES
+    from comlrl_lightning.rollout.backends.vllm_server import checkpoint_source, reachable_address, whole_weights
+
+    model, _ = MODEL_FACTORIES["tiny"](**TINY["model_kwargs"])
+    plain = [(name, p.dtype, tuple(p.shape)) for name, p in model.named_parameters()]
+    team = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    source = checkpoint_source(team.get_base_model())
+    assert isinstance(source, WeightSource)
+    declared = [(m.name, m.dtype, m.shape) for m in source.metadata()]
+    sent = [(name, t.dtype, tuple(t.shape)) for name, t in source]
+    assert declared == sent == plain  # the base's checkpoint names, no adapter tensors
+    assert [n for n, _ in whole_weights(team.get_base_model())] == [n for n, *_ in plain]
+    assert reachable_address("http://127.0.0.1:8000") == "127.0.0.1"
 
 
 def test_a_server_samples_what_the_colocated_engine_samples_with_the_same_seeds(server):
@@ -298,3 +351,63 @@ def test_max_staleness_needs_servers():
         make_module(max_staleness=1)
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
         make_module(max_staleness=-1)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["ddp", "fsdp2"])
+def test_data_parallel_ranks_sample_from_a_server_that_rank_0_keeps_current(server, tmp_path, sharded):
+    """Two training processes (Lightning's DDP, or the agent sharded over them with FSDP2) sample from one server:
+    rank 0 sends the (gathered) weights where every rank passes, the others wait for them; the ranks hold the same
+    weights after every update, and after the last one (its evaluation took the weights) the server's greedy tokens
+    are the exported model's."""
+    import json
+
+    from test_scale_out import FSDP, assert_same_weights_after_every_step, launch, probes
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = "--model.init_args."
+    process = launch(
+        tmp_path,
+        "quickstart",
+        *(f"{m}num_agents", "1", f"{m}reward_func", "comlrl_lightning.envs.toy.letter_reward"),
+        *(f"{m}formatters", "[comlrl_lightning.envs.toy.opening_prompt]"),
+        *(f"{m}generation_backend", "vllm", f"{m}vllm_mode", "server"),
+        *(f"{m}vllm_server_urls", f"[{server}]", f"{m}model_config", json.dumps(TINY)),
+        *(f"{m}eval_interval", "1", f"{m}eval_num_samples", "1", "--trainer.max_steps", "2"),
+        *(f"{m}agent_learning_rate", "0.01"),  # updates that move every log-prob well past the tolerance below
+        env={"EXPORT_DIR": str(tmp_path / "export")},
+        **({"strategy": tuple(FSDP)} if sharded else {}),
+    )
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output[-4000:]
+    assert_same_weights_after_every_step(probes(tmp_path, 2))
+    (folder,) = {p.parent for p in (tmp_path / "export").rglob("config.json")}
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+    served, logprobs = served_greedy(server, ids, 6)
+    assert served == hf_greedy(model, tok, ids, 6)[: len(served)]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + served])).logits[0, len(ids) - 1 : -1].float()
+    own = logits.log_softmax(-1).gather(1, torch.tensor(served).view(-1, 1)).view(-1)
+    torch.testing.assert_close(torch.tensor(logprobs), own, atol=1e-4, rtol=0)  # the last update's weights
+
+
+def test_sigterm_while_the_next_rollout_samples_ahead_saves_and_exits(server, tmp_path):
+    """``max_staleness: 1``: SIGTERM lands while the sampling thread scores the next step's rollout (its reward
+    pauses there): the fit exits with 143 within the bound, with the checkpoint of the last completed update; the
+    rollout in flight is not waited for."""
+    import json
+
+    from test_stop_signals import stopped_fit
+
+    m = "--model.init_args."
+    args = [
+        *("--config", str(REPO / "configs" / "quickstart.yaml"), f"{m}num_agents=1", f"{m}max_new_tokens=4"),
+        *(f"{m}reward_func=stop_fixtures.letter_reward_slowed_at_call", f"{m}use_chat_template=false"),
+        *(f"{m}formatters=[comlrl_lightning.envs.toy.opening_prompt]", f"{m}eval_interval=0"),
+        *(f"{m}generation_backend=vllm", f"{m}vllm_mode=server", f"{m}vllm_server_urls=[{server}]"),
+        *(f"{m}model_config={json.dumps(TINY)}", f"{m}max_staleness=1", f"{m}policy_loss=clipped"),
+        *("--trainer.max_steps=8", "--trainer.enable_progress_bar=false"),
+    ]
+    # each step's reward call is made by the sampling thread one step ahead: call 4 samples step 4 during update 3
+    text, checkpoint = stopped_fit(tmp_path, args, STOP_AT_CALL="4")
+    assert checkpoint["global_step"] >= 2, text[-2000:]

@@ -314,6 +314,7 @@ class AgentFields(FieldGroup):
 
 AgentUpdateSchedule = Literal["simultaneous", "alternating", "sequential"]
 VllmMode = Literal["colocate", "server"]
+VllmWeightTransfer = Literal["file", "nccl"]
 
 
 @dataclasses.dataclass
@@ -442,6 +443,10 @@ class SamplingFields(FieldGroup):
         vllm_server_timeout: ``vllm_mode: server``: seconds a server request may take before the run stops.
         vllm_server_weights_dir: ``vllm_mode: server``: where the weights are written for the servers to read, a
             folder they see at the same path (null: ``/dev/shm``: servers on the trainer's machine).
+        vllm_server_weight_transfer: ``vllm_mode: server``: how the weights reach the servers: ``file`` (written to
+            ``vllm_server_weights_dir``; any machine) or ``nccl`` (broadcast from the trainer's GPU to the servers'
+            over NCCL; the servers started with ``--weight-transfer-config '{"backend": "nccl"}'``, as ``serve`` does
+            for such a config).
     """
 
     max_new_tokens: int = default_of(SamplingConfig, "max_new_tokens")
@@ -459,6 +464,7 @@ class SamplingFields(FieldGroup):
     vllm_server_urls: list[str] | None = None
     vllm_server_timeout: float = 600.0
     vllm_server_weights_dir: str | None = None
+    vllm_server_weight_transfer: VllmWeightTransfer = "file"
 
     def check(self) -> None:
         max_new_tokens = self.max_new_tokens
@@ -501,6 +507,7 @@ class SamplingFields(FieldGroup):
             "server_urls": self.vllm_server_urls,
             "server_timeout": self.vllm_server_timeout,
             "server_weights_dir": self.vllm_server_weights_dir,
+            "server_weight_transfer": self.vllm_server_weight_transfer,
         }
 
     def make_backend(self, concurrent: bool) -> Any:

@@ -32,7 +32,7 @@ from comlrl_lightning.algorithms.fields import JointActionFields, ReferenceKLFie
 from comlrl_lightning.core.losses import assert_finite, kl_estimate
 from comlrl_lightning.core.schedules import ratio_product_weights, sequence_log_ratios
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
-from comlrl_lightning.rollout.policy import TeamPolicy
+from comlrl_lightning.rollout.policy import TeamPolicy, finish_sampling_ahead
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     collate_rows,
@@ -240,6 +240,11 @@ class OnPolicyModule(MultiAgentModule):
             ahead = self.rollout_stamps if self.max_staleness else None  # one-step-off: sampled as batches are made
             data.attach_rollouts(self.policy, ahead=ahead, **self.rollout_options())  # this policy's rollouts
 
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self.max_staleness:  # the batch made ahead of a step that never comes: its sampling ends first
+            finish_sampling_ahead()
+
     def rollout_stamps(self) -> dict[str, Any]:
         """What a rollout is stamped with when it is sampled: the weights' version (updates done), env_step, the
         reward."""
@@ -255,6 +260,8 @@ class OnPolicyModule(MultiAgentModule):
         """The step's experience, sampled now by the current weights: the data module's ``RolloutBatch``
         resolved, or (items from any other loader) the items' trees sampled here; rewarded and expanded. None for
         an empty batch (a rank's empty share in a data-parallel run)."""
+        if ranks.world_size() > 1 and not self.max_staleness:  # every rank, even one with an empty share
+            self.policy.take_weights()
         if not len(batch):
             self.count_env_steps(0)  # the other ranks' joint actions
             return None

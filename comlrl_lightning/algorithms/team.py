@@ -246,6 +246,11 @@ def check_strategy(trainer: Any, module: Any) -> None:
         f"vllm_enable_sleep_mode: true needs a GPU (its memory is what sleep mode releases), but the trainer "
         f"runs on {accelerator.removesuffix('Accelerator')}: set vllm_enable_sleep_mode: false.",
     )
+    require_config(
+        getattr(module, "vllm_server_weight_transfer", "file") != "nccl" or accelerator == "CUDAAccelerator",
+        f"vllm_server_weight_transfer: nccl broadcasts the weights from the trainer's GPU, but the trainer runs on "
+        f"{accelerator.removesuffix('Accelerator')}: set vllm_server_weight_transfer: file.",
+    )
     if module.parallel_training != "mp" and module.team.devices is not None and trainer.world_size > 1:
         raise ConfigurationError(
             f"agent_devices/critic_devices without parallel_training: mp place the whole team on ONE device "
@@ -278,11 +283,13 @@ def check_sharded(strategy: Any, module: Any) -> None:
         "(lora_rank) is not available: a LoRA team's base is frozen and held once, "
         "so use trainer.strategy ddp.",
     )
+    servers = module.generation_backend == "vllm" and getattr(module, "vllm_mode", "colocate") == "server"
     require_config(
-        module.generation_backend == "hf",
+        module.generation_backend == "hf" or servers,
         f"generation_backend: {module.generation_backend} with trainer.strategy ModelParallelStrategy "
-        "(FSDP) is not available: the engine would need each sharded agent's whole weights after every "
-        "update. Use trainer.strategy ddp with this backend, or generation_backend: hf under FSDP.",
+        "(FSDP) is not available in this process: the engine would need each sharded agent's whole weights after "
+        "every update. Use vLLM servers (vllm_mode: server: the weights are gathered whole and rank 0 sends them), "
+        "trainer.strategy ddp with this backend, or generation_backend: hf under FSDP.",
     )
     require_config(
         module.generation_dtype == "model",

@@ -379,6 +379,14 @@ class RolloutEngine:
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
 
+    def take_weights(self, models, tokenizers) -> None:
+        """The backend's engines that hold weights of their own (vLLM) take ``models``' current weights now: before
+        sampling ahead, and in a data-parallel run where every rank passes (a server's weights are sent by rank 0
+        while the others wait, so a rank with nothing to sample still takes part)."""
+        pin = getattr(self.backend, "pin", None)
+        if pin is not None:
+            pin(models, tokenizers)
+
     def sample(self, models, tokenizers, prompts: Sequence[Sequence[str]], K: int) -> list[Completions]:
         """K samples per prompt: ``models[j]`` answers ``prompts[j]`` through the generation backend."""
         inputs = [[self.model_input(tokenizers[i], p) for p in prompts[i]] for i in range(len(prompts))]

@@ -196,10 +196,15 @@ class VLLMGenerate:
     def pin(self, models, tokenizers) -> None:
         """Before sampling ahead: every weight set's engine takes the current training weights now (in the training
         thread, between updates), so the sampling thread needs to read none."""
+        for engine, generator, adapters in self.weight_sets(models, tokenizers):
+            engine.ensure_current(generator, adapters)
+
+    def weight_sets(self, models, tokenizers) -> Iterator[tuple["VLLMEngine", nn.Module, list[str]]]:
+        """(engine, its generator, every adapter the team samples with on it) of each weight set of the team."""
         for index, agents in enumerate(answer_groups(models, tokenizers)):
             generator = generator_of(models[agents[0]])[0]
             adapters = [a for a in dict.fromkeys(generator_of(models[i])[1] for i in agents) if a is not None]
-            self.engine(generator, tokenizers[agents[0]], index).ensure_current(generator, adapters)
+            yield self.engine(generator, tokenizers[agents[0]], index), generator, adapters
 
 
 # Engines are process-wide: vLLM keeps one distributed state per process, and shutting any engine down tears it down
@@ -351,19 +356,22 @@ class VLLMEngine:
     def ensure_current(self, model: nn.Module, adapters: Sequence[str | None] = ()) -> None:
         """Sync where the training weights changed since the engine took them, then check that it holds them."""
         wanted = [a for a in dict.fromkeys(adapters) if a is not None]
-        if (
-            self.seen is None
-            or any(changed_parameters(model, self.seen))
-            or any(a not in self.adapter_folders or a in self.unsynced_adapters for a in wanted)
-        ):
+        if self.stale(model, wanted):
             self.sync(model, wanted)
         self.check_current(model, wanted)
+
+    def stale(self, model: nn.Module, adapters: Sequence[str] = ()) -> bool:
+        """Whether the training weights (or the ``adapters``) changed since the engine took them."""
+        return (
+            self.seen is None
+            or any(changed_parameters(model, self.seen))
+            or any(a not in self.adapter_folders or a in self.unsynced_adapters for a in adapters)
+        )
 
     def check_current(self, model: nn.Module, adapters: Sequence[str] = ()) -> None:
         """Raise :class:`StaleWeights` unless the engine holds ``model``'s weights as they are now (and those of
         the ``adapters`` it is about to sample with)."""
-        missing = [a for a in adapters if a not in self.adapter_folders or a in self.unsynced_adapters]
-        if self.seen is None or any(changed_parameters(model, self.seen)) or missing:
+        if self.stale(model, adapters):
             raise StaleWeights(
                 "the vLLM engine's weights are not the training model's (a weight sync did not happen): sampling "
                 "from it would train on samples of an older policy. This is a bug; please report it."
