@@ -1476,21 +1476,20 @@ def test_an_update_changes_the_weights_it_stepped_and_not_an_agent_it_left_out()
     schedule left out of the update) did not change for its engine or sampling copy; the stepped one did, even
     though the fused AdamW kernel writes without counting; a trained parameter the optimizer does not hold counts
     as changed by every update."""
-    stepped, left_out, elsewhere = (torch.nn.Linear(3, 3) for _ in range(3))
-    optimizer = torch.optim.AdamW([*stepped.parameters(), *left_out.parameters()], lr=0.1, fused=True)
-    seen = {m: weights.weights_seen(m) for m in (stepped, left_out, elsewhere)}
-    for p in stepped.parameters():
-        p.grad = torch.ones_like(p)
-    optimizer.step()
-    weights.weights_changed(p for group in optimizer.param_groups for p in group["params"])
-    assert weights.changed_parameters(stepped, seen[stepped]) == [True, True]
-    assert weights.changed_parameters(left_out, seen[left_out]) == [False, False]
-    assert weights.changed_parameters(elsewhere, seen[elsewhere]) == [True, True]
-    seen = {m: weights.weights_seen(m) for m in (stepped, left_out)}
-    optimizer.zero_grad()
-    for p in left_out.parameters():
-        p.grad = torch.ones_like(p)
-    optimizer.step()
-    weights.weights_changed(p for group in optimizer.param_groups for p in group["params"])
-    assert weights.changed_parameters(stepped, seen[stepped]) == [False, False]
-    assert weights.changed_parameters(left_out, seen[left_out]) == [True, True]
+    first, second, elsewhere = (torch.nn.Linear(3, 3) for _ in range(3))
+    optimizer = torch.optim.AdamW([*first.parameters(), *second.parameters()], lr=0.1, fused=True)
+
+    def update(trained):
+        """What the models saw before an update that gives only ``trained`` a gradient."""
+        seen = {m: weights.weights_seen(m) for m in (first, second, elsewhere)}
+        optimizer.zero_grad()
+        for p in trained.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        weights.weights_changed(p for group in optimizer.param_groups for p in group["params"])
+        return {m: weights.changed_parameters(m, seen[m]) for m in seen}
+
+    for trained, left_out in ((first, second), (second, first)):
+        changed = update(trained)
+        assert changed[trained] == [True, True] and changed[left_out] == [False, False]
+        assert changed[elsewhere] == [True, True]
