@@ -9,9 +9,9 @@ the sampling settings, seeds, stop strings, EOS ids, ``Completions`` records and
   ``/update_weights``, ``/finish_weight_update`` with a new weight version); the tensors travel by the server's
   ``--weight-transfer-config`` backend — ``comlrl_file`` (``backends/vllm_plugin.py``: a safetensors file in
   shared memory, or a shared folder), or ``nccl``: vLLM's own trainer-side engine broadcasts them from the
-  trainer's GPU (``NCCLTrainerWeightTransferEngine``, which drives the same routes). A LoRA team is one server: its frozen base goes once,
-  each agent's adapter, when it changed, through ``/v1/load_lora_adapter`` (in place), and each request names its
-  agent's adapter;
+  trainer's GPU (``NCCLTrainerWeightTransferEngine``, which drives the same routes). A LoRA team is one server: its
+  frozen base goes once, each agent's adapter, when it changed, through ``/v1/load_lora_adapter`` (in place), and
+  each request names its agent's adapter. Under data parallelism rank 0 sends (:meth:`VLLMServers.pin`);
 * **checked before every sampling**: the server's ``/weight_info`` must report the version of the last sync, else
   :class:`~comlrl_lightning.rollout.backends.vllm.StaleWeights`.
 
@@ -149,9 +149,9 @@ class VLLMServerEngine(VLLMEngine):
     def _send_nccl(self, base: nn.Module) -> None:
         """The weights by vLLM's trainer-side NCCL engine: set up once (the server joins an NCCL group with this
         process, rank 0 of it, at a port of this machine), then each sync broadcasts every tensor from the GPU while
-        the server receives (``start`` → ``update`` → ``finish``, driven by the engine); the new version is set
-        after. Under data parallelism every rank iterates the weights (an FSDP2 shard is gathered whole) and rank 0
-        sends."""
+        the server receives (``start`` → ``update`` → ``finish``, driven by the engine through
+        :class:`WeightSyncRoutes`, which names the new version). Under data parallelism every rank iterates the weights (an FSDP2 shard is
+        gathered whole) and rank 0 sends."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
@@ -170,12 +170,13 @@ class VLLMServerEngine(VLLMEngine):
         ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, as ``serve`` starts it)."""
         root = Path(self.folder.name) / "adapters"
         for name in names:
+            folder = str(root / name)  # the other ranks: held by the server, rank 0 sent it
             if self.sender:
                 model.save_pretrained(root, selected_adapters=[name])  # root/<name>/ (the default adapter: root)
                 folder = str(root / name if (root / name).is_dir() else root)
                 body = {"lora_name": name, "lora_path": folder, "load_inplace": True}
                 self.call("POST", "/v1/load_lora_adapter", body)
-            self.adapter_folders[name] = str(root / name)  # held by the server (rank 0 sent it)
+            self.adapter_folders[name] = folder
 
     def ensure_current(self, model: nn.Module, adapters: Sequence[str | None] = ()) -> None:
         """As colocated in one process; under data parallelism the weights were sent where every rank passes
