@@ -112,7 +112,8 @@ def local_servers(urls: Iterable[str]) -> int:
     from urllib.parse import urlparse
 
     here = {"localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname(), socket.getfqdn()}
-    return len({url for url in urls if (urlparse(url).hostname or "") in here or url.startswith("127.")})
+    hosts = {url: urlparse(url).hostname or "" for url in urls}
+    return len({url for url, host in hosts.items() if host in here or host.startswith("127.")})
 
 
 def runs_on_cpu(accelerator: Any) -> bool:

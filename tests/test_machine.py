@@ -76,6 +76,7 @@ def test_vllm_servers_on_this_machine_count_as_busy_cores(monkeypatch):
     lines, threads = [], torch.get_num_threads()
     here = ["http://127.0.0.1:8000", "http://localhost:8001", "http://127.0.0.1:8000", "http://gpu-node-7:8000"]
     assert cpu_threads.local_servers(here) == 2  # the same URL once; another host is not here
+    assert cpu_threads.local_servers(["http://127.0.1.1:8000"]) == 1  # any loopback address
     monkeypatch.setattr(cpu_threads, "busy_cores", lambda cpus: 0.0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

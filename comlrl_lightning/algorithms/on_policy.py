@@ -32,7 +32,8 @@ from comlrl_lightning.algorithms.fields import JointActionFields, ReferenceKLFie
 from comlrl_lightning.core.losses import assert_finite, kl_estimate
 from comlrl_lightning.core.schedules import ratio_product_weights, sequence_log_ratios
 from comlrl_lightning.data.tasks import RolloutBatch, TaskDataModule
-from comlrl_lightning.rollout.policy import TeamPolicy, finish_sampling_ahead
+from comlrl_lightning.rollout.backends.vllm import finish_sampling_ahead
+from comlrl_lightning.rollout.policy import TeamPolicy
 from comlrl_lightning.rollout.sampling import (
     ScoringInputs,
     collate_rows,

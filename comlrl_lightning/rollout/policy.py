@@ -12,34 +12,17 @@ asked.
 
 from __future__ import annotations
 
-import atexit
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any, Mapping, Sequence
 
 import torch
 
+from comlrl_lightning.rollout.backends.vllm import SAMPLING_AHEAD, sampling_ahead
 from comlrl_lightning.rollout.rewards import RewardCaller
 from comlrl_lightning.rollout.sampling import Completions
 from comlrl_lightning.rollout.tree import Rollout, RolloutEngine
 from comlrl_lightning.runs import stop
-
-_SAMPLING_AHEAD: set[threading.Thread] = set()  # one-step-off rollouts under way
-_EXIT_WAIT_S = 15.0
-
-
-def finish_sampling_ahead(timeout: float | None = None) -> None:
-    """Wait (at most ``timeout`` seconds) for the rollouts sampling ahead to end: when a fit ends (the batch made
-    ahead of a step that never comes: its requests are not left open on the servers), and at exit (at most
-    :data:`_EXIT_WAIT_S`; a stopped run's sampling ends at its next safe point): a thread still inside native code
-    (torch, the tokenizer) when Python finalizes aborts the process instead of letting it exit with its status."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for thread in list(_SAMPLING_AHEAD):
-        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-
-
-atexit.register(finish_sampling_ahead, _EXIT_WAIT_S)
 
 
 class TeamPolicy:
@@ -93,9 +76,7 @@ class TeamPolicy:
         """One-step-off (``max_staleness``): the engines take the current weights now (the training thread, between
         updates), then ``items``' rollout is sampled in a daemon thread, with its own seed stream drawn from torch's
         here; a Future of the Rollout. The sampling is discardable work: a stop (Ctrl-C, SIGTERM) ends it at its next
-        safe point, and a fit's end and the process's exit wait for it (:func:`finish_sampling_ahead`)."""
-        from comlrl_lightning.rollout.backends.vllm import sampling_ahead
-
+        safe point, and a fit's end and the process's exit wait for it (``backends/vllm.py``: :func:`finish_sampling_ahead`)."""
         self.take_weights()
         seed = int(torch.randint(0, 2**31 - 1, ()))
         future: Future = Future()
@@ -107,10 +88,10 @@ class TeamPolicy:
             except BaseException as err:  # handed to the training thread, which re-raises it in resolve()
                 future.set_exception(err)
             finally:
-                _SAMPLING_AHEAD.discard(threading.current_thread())
+                SAMPLING_AHEAD.discard(threading.current_thread())
 
         thread = threading.Thread(target=run, name="rollout_ahead", daemon=True)
-        _SAMPLING_AHEAD.add(thread)
+        SAMPLING_AHEAD.add(thread)
         thread.start()
         return future
 

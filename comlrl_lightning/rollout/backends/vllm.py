@@ -24,11 +24,13 @@ training loss never uses them as the model's: it scores the sampled ids with the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -78,6 +80,24 @@ def sampling_ahead(seed: int) -> Iterator[None]:
         yield
     finally:
         _AHEAD.generator = None
+
+
+SAMPLING_AHEAD: set[threading.Thread] = set()  # one-step-off rollouts under way (TeamPolicy.rollout_ahead)
+_EXIT_WAIT_S = 15.0
+
+
+def finish_sampling_ahead(timeout: float | None = None) -> None:
+    """Wait (at most ``timeout`` seconds) for the rollouts sampling ahead to end: before a server's weights change
+    (an evaluation between steps syncs them: the sampling in flight would mix two policies), when a fit ends (the
+    batch made ahead of a step that never comes: its requests are not left open on the servers), and at exit (at most
+    :data:`_EXIT_WAIT_S`; a stopped run's sampling ends at its next safe point): a thread still inside native code
+    (torch, the tokenizer) when Python finalizes aborts the process instead of letting it exit with its status."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for thread in [t for t in SAMPLING_AHEAD if t is not threading.current_thread()]:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(finish_sampling_ahead, _EXIT_WAIT_S)
 
 
 def unsupported_generation_kwargs(generation_kwargs: Mapping[str, Any] | None) -> str | None:

@@ -34,7 +34,13 @@ from typing import Any, Iterator, Sequence
 
 from torch import nn
 
-from comlrl_lightning.rollout.backends.vllm import StaleWeights, VLLMEngine, VLLMGenerate, checkpoint_weights
+from comlrl_lightning.rollout.backends.vllm import (
+    StaleWeights,
+    VLLMEngine,
+    VLLMGenerate,
+    checkpoint_weights,
+    finish_sampling_ahead,
+)
 from comlrl_lightning.runs import ranks
 
 # SamplingParams fields a request carries (the OpenAI API's extra parameters of vLLM).
@@ -178,13 +184,25 @@ class VLLMServerEngine(VLLMEngine):
                 self.call("POST", "/v1/load_lora_adapter", body)
             self.adapter_folders[name] = folder
 
+    def sync(self, model: nn.Module, adapters: Sequence[str] = ()) -> None:
+        """As colocated, once no rollout samples ahead on the weights the server holds (its weights change only
+        between samplings)."""
+        finish_sampling_ahead()
+        super().sync(model, adapters)
+
     def ensure_current(self, model: nn.Module, adapters: Sequence[str | None] = ()) -> None:
         """As colocated in one process; under data parallelism the weights were sent where every rank passes
         (:meth:`VLLMServers.pin`), so here they are only checked."""
-        if ranks.world_size() > 1:
-            self.check_current(model, [a for a in dict.fromkeys(adapters) if a is not None])
-        else:
-            super().ensure_current(model, adapters)
+        wanted = [a for a in dict.fromkeys(adapters) if a is not None]
+        if ranks.world_size() == 1:
+            return super().ensure_current(model, adapters)
+        if self.stale(model, wanted):
+            raise StaleWeights(
+                f"vLLM server {self.url}: under data parallelism the servers take the weights where every rank passes "
+                "(the start of a rollout or an evaluation), and this sampling comes after they changed; sample here "
+                "in one training process, or with vllm_mode: colocate."
+            )
+        self.check_pinned()
 
     def check_current(self, model: nn.Module, adapters: Sequence[str] = ()) -> None:
         """As colocated, and the server must report the version of the last sync."""
